@@ -1,0 +1,56 @@
+"""west: speech-LLM training with honest sequence packing."""
+from setuptools import find_packages, setup
+
+# torch is pinned to the release whose CPU wheel the reference machines carry;
+# a looser range would let pip pull a multi-GB CUDA build on a fresh machine.
+INSTALL_REQUIRES = [
+    "torch==2.13.0",
+    "numpy>=1.24",
+    "numba>=0.60",
+    "transformers>=4.56",
+    "tokenizers>=0.21",
+    "sentencepiece>=0.2",
+    "safetensors>=0.4",
+    "kaldiio>=2.18",
+    "soundfile>=0.12",
+    "soxr>=0.5",
+    "kaldi-native-fbank>=1.20",
+    "pyyaml>=6.0",
+    "tqdm>=4.66",
+    "tensorboard>=2.15",
+    "matplotlib>=3.8",
+    "psutil>=5.9",
+    "editdistance>=0.8",
+]
+
+EXTRAS = {
+    # GPU-only kernels and counters; imported lazily, never required.
+    "gpu": ["flash-attn>=2.6", "nvidia-ml-py>=12.0"],
+    # Offline Mandarin synthesis for the built-in corpus.
+    "tts": ["espeakng-loader>=0.2.4", "jieba>=0.42", "pypinyin>=0.50"],
+    # torchaudio pins its own torch (a CUDA build on PyPI): opt-in only.
+    "torchaudio": ["torchaudio"],
+    # Reference packer compared side by side in tools/bench_packing.py.
+    "bench": ["lightbinpack>=0.1.1"],
+    "lora": ["peft>=0.12"],
+    "dev": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100"],
+}
+
+setup(
+    name="west",
+    version="0.1.0",
+    description="Speech-LLM training toolkit: Conformer + projector + causal LLM, "
+    "with static, dynamic and exact sequence-packed batches.",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["west", "west.*"]),
+    python_requires=">=3.10",
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS,
+    entry_points={
+        "console_scripts": [
+            "west-train=west.bin.train:main",
+            "west-decode=west.bin.decode:main",
+        ]
+    },
+)

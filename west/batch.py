@@ -1,0 +1,68 @@
+"""The batch that crosses from ``west.data`` to ``west.models``.
+
+One structure serves every batch mode, so the model never guesses how samples
+are laid out:
+
+* ``static`` / ``dynamic``: ``input_ids`` is (B, L) with one sample per row,
+  right-padded; ``cu_seqlens`` is None; encoder ``feats`` are padded (N, Tmax, 80).
+* ``pack``: ``input_ids`` is (R, L) rows of exactly ``pack_tokens``, several
+  samples per row. ``cu_seqlens`` (int32) gives segment boundaries over the
+  flattened (R*L) tokens, including one dummy tail segment per row if the row
+  is not full; ``position_ids`` restart at 0 for every segment. Encoder
+  ``feats`` are concatenated (ΣT, 80) with their own ``feat_cu_seqlens``.
+
+``speech_spans`` row i = (row, start, length) says where speech segment i
+(the i-th entry of ``feats``) is spliced into the LLM input; ``length`` equals
+``west.shapes.num_speech_tokens(feat_lens[i])``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Optional
+
+import torch
+
+IGNORE_INDEX = -100
+
+# Counter names every batch carries (ints), summed by the trainer per step.
+COUNTER_NAMES = (
+    "utterances",          # samples (utterances or conversations) in the batch
+    "label_tokens",        # LLM positions with a label != IGNORE_INDEX
+    "real_llm_tokens",     # LLM positions that belong to a sample
+    "computed_llm_tokens", # LLM positions the model computes (incl. padding/tail)
+    "real_enc_frames",     # fbank frames that belong to an utterance
+    "computed_enc_frames", # fbank frames the encoder computes (incl. padding)
+)
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor                      # (R, L) int64
+    labels: torch.Tensor                         # (R, L) int64, IGNORE_INDEX where no loss
+    position_ids: torch.Tensor                   # (R, L) int64, restart per sample
+    feats: Optional[torch.Tensor] = None         # (N, Tmax, F) padded or (ΣT, F) packed; None if no speech
+    feat_lens: Optional[torch.Tensor] = None     # (N,) int64 fbank frames per speech segment
+    speech_spans: Optional[torch.Tensor] = None  # (N, 3) int64: (row, start, length)
+    attention_mask: Optional[torch.Tensor] = None    # (R, L) 1 = real token; padded modes only
+    cu_seqlens: Optional[torch.Tensor] = None        # (S+1,) int32 over flattened tokens; pack only
+    max_seqlen: Optional[int] = None
+    feat_cu_seqlens: Optional[torch.Tensor] = None   # (N+1,) int32 over ΣT; packed encoder only
+    feat_max_len: Optional[int] = None
+    keys: list = field(default_factory=list)         # sample keys, in sample order
+    counters: dict = field(default_factory=dict)     # COUNTER_NAMES -> int
+
+    @property
+    def is_packed(self) -> bool:
+        return self.cu_seqlens is not None
+
+    @property
+    def encoder_packed(self) -> bool:
+        return self.feat_cu_seqlens is not None
+
+    def to(self, device: torch.device | str) -> "Batch":
+        """Move every tensor to ``device`` (cu_seqlens included; keys/counters stay)."""
+        moved = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            moved[f.name] = v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+        return Batch(**moved)
