@@ -1,0 +1,286 @@
+"""Crash-safe checkpoints: write into a temp dir, fsync, then one atomic rename.
+
+Layout of ``DIR/checkpoints/step_00001234/``::
+
+    model.safetensors     full model state (rank 0; FSDP shards are gathered)
+    optimizer.pt          optimizer state, parameters named by FQN (rank 0; weights_only)
+    scheduler.pt          LR scheduler counters (weights_only)
+    rng_rank{R}.pt        torch/cuda/numpy/python RNG states of rank R (weights_only)
+    data_rank{R}.json     rank R's data-pipeline state_dict (``.pt`` if not JSON-able)
+    meta.json             step, epoch, world size, loop state; written last
+
+A directory named ``step_*`` exists only after every file in it was fsynced, so
+a crash or a full disk during a save leaves the previous checkpoint as the
+latest one. The output dir must be visible to all ranks (shared filesystem).
+Nothing here unpickles: safetensors, JSON and ``weights_only=True`` only.
+"""
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from west.train.distributed import all_ranks, barrier, get_rank, get_world_size
+
+PREFIX = "step_"
+TMP_PREFIX = ".tmp_"
+TRASH_PREFIX = ".trash_"
+
+
+class CheckpointError(RuntimeError):
+    """A save failed (previous checkpoint intact) or a checkpoint cannot be loaded."""
+
+
+# ----------------------------------------------------------------------------- file writes
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    """Every small file of a checkpoint goes through here (tests inject ENOSPC)."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _save_torch(obj: Any, path: Path) -> None:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    _write_bytes(path, buf.getvalue())
+
+
+def _save_json(obj: Any, path: Path) -> None:
+    _write_bytes(path, json.dumps(obj, indent=1, sort_keys=True).encode("utf-8"))
+
+
+def _save_tensors(state: dict[str, torch.Tensor], path: Path) -> None:
+    """safetensors refuses shared storage (tied embeddings): store each tensor once and
+    record the other names as aliases in the file's metadata."""
+    seen: dict[tuple, str] = {}
+    storages: set[int] = set()
+    tensors, aliases = {}, {}
+    for name, t in state.items():
+        t = t.detach()
+        ptr = t.untyped_storage().data_ptr()
+        key = (ptr, t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+        if t.numel() and key in seen:
+            aliases[name] = seen[key]
+            continue
+        seen[key] = name
+        # A partial overlap with a kept tensor cannot be aliased: store a copy.
+        tensors[name] = t.clone() if (t.numel() and ptr in storages) else t.contiguous()
+        storages.add(ptr)
+    save_file(tensors, str(path), metadata={"west_aliases": json.dumps(aliases)})
+    _fsync_path(path)
+
+
+def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        aliases = json.loads((f.metadata() or {}).get("west_aliases", "{}"))
+    state = load_file(str(path))
+    for name, target in aliases.items():
+        state[name] = state[target]
+    return state
+
+
+# ----------------------------------------------------------------------------- RNG
+
+def rng_state() -> dict:
+    """torch, CUDA, numpy and python RNG states as weights_only-loadable objects."""
+    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    py_version, py_state, py_gauss = random.getstate()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": {"name": np_name, "keys": torch.from_numpy(np_keys.astype(np.int64)),
+                  "pos": int(np_pos), "has_gauss": int(np_has_gauss), "gauss": float(np_gauss)},
+        "python": {"version": py_version, "state": list(py_state), "gauss": py_gauss},
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    p = state["python"]
+    random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
+
+
+# ----------------------------------------------------------------------------- listing
+
+def step_dir(root: str | os.PathLike, step: int) -> Path:
+    return Path(root) / f"{PREFIX}{step:08d}"
+
+
+def list_checkpoints(root: str | os.PathLike) -> list[Path]:
+    """Complete checkpoints under ``root``, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = []
+    for p in root.iterdir():
+        if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX):].isdigit() \
+                and (p / "meta.json").is_file():
+            found.append((int(p.name[len(PREFIX):]), p))
+    return [p for _, p in sorted(found)]
+
+
+def find_latest(root: str | os.PathLike) -> Optional[Path]:
+    ckpts = list_checkpoints(root)
+    return ckpts[-1] if ckpts else None
+
+
+def _remove(path: Path) -> None:
+    """Rename first so a half-deleted dir never looks like a checkpoint."""
+    if not path.exists():
+        return
+    trash = path.with_name(TRASH_PREFIX + path.name.lstrip("."))
+    if trash.exists():
+        shutil.rmtree(trash, ignore_errors=True)
+    os.rename(path, trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def prune(root: str | os.PathLike, keep_last: int) -> None:
+    """Keep the newest ``keep_last`` checkpoints; drop leftovers of interrupted saves."""
+    root = Path(root)
+    for p in root.iterdir():
+        if p.name.startswith((TMP_PREFIX, TRASH_PREFIX)):
+            shutil.rmtree(p, ignore_errors=True)
+    for p in list_checkpoints(root)[:-keep_last]:
+        _remove(p)
+
+
+# ----------------------------------------------------------------------------- save / load
+
+def save_checkpoint(root: str | os.PathLike, step: int, *, model: nn.Module,
+                    optimizer: torch.optim.Optimizer, scheduler: Any, data_state: Any,
+                    meta: Optional[dict] = None, keep_last: int = 3) -> Path:
+    """Collective: every rank calls it. Returns the new checkpoint dir or raises
+    CheckpointError after removing the partial one (older checkpoints untouched)."""
+    root = Path(root)
+    rank, world = get_rank(), get_world_size()
+    final, tmp = step_dir(root, step), root / f"{TMP_PREFIX}{PREFIX}{step:08d}"
+    error: Optional[BaseException] = None
+    try:
+        if rank == 0:
+            root.mkdir(parents=True, exist_ok=True)
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir()
+    except OSError as e:
+        error = e
+    if not all_ranks(error is None):
+        raise CheckpointError(f"cannot create {tmp}: {error}") from error
+
+    # Full (unsharded, CPU) states on rank 0, empty elsewhere; collective under FSDP.
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
+
+    full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_sd = get_model_state_dict(model, options=full)
+    optim_sd = get_optimizer_state_dict(model, optimizer, options=full)
+    try:
+        if rank == 0:
+            _save_tensors(model_sd, tmp / "model.safetensors")
+            _save_torch(optim_sd, tmp / "optimizer.pt")
+            _save_torch(scheduler.state_dict(), tmp / "scheduler.pt")
+        _save_torch(rng_state(), tmp / f"rng_rank{rank}.pt")
+        try:
+            payload = json.dumps(data_state).encode("utf-8")
+            _write_bytes(tmp / f"data_rank{rank}.json", payload)
+        except TypeError:
+            _save_torch(data_state, tmp / f"data_rank{rank}.pt")
+    except OSError as e:
+        error = e
+    del model_sd, optim_sd
+    ok = all_ranks(error is None)
+    if ok and rank == 0:
+        try:
+            _save_json({"step": step, "world_size": world, **(meta or {})}, tmp / "meta.json")
+            _fsync_path(tmp)
+            if final.exists():  # same step saved again (e.g. epoch end == save_every)
+                _remove(final)
+            os.rename(tmp, final)
+            _fsync_path(root)
+        except OSError as e:
+            error = e
+    ok = all_ranks(ok and error is None)
+    if not ok:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        barrier()
+        hint = " (disk full)" if isinstance(error, OSError) and error.errno == errno.ENOSPC else ""
+        raise CheckpointError(f"checkpoint at step {step} failed{hint}: {error or 'on another rank'}; "
+                              f"previous checkpoint kept") from error
+    if rank == 0:
+        prune(root, keep_last)
+    barrier()
+    return final
+
+
+def read_meta(path: str | os.PathLike) -> dict:
+    with open(Path(path) / "meta.json", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def load_checkpoint(path: str | os.PathLike, *, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    scheduler: Any, restore_rng: bool = True) -> dict:
+    """Collective: restore model/optimizer/scheduler (+ this rank's RNG) from ``path``.
+
+    Returns meta.json plus ``data_state`` (this rank's data-pipeline state). Resuming
+    with another world size is refused: each rank's data position would be wrong.
+    """
+    path = Path(path)
+    rank, world = get_rank(), get_world_size()
+    if not (path / "meta.json").is_file():
+        raise CheckpointError(f"{path}: not a complete checkpoint (no meta.json)")
+    meta = read_meta(path)
+    if int(meta["world_size"]) != world:
+        raise CheckpointError(f"{path} was saved by {meta['world_size']} ranks, this run has {world}: "
+                              "the data position of each rank cannot be mapped; resume with the same "
+                              "world size or start a new output_dir")
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                         set_optimizer_state_dict)
+
+    distributed = world > 1
+    opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=distributed)
+    if rank == 0 or not distributed:
+        model_sd = _load_tensors(path / "model.safetensors")
+        optim_sd = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
+    else:  # rank 0 broadcasts
+        model_sd, optim_sd = {}, {}
+    set_model_state_dict(model, model_sd, options=opts)
+    set_optimizer_state_dict(model, optimizer, optim_sd, options=opts)
+    del model_sd, optim_sd
+    scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
+    if restore_rng:
+        set_rng_state(torch.load(path / f"rng_rank{rank}.pt", weights_only=True))
+    data_json, data_pt = path / f"data_rank{rank}.json", path / f"data_rank{rank}.pt"
+    if data_json.is_file():
+        meta["data_state"] = json.loads(data_json.read_text(encoding="utf-8"))
+    elif data_pt.is_file():
+        meta["data_state"] = torch.load(data_pt, weights_only=True)
+    else:
+        raise CheckpointError(f"{path}: no data state for rank {rank}")
+    return meta

@@ -1,0 +1,233 @@
+"""The training loop: epochs of equal global steps, per-token loss, checkpoints, logs.
+
+It only relies on the shared contract: batches are :class:`west.batch.Batch`,
+``model(batch)`` returns ``dict(loss_sum, n_tokens, n_correct)``, and the data
+object follows :class:`TrainData`.
+
+Equal-steps rule: a step runs while ANY rank still has a batch. A rank that is
+out of data feeds dummy batches (one tiny sample, all labels IGNORE: zero loss,
+zero tokens) so every rank calls forward/backward the same number of times, and
+the epoch ends for everyone at the first step where no rank has a real batch.
+No rank drops data and none waits on a collective the others never reach. In
+pack mode the data side's balanced plan makes the ranks' batch counts equal, so
+dummies are not needed there.
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+from typing import Callable, Iterator, Optional, Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+from west.batch import Batch
+from west.train import checkpoint as ckpt
+from west.train.config import RunConfig, TrainConfig
+from west.train.distributed import DistInfo, all_reduce_max, sum_counts_over_ranks, wrap_model
+from west.train.gpu_monitor import build_monitor
+from west.train.loss import BadStepGuard, plan_step
+from west.train.metrics import EpochTotals, MetricsLogger, peak_memory_mb, step_record
+from west.train.profiling import build_profiler
+from west.train.schedule import build_optimizer, build_scheduler
+from west.train.step import StepResult, train_step
+
+
+class TrainData(Protocol):
+    """What the loop needs from the data side (one object per rank).
+
+    ``set_epoch(e)`` starts epoch e from its beginning; iterating yields this
+    rank's remaining batches of the current epoch; ``state_dict()`` is the
+    position after the last batch yielded; ``load_state_dict`` makes the next
+    iteration continue from there. Optional: ``skipped_counts() -> dict`` (bad
+    inputs skipped so far this epoch) and ``__len__`` (batches per epoch on this
+    rank, used to size the cosine schedule of epoch-limited runs).
+    """
+
+    def set_epoch(self, epoch: int) -> None: ...
+    def __iter__(self) -> Iterator[Batch]: ...
+    def state_dict(self) -> dict: ...
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def enable_grad_checkpointing(model: nn.Module) -> None:
+    fn = getattr(model, "gradient_checkpointing_enable", None)
+    if fn is None:
+        raise ValueError("train.grad_checkpointing: the model has no gradient_checkpointing_enable()")
+    fn()
+
+
+class Trainer:
+    """Builds the engine around ``model`` and runs :meth:`fit`."""
+
+    def __init__(self, train: TrainConfig, run: RunConfig, model: nn.Module, data: TrainData,
+                 info: DistInfo, dummy_batch: Callable[[], Batch]) -> None:
+        self.cfg, self.run, self.info = train, run, info
+        self.data, self.dummy_batch = data, dummy_batch
+        if train.grad_checkpointing:
+            enable_grad_checkpointing(model)
+        self.model = wrap_model(model, info, fsdp=train.fsdp,
+                                find_unused_parameters=train.find_unused_parameters)
+        self.optimizer = build_optimizer(self.model, train.lr, train.weight_decay, train.betas, train.eps)
+        self.scheduler = build_scheduler(self.optimizer, train.warmup_steps, self._total_steps(),
+                                         train.min_lr_ratio)
+        self.ckpt_root = f"{run.output_dir}/checkpoints"
+        self.step = 0
+        self.epoch = 0
+        self.epoch_complete = False  # the epoch in self.epoch has been fully consumed
+        self.guard = BadStepGuard(train.max_bad_steps)
+        self.totals = EpochTotals()
+        self.last_saved = -1
+        self.failed_saves = 0
+        self.losses: list[float] = []  # per-step global loss (tests and callers read it)
+
+    def _total_steps(self) -> int:
+        if self.cfg.max_steps > 0:
+            return self.cfg.max_steps
+        try:
+            n = len(self.data)  # type: ignore[arg-type]
+        except TypeError:
+            n = -1
+        # Every rank must build the same schedule: steps per epoch follow the longest rank.
+        n = int(all_reduce_max([n])[0])
+        if n < 0:
+            return 0  # unknown length: constant lr after warmup
+        return math.ceil(n / self.cfg.accum_steps) * self.cfg.max_epochs
+
+    # ------------------------------------------------------------------ resume / save
+
+    def resume_path(self) -> Optional[str]:
+        mode = self.run.resume
+        if mode == "never":
+            return None
+        if mode not in ("auto", "must"):
+            return mode
+        latest = ckpt.find_latest(self.ckpt_root)
+        if latest is None and mode == "must":
+            raise ckpt.CheckpointError(f"--resume: no checkpoint in {self.ckpt_root}")
+        return str(latest) if latest else None
+
+    def maybe_resume(self) -> bool:
+        path = self.resume_path()
+        if path is None:
+            return False
+        meta = ckpt.load_checkpoint(path, model=self.model, optimizer=self.optimizer,
+                                    scheduler=self.scheduler)
+        self.step, self.last_saved = int(meta["step"]), int(meta["step"])
+        self.epoch, self.epoch_complete = int(meta["epoch"]), bool(meta["epoch_complete"])
+        self.guard.load_state_dict(meta["guard"])
+        self.totals.load_state_dict(meta["totals"])
+        self.data.load_state_dict(meta["data_state"])
+        if self.info.is_main:
+            print(f"resumed from {path} (step {self.step}, epoch {self.epoch})", flush=True)
+        return True
+
+    def save(self) -> None:
+        meta = {"epoch": self.epoch, "epoch_complete": self.epoch_complete,
+                "guard": self.guard.state_dict(), "totals": self.totals.state_dict()}
+        try:
+            ckpt.save_checkpoint(self.ckpt_root, self.step, model=self.model, optimizer=self.optimizer,
+                                 scheduler=self.scheduler, data_state=self.data.state_dict(),
+                                 meta=meta, keep_last=self.cfg.keep_last)
+            self.last_saved = self.step
+        except ckpt.CheckpointError as e:  # same outcome on every rank
+            self.failed_saves += 1
+            if self.info.is_main:
+                print(f"WARNING: {e}", flush=True)
+
+    # ------------------------------------------------------------------ steps
+
+    def _fetch(self, it: Iterator[Batch]) -> tuple[list[Batch], int]:
+        """Up to accum_steps real batches, topped up with dummies once this rank is out."""
+        batches, n_real = [], 0
+        for _ in range(self.cfg.accum_steps):
+            b = next(it, None) if not self._exhausted else None
+            if b is None:
+                self._exhausted = True
+                b = self.dummy_batch()
+            else:
+                n_real += 1
+            batches.append(b)
+        return batches, n_real
+
+    def _done(self) -> bool:
+        return (self.cfg.max_steps > 0 and self.step >= self.cfg.max_steps) or \
+               (self.cfg.max_epochs > 0 and self.epoch >= self.cfg.max_epochs)
+
+    def _run_epoch(self, logger: MetricsLogger, monitor, profiler) -> bool:
+        """Steps until every rank is out of data (True) or max_steps is reached (False)."""
+        it, self._exhausted = iter(self.data), False
+        while True:
+            if self.cfg.max_steps > 0 and self.step >= self.cfg.max_steps:
+                return False
+            t0 = time.perf_counter()
+            batches, n_real = self._fetch(it)
+            data_s = time.perf_counter() - t0
+            plan = plan_step(batches, n_real)
+            if plan.global_real_batches == 0:
+                return True
+            result: StepResult = train_step(
+                self.model, batches, plan, self.optimizer, self.scheduler, device=self.info.device,
+                world_size=self.info.world_size, grad_clip=self.cfg.grad_clip,
+                precision=self.cfg.precision)
+            self.step += 1
+            wall = time.perf_counter() - t0
+            rec = step_record(self.step, self.epoch, result, wall, peak_memory_mb(self.info.device),
+                              {"data_wait_s": data_s, **monitor.read()})
+            logger.log_step(rec)
+            logger.log_audit(self.step, self.epoch, [k for b in batches for k in b.keys])
+            self.totals.add(rec, result.loss_sum)
+            self.losses.append(result.loss)
+            profiler.step()
+            self.guard.update(result.status == "nonfinite", self.step)  # may raise, on all ranks
+            if self.cfg.save_every and self.step % self.cfg.save_every == 0:
+                self.save()
+
+    def fit(self) -> dict:
+        """Train until max_steps / max_epochs; returns a short summary."""
+        seed_everything(self.cfg.seed + self.info.rank)
+        resumed = self.maybe_resume()
+        self.model.train()
+        logger = MetricsLogger(self.run.output_dir, self.info.rank, start_step=self.step,
+                               total_steps=self.cfg.max_steps or None,
+                               tensorboard=self.cfg.tensorboard, progress_bar=self.cfg.progress_bar,
+                               audit=self.run.audit, log_every=self.cfg.log_every)
+        monitor = build_monitor(self.info.device.type, self.info.device.index or 0,
+                                self.cfg.nvml, self.cfg.monitor_interval_s)
+        monitor.start()
+        profiler = build_profiler(self.cfg.profile, self.run.output_dir, self.info.device.type,
+                                  self.cfg.profile_wait, self.cfg.profile_active, self.info.rank)
+        try:
+            with profiler:
+                if resumed and self.epoch_complete:
+                    self.epoch, self.epoch_complete = self.epoch + 1, False
+                    self.totals.reset()
+                    resumed = False
+                while not self._done():
+                    if not resumed:
+                        self.data.set_epoch(self.epoch)
+                    resumed = False
+                    if not self._run_epoch(logger, monitor, profiler):
+                        break  # max_steps inside the epoch
+                    skipped = getattr(self.data, "skipped_counts", dict)()
+                    logger.log_epoch(self.totals.summary(self.epoch, sum_counts_over_ranks(skipped)))
+                    self.epoch_complete = True
+                    if self.cfg.save_at_epoch_end:
+                        self.save()
+                    self.epoch, self.epoch_complete = self.epoch + 1, False
+                    self.totals.reset()
+            if self.last_saved != self.step:
+                self.save()
+        finally:
+            monitor.stop()
+            logger.close()
+        return {"step": self.step, "epoch": self.epoch, "skipped_steps": self.guard.total,
+                "failed_saves": self.failed_saves}

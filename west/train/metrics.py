@@ -1,0 +1,203 @@
+"""Per-step records: DIR/train_log.jsonl, TensorBoard, a tqdm bar, epoch summaries, audit.
+
+Rank 0 writes the global numbers (already summed over ranks by the step).
+With ``audit`` every rank also writes DIR/audit/rank{R}.jsonl: the utterance
+keys it trained on at each step, so exactly-once use of a corpus is checkable.
+On resume, lines after the checkpoint's step are dropped from both files, so
+the logs read like one uninterrupted run.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+import torch
+
+from west.batch import COUNTER_NAMES
+
+
+def peak_memory_mb(device: torch.device, reset: bool = True) -> float:
+    """CUDA: peak allocated by the caching allocator since the last call. CPU: the
+    process's peak resident set size so far (Linux ru_maxrss, never reset)."""
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device) / 2**20
+        if reset:
+            torch.cuda.reset_peak_memory_stats(device)
+        return peak
+    rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss_kb / 1024 if sys.platform != "darwin" else rss_kb / 2**20
+
+
+def step_record(step: int, epoch: int, result: Any, wall_s: float, peak_mem_mb: float,
+                hw: Optional[dict] = None) -> dict:
+    """One train_log.jsonl line from a StepResult (west.train.step) and timings."""
+    c = result.counters
+    wall = max(wall_s, 1e-9)
+    rec = {
+        "step": step, "epoch": epoch, "status": result.status,
+        "loss": result.loss, "acc": result.n_correct / result.n_tokens if result.n_tokens else math.nan,
+        "lr": result.lr, "grad_norm": result.grad_norm,
+        **{name: int(c.get(name, 0)) for name in COUNTER_NAMES},
+        "step_time_s": wall_s,
+        "utts_per_s": c.get("utterances", 0) / wall,
+        "tokens_per_s": c.get("real_llm_tokens", 0) / wall,
+        "computed_tokens_per_s": c.get("computed_llm_tokens", 0) / wall,
+        "llm_fill": _ratio(c.get("real_llm_tokens", 0), c.get("computed_llm_tokens", 0)),
+        "enc_fill": _ratio(c.get("real_enc_frames", 0), c.get("computed_enc_frames", 0)),
+        "peak_mem_mb": peak_mem_mb,
+        "time": time.time(),
+    }
+    rec.update(hw or {})
+    return rec
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else math.nan
+
+
+def _json_line(rec: dict) -> str:
+    # NaN is not JSON: write null so every line parses with any reader.
+    clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in rec.items()}
+    return json.dumps(clean, ensure_ascii=False) + "\n"
+
+
+def truncate_jsonl(path: Path, max_step: int) -> None:
+    """Keep only lines with step <= max_step (lines written after the resumed checkpoint go)."""
+    if not path.is_file():
+        return
+    kept = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                if int(json.loads(line)["step"]) <= max_step:
+                    kept.append(line)
+            except (ValueError, KeyError, TypeError):
+                continue  # a line torn by the crash
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text("".join(kept), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+class MetricsLogger:
+    """Step/epoch logging for one rank (only rank 0 writes the global logs)."""
+
+    def __init__(self, output_dir: str | os.PathLike, rank: int = 0, *, start_step: int = 0,
+                 total_steps: Optional[int] = None, tensorboard: bool = True,
+                 progress_bar: bool = True, audit: bool = False, log_every: int = 10) -> None:
+        self.dir = Path(output_dir)
+        self.rank = rank
+        self.log_every = log_every
+        self._log = self._tb = self._bar = self._audit = None
+        if audit:
+            audit_path = self.dir / "audit" / f"rank{rank}.jsonl"
+            audit_path.parent.mkdir(parents=True, exist_ok=True)
+            truncate_jsonl(audit_path, start_step)
+            self._audit = open(audit_path, "a", encoding="utf-8")
+        if rank != 0:
+            return
+        log_path = self.dir / "train_log.jsonl"
+        truncate_jsonl(log_path, start_step)
+        self._log = open(log_path, "a", encoding="utf-8")
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter  # slow import: only when used
+
+            self._tb = SummaryWriter(str(self.dir / "tensorboard"), purge_step=start_step + 1)
+        if progress_bar:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total_steps or None, initial=start_step, unit="step",
+                             dynamic_ncols=True, file=sys.stderr)
+
+    def log_step(self, rec: dict) -> None:
+        if self._log is None:
+            return
+        self._log.write(_json_line(rec))
+        self._log.flush()
+        step = rec["step"]
+        if self._tb is not None:
+            for k, v in rec.items():
+                if k not in ("step", "time") and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self._tb.add_scalar(f"train/{k}", v, step)
+        if self._bar is not None:
+            self._bar.update(1)
+            self._bar.set_postfix(loss=f"{rec['loss']:.4f}", utts_s=f"{rec['utts_per_s']:.1f}",
+                                  refresh=False)
+        elif step % self.log_every == 0:
+            print(f"step {step} epoch {rec['epoch']} loss {rec['loss']:.4f} lr {rec['lr']:.3g} "
+                  f"grad_norm {rec['grad_norm']:.3g} utts/s {rec['utts_per_s']:.1f} "
+                  f"tokens/s {rec['tokens_per_s']:.0f}", flush=True)
+
+    def log_audit(self, step: int, epoch: int, keys: Iterable[str]) -> None:
+        if self._audit is not None:
+            self._audit.write(json.dumps({"step": step, "epoch": epoch, "keys": list(keys)},
+                                         ensure_ascii=False) + "\n")
+            self._audit.flush()
+
+    def log_epoch(self, summary: dict) -> None:
+        """Append an epoch summary (totals + skipped-input counts) to DIR/epochs.jsonl."""
+        if self._log is None:
+            return
+        with open(self.dir / "epochs.jsonl", "a", encoding="utf-8") as f:
+            f.write(_json_line(summary))
+        msg = f"epoch {summary.get('epoch')} done: " + ", ".join(
+            f"{k}={v}" for k, v in summary.items() if k != "epoch")
+        (self._bar.write if self._bar is not None else print)(msg)
+        if self._tb is not None:
+            for k, v in summary.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "epoch":
+                    self._tb.add_scalar(f"epoch/{k}", v, summary["epoch"])
+
+    def close(self) -> None:
+        for h in (self._log, self._audit):
+            if h is not None:
+                h.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._bar is not None:
+            self._bar.close()
+        self._log = self._tb = self._bar = self._audit = None
+
+
+class EpochTotals:
+    """Sums of one epoch's step records, for the epoch summary."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.steps = self.skipped_steps = self.empty_steps = 0
+        self.loss_sum = 0.0
+        self.tokens = 0
+        self.wall_s = 0.0
+        self.counters = {name: 0 for name in COUNTER_NAMES}
+
+    def add(self, rec: dict, loss_sum: float) -> None:
+        self.steps += 1
+        self.skipped_steps += rec["status"] == "nonfinite"
+        self.empty_steps += rec["status"] == "empty"
+        if rec["status"] == "ok":
+            self.loss_sum += loss_sum
+            self.tokens += rec["label_tokens"]
+        self.wall_s += rec["step_time_s"]
+        for name in COUNTER_NAMES:
+            self.counters[name] += rec[name]
+
+    def summary(self, epoch: int, skipped_inputs: Optional[dict] = None) -> dict:
+        return {"epoch": epoch, "steps": self.steps, "skipped_steps": self.skipped_steps,
+                "empty_steps": self.empty_steps,
+                "loss": self.loss_sum / self.tokens if self.tokens else math.nan,
+                "wall_s": round(self.wall_s, 3), **self.counters,
+                "skipped_inputs": dict(skipped_inputs or {})}
+
+    def state_dict(self) -> dict:
+        return dict(self.__dict__, counters=dict(self.counters))
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.__dict__.update(sd)
+        self.counters = dict(sd["counters"])

@@ -1,0 +1,110 @@
+"""One optimizer step over this rank's micro-batches (forward, backward, clip, update).
+
+Collectives per step, identical on every rank whatever happens: the token
+all-reduce of :func:`west.train.loss.plan_step`, DDP's gradient all-reduce on
+the last micro-batch, and one stats all-reduce that also carries the
+"non-finite loss here" flag, so all ranks skip a bad step together.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from west.batch import COUNTER_NAMES, Batch
+from west.train.distributed import all_reduce_sum, grad_sync
+from west.train.loss import StepPlan
+
+
+@dataclass
+class StepResult:
+    status: str              # "ok" | "nonfinite" (skipped) | "empty" (no label token anywhere)
+    loss: float              # per-token mean over the step, all ranks (nan if empty)
+    loss_sum: float
+    n_tokens: int
+    n_correct: int
+    grad_norm: float         # before clipping; nan when skipped
+    lr: float                # the lr this step used
+    counters: dict = field(default_factory=dict)  # COUNTER_NAMES summed over micro-batches and ranks
+
+    @property
+    def applied(self) -> bool:
+        return self.status == "ok"
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """bf16 autocast for the forward (fp32 master weights and optimizer state)."""
+    if precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _sum_counters(batches: Sequence[Batch]) -> list[float]:
+    return [float(sum(int(b.counters.get(name, 0)) for b in batches)) for name in COUNTER_NAMES]
+
+
+def _grad_norm(model: nn.Module, max_norm: float) -> float:
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm if max_norm > 0 else math.inf)
+    if hasattr(norm, "full_tensor"):  # FSDP2 returns a replicated DTensor
+        norm = norm.full_tensor()
+    return float(norm)
+
+
+def train_step(model: nn.Module, micro_batches: Sequence[Batch], plan: StepPlan,
+               optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
+               *, device: torch.device, world_size: int, grad_clip: float = 0.0,
+               precision: str = "fp32") -> StepResult:
+    """Accumulate per-token-scaled gradients of ``micro_batches`` and take one optimizer step.
+
+    ``plan`` comes from ``plan_step`` on the same micro-batches (dummy batches included).
+    """
+    lr = float(optimizer.param_groups[0]["lr"])
+    local_counters = _sum_counters(micro_batches)
+    if plan.global_tokens == 0:
+        # No rank has a label token: nothing to learn, and stepping AdamW on zero gradients
+        # would still move the weights (momentum, decay). Every rank takes this branch.
+        counters = all_reduce_sum(local_counters)
+        return StepResult("empty", math.nan, 0.0, 0, 0, math.nan, lr,
+                          dict(zip(COUNTER_NAMES, map(int, counters))))
+
+    scale = plan.loss_scale(world_size)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    n_correct = model_tokens = 0
+    last = len(micro_batches) - 1
+    for i, mb in enumerate(micro_batches):
+        with grad_sync(model, enabled=(i == last)):
+            with autocast(device, precision):
+                out = model(mb.to(device))
+            (out["loss_sum"].float() * scale).backward()
+            loss_sum += out["loss_sum"].detach().double()
+            n_correct += int(out["n_correct"])
+            model_tokens += int(out["n_tokens"])
+            del out
+    loss_local = float(loss_sum)
+    mismatch = model_tokens != plan.local_tokens
+    local = [loss_local, n_correct, 0.0 if math.isfinite(loss_local) else 1.0, float(mismatch),
+             *local_counters]
+    total = all_reduce_sum(local)  # flags travel with the stats: every rank decides alike
+    g_loss, g_correct, g_bad = total[0], int(total[1]), total[2] > 0
+    if total[3] > 0:
+        raise RuntimeError(f"model counted {model_tokens} label tokens, the batches hold "
+                           f"{plan.local_tokens} labels != IGNORE_INDEX (on this or another rank): "
+                           "the model must use Batch.labels as given (already shifted)")
+    counters = dict(zip(COUNTER_NAMES, (int(c) for c in total[4:])))
+    mean = g_loss / plan.global_tokens
+
+    if g_bad:
+        optimizer.zero_grad(set_to_none=True)
+        return StepResult("nonfinite", mean, g_loss, plan.global_tokens, g_correct, math.nan, lr, counters)
+    norm = _grad_norm(model, grad_clip)
+    if not math.isfinite(norm):  # finite loss, overflowing gradient: same on every rank
+        optimizer.zero_grad(set_to_none=True)
+        return StepResult("nonfinite", mean, g_loss, plan.global_tokens, g_correct, norm, lr, counters)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return StepResult("ok", mean, g_loss, plan.global_tokens, g_correct, norm, lr, counters)
