@@ -1,0 +1,236 @@
+"""The loader end to end: coverage, batch contract, budgets, shares, determinism, resume."""
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from west.batch import COUNTER_NAMES, IGNORE_INDEX
+from west.data.config import DataConfig
+from west.data.dataset import build_dataloader
+from west.shapes import num_speech_tokens
+
+SIZES = dict(batch_size=5, max_tokens_in_batch=300, pack_tokens=400, pack_buffer=8, sort_buffer=10)
+
+
+def run(data_list, tok, rank=0, world_size=1, seed=0, epoch=0, training=True, **kw):
+    conf = DataConfig(**{**SIZES, **kw})
+    loader, ds = build_dataloader(str(data_list), tok, conf, rank, world_size, seed, epoch, training)
+    return list(loader), ds
+
+
+def keys(batches) -> list[str]:
+    return [k for b in batches for k in b.keys]
+
+
+def segments(batch):
+    """(row, start, end) of every cu_seqlens segment."""
+    cu = batch.cu_seqlens.tolist()
+    width = batch.input_ids.shape[1]
+    return [(a // width, a % width, a % width + (b - a)) for a, b in zip(cu[:-1], cu[1:])]
+
+
+def check_speech(batch, tok):
+    ph = tok.convert_tokens_to_ids("<|speech|>")
+    for (row, start, length), t in zip(batch.speech_spans.tolist(), batch.feat_lens.tolist()):
+        assert length == num_speech_tokens(t)
+        assert (batch.input_ids[row, start:start + length] == ph).all()
+        assert (batch.labels[row, start:start + length] == IGNORE_INDEX).all()
+    assert int((batch.input_ids == ph).sum()) == int(batch.speech_spans[:, 2].sum())
+
+
+@pytest.mark.parametrize("plan", ["auto", "never"])
+@pytest.mark.parametrize("batch_type", ["static", "dynamic", "pack"])
+def test_every_mode_yields_every_utterance_once(corpus, tokenizer, batch_type, plan):
+    batches, ds = run(corpus["list"], tokenizer, batch_type=batch_type, plan=plan)
+    assert ds.planned == (plan == "auto")
+    assert Counter(keys(batches)) == Counter(list(corpus["texts"]))
+    assert ds.stats.skipped == 0
+    for b in batches:
+        assert set(b.counters) == set(COUNTER_NAMES)
+        assert b.counters["utterances"] == len(b.keys)
+        assert b.counters["label_tokens"] == int((b.labels != IGNORE_INDEX).sum())
+
+
+@pytest.mark.parametrize("layout", ["packed", "padded"])
+@pytest.mark.parametrize("plan", ["auto", "never"])
+def test_pack_batches_follow_the_contract(corpus, tokenizer, layout, plan):
+    batches, _ = run(corpus["list"], tokenizer, batch_type="pack", plan=plan, encoder_layout=layout)
+    for b in batches:
+        assert b.input_ids.shape == (1, 400) and b.attention_mask is None
+        assert b.cu_seqlens.dtype == torch.int32 and b.cu_seqlens[0] == 0 and b.cu_seqlens[-1] == 400
+        segs = segments(b)
+        real = segs[:len(b.keys)]
+        tail = segs[len(b.keys):]
+        assert len(tail) <= 1 and b.max_seqlen == max(e - s for _, s, e in segs)
+        for row, s, e in segs:   # positions restart at 0 and count up inside every segment, tail included
+            assert b.position_ids[row, s:e].tolist() == list(range(e - s))
+        for row, s, e in tail:
+            assert (b.labels[row, s:e] == IGNORE_INDEX).all()
+            assert (b.input_ids[row, s:e] == tokenizer.pad_token_id).all()
+        assert b.counters["real_llm_tokens"] == sum(e - s for _, s, e in real)
+        assert b.counters["computed_llm_tokens"] == 400
+        for row, s, e in real:   # no label crosses a sample boundary: last position predicts nothing
+            assert b.labels[row, e - 1] == IGNORE_INDEX
+        check_speech(b, tokenizer)
+        for (row, start, length), seg in zip(b.speech_spans.tolist(), real):
+            assert seg[1] <= start and start + length <= seg[2]
+        assert b.counters["real_enc_frames"] == int(b.feat_lens.sum())
+        if layout == "packed":
+            assert b.feats.shape == (int(b.feat_lens.sum()), 80)
+            assert b.feat_cu_seqlens.tolist() == [0] + torch.cumsum(b.feat_lens, 0).tolist()
+            assert b.feat_max_len == int(b.feat_lens.max())
+            assert b.counters["computed_enc_frames"] == b.counters["real_enc_frames"]
+        else:
+            assert b.feat_cu_seqlens is None and b.feats.shape == (len(b.feat_lens), int(b.feat_lens.max()), 80)
+            assert b.counters["computed_enc_frames"] == b.feats.shape[0] * b.feats.shape[1]
+
+
+@pytest.mark.parametrize("plan", ["auto", "never"])
+@pytest.mark.parametrize("batch_type", ["static", "dynamic"])
+def test_padded_batches_follow_the_contract(corpus, tokenizer, batch_type, plan):
+    batches, _ = run(corpus["list"], tokenizer, batch_type=batch_type, plan=plan)
+    for b in batches:
+        n, width = b.input_ids.shape
+        lens = b.attention_mask.sum(1)
+        assert b.cu_seqlens is None and int(lens.max()) == width
+        assert (b.position_ids == torch.arange(width)).all()
+        assert (b.labels[b.attention_mask == 0] == IGNORE_INDEX).all()
+        assert (b.input_ids[b.attention_mask == 0] == tokenizer.pad_token_id).all()
+        if batch_type == "dynamic":
+            assert n * width <= SIZES["max_tokens_in_batch"]     # padded budget, not the sum of lengths
+        else:
+            assert n <= SIZES["batch_size"]
+        assert b.counters["computed_llm_tokens"] == n * width
+        assert b.counters["real_llm_tokens"] == int(lens.sum())
+        assert b.feats.shape == (n, int(b.feat_lens.max()), 80)
+        assert b.counters["computed_enc_frames"] == n * int(b.feat_lens.max())
+        check_speech(b, tokenizer)
+
+
+@pytest.mark.parametrize("batch_type", ["static", "pack"])
+def test_labels_are_transcript_and_end_token(corpus, tokenizer, batch_type):
+    batches, _ = run(corpus["list"], tokenizer, batch_type=batch_type)
+    seen = 0
+    for b in batches:
+        if batch_type == "pack":
+            spans = segments(b)[:len(b.keys)]
+        else:
+            spans = [(r, 0, int(b.attention_mask[r].sum())) for r in range(len(b.keys))]
+        for key, (row, s, e) in zip(b.keys, spans):
+            lab = b.labels[row, s:e]
+            assert tokenizer.decode(lab[lab != IGNORE_INDEX]) == corpus["texts"][key] + "<|im_end|>"
+            seen += 1
+    assert seen == len(corpus["texts"])
+
+
+def test_dynamic_budget_is_respected_with_a_sort_buffer(corpus, tokenizer):
+    for budget in (120, 200, 700):
+        batches, _ = run(corpus["list"], tokenizer, batch_type="dynamic", max_tokens_in_batch=budget, plan="never")
+        assert all(b.input_ids.numel() <= budget for b in batches)
+        assert Counter(keys(batches)) == Counter(list(corpus["texts"]))
+
+
+@pytest.mark.parametrize("plan", ["auto", "never"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_rank_and_worker_shares_are_disjoint_and_cover(corpus, tokenizer, plan, num_workers):
+    per_rank = [run(corpus["list"], tokenizer, rank=r, world_size=2, batch_type="pack", plan=plan,
+                    num_workers=num_workers) for r in range(2)]
+    k0, k1 = (keys(b) for b, _ in per_rank)
+    assert not set(k0) & set(k1)
+    assert Counter(k0 + k1) == Counter(list(corpus["texts"]))
+    if plan == "auto":   # planned: every rank gets exactly the same number of steps
+        assert len(per_rank[0][0]) == len(per_rank[1][0]) == len(per_rank[0][1])
+
+
+@pytest.mark.parametrize("plan", ["auto", "never"])
+def test_a_rank_decodes_only_its_own_audio(corpus, tokenizer, plan, monkeypatch):
+    import west.data.processors as P
+
+    decoded = []
+    real = P._load_audio
+    monkeypatch.setattr(P, "_load_audio", lambda spec, sr: decoded.append(spec["path"]) or real(spec, sr))
+    for rank in range(3):
+        decoded.clear()
+        batches, _ = run(corpus["list"], tokenizer, rank=rank, world_size=3, batch_type="dynamic", plan=plan)
+        assert sorted(p.split("/")[-1][:-4] for p in decoded) == sorted(keys(batches))
+
+
+def test_num_workers_do_not_change_a_planned_epoch(corpus, tokenizer):
+    ref, _ = run(corpus["list"], tokenizer, batch_type="pack", num_workers=0, spec_aug=True)
+    two, _ = run(corpus["list"], tokenizer, batch_type="pack", num_workers=2, spec_aug=True)
+    assert [b.keys for b in ref] == [b.keys for b in two]
+    assert all(torch.equal(a.feats, b.feats) for a, b in zip(ref, two))
+
+
+def test_order_depends_only_on_seed_and_epoch(corpus, tokenizer):
+    a, _ = run(corpus["list"], tokenizer, batch_type="static", seed=3, epoch=1)
+    b, _ = run(corpus["list"], tokenizer, batch_type="static", seed=3, epoch=1)
+    c, _ = run(corpus["list"], tokenizer, batch_type="static", seed=3, epoch=2)
+    assert keys(a) == keys(b) and keys(a) != keys(c)
+    assert all(torch.equal(x.feats, y.feats) for x, y in zip(a, b))   # dither is seeded per sample too
+    ev, _ = run(corpus["list"], tokenizer, batch_type="static", training=False)
+    assert keys(ev) == list(corpus["texts"])                            # eval: list order, no dither
+    ev2, _ = run(corpus["list"], tokenizer, batch_type="static", training=False, seed=9, spec_aug=True)
+    assert all(torch.equal(x.feats, y.feats) for x, y in zip(ev, ev2))
+
+
+def _resume_case(corpus, tokenizer, k, workers_before, workers_after, **kw):
+    conf = DataConfig(**{**SIZES, **kw, "num_workers": workers_before})
+    loader, ds = build_dataloader(str(corpus["list"]), tokenizer, conf, seed=5, epoch=2)
+    full = list(loader)
+    loader, ds = build_dataloader(str(corpus["list"]), tokenizer, conf, seed=5, epoch=2)
+    it = iter(loader)
+    for _ in range(k):
+        next(it)
+    state = ds.state_dict()
+    del it
+    conf2 = conf.replace(num_workers=workers_after)
+    loader2, ds2 = build_dataloader(str(corpus["list"]), tokenizer, conf2, seed=5, epoch=0)
+    ds2.load_state_dict(state)
+    rest = list(loader2)
+    assert [b.keys for b in rest] == [b.keys for b in full[k:]]
+    for a, b in zip(rest, full[k:]):
+        assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.feats, b.feats)
+    return full
+
+
+@pytest.mark.parametrize("batch_type,plan,workers,k", [
+    ("pack", "auto", 0, 1), ("dynamic", "auto", 2, 1), ("static", "auto", 2, 2),
+    ("static", "never", 0, 2), ("pack", "never", 2, 1), ("dynamic", "never", 2, 3),
+])
+def test_resume_reproduces_the_rest_of_the_epoch(corpus, tokenizer, batch_type, plan, workers, k):
+    full = _resume_case(corpus, tokenizer, k, workers, workers, batch_type=batch_type, plan=plan,
+                        spec_aug=True, batch_size=3, max_tokens_in_batch=200, pack_tokens=250)
+    assert len(full) > k
+
+
+def test_planned_resume_may_change_num_workers(corpus, tokenizer):
+    _resume_case(corpus, tokenizer, 3, 2, 0, batch_type="static", batch_size=3)
+
+
+def test_state_at_an_epoch_boundary(corpus, tokenizer):
+    conf = DataConfig(**{**SIZES, "batch_type": "static"})
+    loader, ds = build_dataloader(str(corpus["list"]), tokenizer, conf, seed=1)
+    n = len(list(loader))
+    end = ds.state_dict()
+    assert end["epoch"] == 0 and sum(end["consumed"]) == n
+    loader2, ds2 = build_dataloader(str(corpus["list"]), tokenizer, conf, seed=1)
+    ds2.load_state_dict(end)
+    assert list(loader2) == []                       # epoch 0 was finished
+    ds2.set_epoch(1)
+    assert ds2.state_dict()["consumed"] == [] and ds2.state_dict()["epoch"] == 1
+    ds.set_epoch(1)
+    assert [b.keys for b in loader2] == [b.keys for b in loader]
+
+
+def test_resume_checks_the_config(corpus, tokenizer):
+    _, ds = run(corpus["list"], tokenizer, batch_type="pack")
+    state = ds.state_dict()
+    _, other = run(corpus["list"], tokenizer, batch_type="pack", pack_tokens=500)
+    with pytest.raises(ValueError, match="data config"):
+        other.load_state_dict(state)
+    _, other = run(corpus["list"], tokenizer, batch_type="pack", seed=1)
+    with pytest.raises(ValueError, match="seed"):
+        other.load_state_dict(state)

@@ -1,0 +1,119 @@
+"""Waveform -> log-mel fbank (kaldi-native-fbank), global CMVN, SpecAugment.
+
+Randomness (dither, SpecAugment) comes from a numpy Generator seeded per
+sample by (seed, epoch, key), never from a library's hidden global state, so a
+resumed epoch computes bit-identical features.
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import Optional
+
+import kaldi_native_fbank as knf
+import numpy as np
+
+from west.data.config import DataConfig
+from west.data.stats import SkipSample
+
+# Durations in lists are usually rounded to 10 ms: planning rounds them up by
+# half of that so a planned pack is never shorter than what decoding produces.
+DURATION_MARGIN_S = 0.005
+
+
+def window_and_shift(conf: DataConfig) -> tuple[int, int]:
+    return (int(conf.sample_rate * conf.frame_length_ms / 1000),
+            int(conf.sample_rate * conf.frame_shift_ms / 1000))
+
+
+def fbank_frames(num_samples: int, conf: DataConfig) -> int:
+    """Frames kaldi fbank yields for ``num_samples`` (snip_edges=True)."""
+    win, shift = window_and_shift(conf)
+    return 0 if num_samples < win else 1 + (int(num_samples) - win) // shift
+
+
+def estimate_frames(spec: dict, conf: DataConfig) -> Optional[int]:
+    """Fbank frames of an audio spec from metadata: exact ``num_frames`` if given,
+    else an upper bound from ``duration`` (or end - start); None if unknown."""
+    if spec.get("num_frames") is not None:
+        return int(spec["num_frames"])
+    dur = spec.get("duration")
+    if dur is None and spec.get("start") is not None and spec.get("end") is not None:
+        dur = spec["end"] - spec["start"]
+    if dur is None:
+        return None
+    return fbank_frames(math.ceil((dur + DURATION_MARGIN_S) * conf.sample_rate), conf)
+
+
+def _options(conf: DataConfig) -> knf.FbankOptions:
+    opts = knf.FbankOptions()
+    opts.frame_opts.samp_freq = float(conf.sample_rate)
+    opts.frame_opts.frame_length_ms = float(conf.frame_length_ms)
+    opts.frame_opts.frame_shift_ms = float(conf.frame_shift_ms)
+    opts.frame_opts.dither = 0.0          # dither is added here, from a seeded generator
+    opts.frame_opts.snip_edges = True
+    opts.mel_opts.num_bins = conf.num_mel_bins
+    opts.energy_floor = 0.0
+    return opts
+
+
+def compute_fbank(wave: np.ndarray, conf: DataConfig, rng: Optional[np.random.Generator] = None) -> np.ndarray:
+    """(T, num_mel_bins) float32 log-mel fbank; dither only when ``rng`` is given."""
+    x = wave.astype(np.float32) * np.float32(32768.0)     # Kaldi works on the int16 scale
+    if rng is not None and conf.dither > 0:
+        x += np.float32(conf.dither) * rng.standard_normal(x.shape[0], dtype=np.float32)
+    fb = knf.OnlineFbank(_options(conf))
+    fb.accept_waveform(float(conf.sample_rate), x.tolist())   # a list converts faster than an ndarray
+    fb.input_finished()
+    n = fb.num_frames_ready
+    if n == 0:
+        return np.zeros((0, conf.num_mel_bins), np.float32)
+    return np.stack([fb.get_frame(i) for i in range(n)]).astype(np.float32, copy=False)
+
+
+class GlobalCMVN:
+    """Global mean/variance normalisation from a JSON file.
+
+    Reads the WeNet format written by tools/compute_cmvn.py
+    (``mean_stat``, ``var_stat``, ``frame_num``) or explicit ``mean``/``istd``.
+    """
+
+    def __init__(self, mean: np.ndarray, istd: np.ndarray):
+        self.mean = np.asarray(mean, np.float32)
+        self.istd = np.asarray(istd, np.float32)
+
+    @classmethod
+    def from_json(cls, path: str) -> "GlobalCMVN":
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+        if "mean" in d and "istd" in d:
+            return cls(np.array(d["mean"]), np.array(d["istd"]))
+        try:
+            n = float(d["frame_num"])
+            mean = np.array(d["mean_stat"], np.float64) / n
+            var = np.array(d["var_stat"], np.float64) / n - mean * mean
+        except (KeyError, TypeError, ZeroDivisionError) as e:
+            raise ValueError(f"{path}: not a CMVN file (need mean_stat/var_stat/frame_num or mean/istd): {e}")
+        return cls(mean, 1.0 / np.sqrt(np.maximum(var, 1e-20)))
+
+    def __call__(self, feats: np.ndarray) -> np.ndarray:
+        if feats.shape[1] != self.mean.shape[0]:
+            raise SkipSample("corrupt_audio", f"features have {feats.shape[1]} bins, CMVN has {self.mean.shape[0]}")
+        return (feats - self.mean) * self.istd
+
+
+def spec_augment(feats: np.ndarray, conf: DataConfig, rng: np.random.Generator) -> np.ndarray:
+    """Zero ``spec_aug_num_t_mask`` time and ``spec_aug_num_f_mask`` frequency bands (copy)."""
+    y = feats.copy()
+    t, f = y.shape
+    for _ in range(conf.spec_aug_num_t_mask):
+        if t < 2 or conf.spec_aug_max_t < 1:
+            break
+        start = int(rng.integers(0, t - 1))
+        y[start:min(t, start + int(rng.integers(1, conf.spec_aug_max_t + 1))), :] = 0
+    for _ in range(conf.spec_aug_num_f_mask):
+        if f < 2 or conf.spec_aug_max_f < 1:
+            break
+        start = int(rng.integers(0, f - 1))
+        y[:, start:min(f, start + int(rng.integers(1, conf.spec_aug_max_f + 1)))] = 0
+    return y

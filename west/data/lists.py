@@ -1,0 +1,299 @@
+"""Data lists: turn every input format into one record shape.
+
+A record is a plain dict::
+
+    {"key": str, "src": "list.jsonl:17",
+     "audio": [{"path"|"bytes"|"ark": ..., "start", "end", "duration", "num_frames", "base"}],
+     "txt": str | None,                 # plain ASR utterance
+     "messages": list | None}           # role-content conversation: [{"role", "parts"}]
+                                        # parts: ("text", str) | ("audio", index into "audio")
+
+Formats: jsonl utterances (``key``/``wav``/``txt``, optional ``duration``,
+``num_frames``, ``start``/``end``), jsonl role-content ``messages``, tar shard
+lists (one ``.tar`` per line, ``KEY.wav`` + ``KEY.txt`` members, read as a stream)
+and Kaldi ``feats.scp`` + ``text`` (+ ``utt2num_frames``). Every record names
+its source file and line so a skip warning can point at it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tarfile
+from typing import Callable, Iterator, Optional
+
+from west.data.stats import DataStats, SkipSample
+
+AUDIO_SUFFIXES = ("wav", "flac", "mp3", "ogg", "opus", "sph")
+ROLES = ("system", "user", "assistant")
+
+
+def read_lines(path: str) -> Iterator[tuple[int, bytes]]:
+    """(1-based line number, raw bytes) of every non-blank line."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            raw = raw.rstrip(b"\r\n")
+            if raw.strip():
+                yield lineno, raw
+
+
+def decode_utf8(raw: bytes, what: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SkipSample("bad_encoding", f"{what} is not valid UTF-8 ({e.reason} at byte {e.start})")
+
+
+def check_text(text: object, what: str) -> str:
+    """A transcript must be a non-blank string encodable as UTF-8."""
+    if not isinstance(text, str):
+        raise SkipSample("malformed_line", f"{what} must be a string, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise SkipSample("bad_encoding", f"{what} holds invalid unicode (lone surrogate)")
+    if not text.strip():
+        raise SkipSample("empty_text", f"{what} is empty or whitespace")
+    return text
+
+
+def detect_data_type(path: str) -> str:
+    """raw | shard | kaldi, from the path and the first non-blank line."""
+    if os.path.isdir(path) or path.endswith(".scp"):
+        return "kaldi"
+    for _, raw in read_lines(path):
+        first = raw.strip()
+        if first.startswith(b"{"):
+            return "raw"
+        if first.endswith((b".tar", b".tar.gz", b".tgz")):
+            return "shard"
+        return "raw"
+    return "raw"
+
+
+def _num(obj: dict, name: str, cast, what: str):
+    v = obj.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+        raise SkipSample("malformed_line", f"{what}: {name!r} must be a non-negative number, got {v!r}")
+    return cast(v)
+
+
+def _audio_spec(obj: dict, path: object, base: str, what: str) -> dict:
+    if not isinstance(path, str) or not path:
+        raise SkipSample("malformed_line", f"{what}: audio path must be a non-empty string")
+    spec = {"path": path, "base": base,
+            "start": _num(obj, "start", float, what), "end": _num(obj, "end", float, what),
+            "duration": _num(obj, "duration", float, what),
+            "num_frames": _num(obj, "num_frames", int, what)}
+    if spec["start"] is not None and spec["end"] is not None and spec["end"] <= spec["start"]:
+        raise SkipSample("empty_audio", f"{what}: segment end {spec['end']} <= start {spec['start']}")
+    return spec
+
+
+def _parse_messages(msgs: object, base: str) -> tuple[list, list]:
+    if not isinstance(msgs, list) or not msgs:
+        raise SkipSample("malformed_line", "'messages' must be a non-empty list")
+    out, audio, n_assistant = [], [], 0
+    for m_i, msg in enumerate(msgs):
+        what = f"messages[{m_i}]"
+        if not isinstance(msg, dict) or msg.get("role") not in ROLES or "content" not in msg:
+            raise SkipSample("malformed_line", f"{what} needs a role in {ROLES} and a content")
+        content = msg["content"]
+        items = content if isinstance(content, list) else [content]
+        parts = []
+        for item in items:
+            if isinstance(item, str):
+                parts.append(("text", item))
+            elif isinstance(item, dict) and item.get("type") == "text":
+                if not isinstance(item.get("text"), str):
+                    raise SkipSample("malformed_line", f"{what}: a text part needs a string 'text'")
+                parts.append(("text", item["text"]))
+            elif isinstance(item, dict) and item.get("type") == "audio":
+                if msg["role"] == "assistant":
+                    raise SkipSample("malformed_line", f"{what}: assistant turns cannot hold audio")
+                parts.append(("audio", len(audio)))
+                audio.append(_audio_spec(item, item.get("audio"), base, what))
+            else:
+                raise SkipSample("malformed_line", f"{what}: content part {item!r:.60} is not text or audio")
+        if msg["role"] == "assistant":
+            n_assistant += 1
+            check_text("".join(t for k, t in parts if k == "text"), f"{what} (assistant)")
+        out.append({"role": msg["role"], "parts": parts})
+    if not n_assistant:
+        raise SkipSample("empty_text", "conversation has no assistant turn to learn from")
+    return out, audio
+
+
+def parse_json_record(raw: bytes, src: str, base: str) -> dict:
+    """One jsonl line -> record; raises SkipSample naming what is wrong."""
+    line = decode_utf8(raw, "line")
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise SkipSample("malformed_line", f"invalid JSON ({e.msg} at column {e.colno})")
+    if not isinstance(obj, dict):
+        raise SkipSample("malformed_line", "line is not a JSON object")
+    key = obj.get("key", src)
+    if not isinstance(key, str) or not key:
+        raise SkipSample("malformed_line", "'key' must be a non-empty string")
+    if "messages" in obj:
+        messages, audio = _parse_messages(obj["messages"], base)
+        return {"key": key, "src": src, "audio": audio, "txt": None, "messages": messages}
+    if "wav" not in obj:
+        raise SkipSample("malformed_line", "needs 'wav' and 'txt' (or 'messages')")
+    txt = check_text(obj.get("txt", obj.get("text")), "'txt'")
+    return {"key": key, "src": src, "audio": [_audio_spec(obj, obj["wav"], base, "line")],
+            "txt": txt, "messages": None}
+
+
+class RawList:
+    """A jsonl list held as raw lines (compact); records are parsed on demand.
+
+    Lines that cannot be parsed are skipped and counted once, at load time.
+    """
+
+    def __init__(self, path: str, stats: DataStats, on_record: Optional[Callable[[dict], None]] = None):
+        """``on_record`` sees every valid record once, while the list is read."""
+        self.path = path
+        self.base = os.path.dirname(os.path.abspath(path))
+        self.lines: list[bytes] = []
+        self.linenos: list[int] = []
+        for lineno, raw in read_lines(path):
+            src = f"{path}:{lineno}"
+            try:
+                rec = parse_json_record(raw, src, self.base)
+            except SkipSample as e:
+                stats.skip(e.category, src, e.message)
+                continue
+            self.lines.append(raw)
+            self.linenos.append(lineno)
+            if on_record is not None:
+                on_record(rec)
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+    def record(self, i: int) -> dict:
+        return parse_json_record(self.lines[i], f"{self.path}:{self.linenos[i]}", self.base)
+
+
+def _read_table(path: str, stats: Optional[DataStats]) -> dict[str, tuple[str, int]]:
+    """Kaldi 'key value' table -> {key: (value, lineno)}."""
+    table = {}
+    for lineno, raw in read_lines(path):
+        try:
+            line = decode_utf8(raw, "line")
+        except SkipSample as e:
+            if stats is not None:
+                stats.skip(e.category, f"{path}:{lineno}", e.message)
+            continue
+        parts = line.strip().split(maxsplit=1)
+        table[parts[0]] = (parts[1] if len(parts) > 1 else "", lineno)
+    return table
+
+
+class KaldiList:
+    """Kaldi data dir (or feats.scp): features read with kaldiio, transcripts from ``text``."""
+
+    def __init__(self, path: str, stats: DataStats, on_record: Optional[Callable[[dict], None]] = None):
+        scp = os.path.join(path, "feats.scp") if os.path.isdir(path) else path
+        d = os.path.dirname(scp)
+        self.path = scp
+        texts = _read_table(os.path.join(d, "text"), stats) if os.path.exists(os.path.join(d, "text")) else {}
+        n2f = os.path.join(d, "utt2num_frames")
+        frames = _read_table(n2f, None) if os.path.exists(n2f) else {}
+        self.items: list[dict] = []
+        for key, (ark, lineno) in _read_table(scp, stats).items():
+            src = f"{scp}:{lineno}"
+            try:
+                txt = check_text(texts[key][0] if key in texts else "", f"text of {key}")
+            except SkipSample as e:
+                stats.skip(e.category, src, e.message)
+                continue
+            nf = frames.get(key, (None,))[0]
+            self.items.append({"key": key, "src": src, "txt": txt, "ark": ark,
+                               "num_frames": int(nf) if nf and nf.isdigit() else None})
+            if on_record is not None:
+                on_record(self.record(len(self.items) - 1))
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def record(self, i: int) -> dict:
+        it = self.items[i]
+        audio = [{"ark": it["ark"], "num_frames": it["num_frames"], "duration": None,
+                  "start": None, "end": None}]
+        return {"key": it["key"], "src": it["src"], "audio": audio, "txt": it["txt"], "messages": None}
+
+
+def read_shard_list(path: str) -> list[dict]:
+    """Shard list -> [{"shard": tar path, "src": "list:line"}] (paths relative to cwd or the list)."""
+    base = os.path.dirname(os.path.abspath(path))
+    out = []
+    for lineno, raw in read_lines(path):
+        shard = raw.decode("utf-8", errors="replace").strip()
+        if not os.path.isabs(shard) and not os.path.exists(shard):
+            shard = os.path.join(base, shard)
+        out.append({"shard": shard, "src": f"{path}:{lineno}"})
+    return out
+
+
+def iter_shard(entry: dict, stats: DataStats) -> Iterator[dict]:
+    """Stream the records of one tar shard; a broken shard is counted, never raised."""
+    shard = entry["shard"]
+    if not os.path.exists(shard):
+        stats.skip("missing_file", entry["src"], f"shard {shard} does not exist")
+        return
+    group: dict = {}
+
+    def flush() -> Optional[dict]:
+        if not group:
+            return None
+        key, src = group["key"], f"{shard}:{group['key']}"
+        try:
+            if "txt" not in group:
+                raise SkipSample("empty_text", "shard has no .txt for this key")
+            if "bytes" not in group:
+                raise SkipSample("missing_file", "shard has no audio member for this key")
+            txt = check_text(decode_utf8(group["txt"], "transcript").strip(), "transcript")
+        except SkipSample as e:
+            stats.skip(e.category, src, e.message)
+            return None
+        audio = [{"bytes": group["bytes"], "duration": None, "num_frames": None, "start": None, "end": None}]
+        return {"key": key, "src": src, "audio": audio, "txt": txt, "messages": None}
+
+    try:
+        with tarfile.open(shard, mode="r|*") as tar:
+            for member in tar:
+                if not member.isfile():
+                    continue
+                prefix, _, suffix = member.name.rpartition(".")
+                if group and prefix != group["key"]:
+                    rec = flush()
+                    if rec is not None:
+                        yield rec
+                    group = {}
+                group["key"] = prefix
+                data = tar.extractfile(member).read()
+                if suffix == "txt":
+                    group["txt"] = data
+                elif suffix in AUDIO_SUFFIXES:
+                    group["bytes"] = data
+        rec = flush()
+        if rec is not None:
+            yield rec
+    except (tarfile.TarError, EOFError, OSError) as e:
+        stats.skip("corrupt_audio", f"{shard} ({entry['src']})", f"unreadable shard, rest skipped: {e}")
+
+
+def iter_records(path: str, stats: DataStats, data_type: str = "auto") -> Iterator[dict]:
+    """Every record of any list format, in list order (tools: CMVN, lengths, stats)."""
+    data_type = detect_data_type(path) if data_type == "auto" else data_type
+    if data_type == "shard":
+        for entry in read_shard_list(path):
+            yield from iter_shard(entry, stats)
+        return
+    source = KaldiList(path, stats) if data_type == "kaldi" else RawList(path, stats)
+    for i in range(len(source)):
+        yield source.record(i)

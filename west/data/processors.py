@@ -1,0 +1,167 @@
+"""Per-sample pipeline stages, each a plain generator over sample dicts.
+
+    records -> load_audio -> filter_duration -> fbank -> cmvn -> spec_augment -> tokenize
+
+A stage that rejects a sample raises ``SkipSample`` inside ``_each``; the
+sample is counted in ``stats`` (with its list file and line) and the stream
+goes on. Randomness is drawn per sample from (seed, epoch, key), so a sample's
+features do not depend on which worker decodes it or on what came before.
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, Optional
+
+import numpy as np
+
+from west.data.audio import load_audio as _load_audio
+from west.data.config import DataConfig
+from west.data.features import GlobalCMVN, compute_fbank, spec_augment as _spec_augment
+from west.data.stats import DataStats, SkipSample
+from west.data.tokenize import PromptEncoder
+
+
+@dataclass
+class DecodeContext:
+    conf: DataConfig
+    encoder: PromptEncoder
+    stats: DataStats
+    cmvn: Optional[GlobalCMVN] = None
+    training: bool = True
+    seed: int = 0
+    epoch: int = 0
+    max_len: Optional[int] = None        # LLM-token budget of one sample (pack_tokens / max_tokens_in_batch)
+    filter_duration: bool = True         # False when the plan already filtered on metadata
+
+
+def sample_rng(seed: int, epoch: int, key: str, stream: int) -> np.random.Generator:
+    """Generator owned by one sample: same numbers on any worker, rank or resume."""
+    return np.random.default_rng([seed, epoch, zlib.crc32(key.encode("utf-8")), stream])
+
+
+def _each(samples: Iterable[dict], stats: DataStats, fn: Callable[[dict], dict]) -> Iterator[dict]:
+    for s in samples:
+        try:
+            yield fn(s)
+        except SkipSample as e:
+            stats.skip(e.category, f"{s['src']} (key {s['key']})", e.message)
+
+
+def _load(sample: dict, sr: int, num_mel_bins: int) -> dict:
+    waves, feats = [], []
+    for spec in sample["audio"]:
+        if spec.get("ark") is not None:
+            feats.append(_load_ark(spec["ark"], num_mel_bins))
+            continue
+        try:
+            waves.append(_load_audio(spec, sr))
+        except SkipSample:
+            raise
+        except Exception as e:   # any decoder failure is bad input, not a reason to stop the epoch
+            raise SkipSample("corrupt_audio", f"cannot decode audio: {type(e).__name__}: {e}")
+    sample["waves"], sample["feats"] = waves, feats
+    return sample
+
+
+def _load_ark(ark: str, num_mel_bins: int) -> np.ndarray:
+    import kaldiio
+
+    try:
+        mat = np.asarray(kaldiio.load_mat(ark), dtype=np.float32)
+    except FileNotFoundError as e:
+        raise SkipSample("missing_file", f"feature file missing: {e}")
+    except Exception as e:
+        raise SkipSample("corrupt_audio", f"cannot read features {ark}: {type(e).__name__}: {e}")
+    if mat.ndim != 2 or mat.shape[1] != num_mel_bins:
+        raise SkipSample("corrupt_audio", f"features {ark} have shape {mat.shape}, expected (T, {num_mel_bins})")
+    if mat.shape[0] == 0:
+        raise SkipSample("empty_audio", "feature matrix has zero frames")
+    return mat
+
+
+def load_audio(samples: Iterable[dict], ctx: DecodeContext) -> Iterator[dict]:
+    """Decode every audio part (soundfile + soxr) or read Kaldi features."""
+    return _each(samples, ctx.stats, lambda s: _load(s, ctx.conf.sample_rate, ctx.conf.num_mel_bins))
+
+
+def filter_duration(samples: Iterable[dict], ctx: DecodeContext) -> Iterator[dict]:
+    """Drop utterances outside [min_duration, max_duration] seconds (total over audio parts)."""
+    conf = ctx.conf
+
+    def check(s: dict) -> dict:
+        if not s["audio"]:            # text-only conversations have no duration
+            return s
+        secs = sum(len(w) for w in s["waves"]) / conf.sample_rate
+        secs += sum(f.shape[0] for f in s["feats"]) * conf.frame_shift_ms / 1000
+        if conf.min_duration and secs < conf.min_duration:
+            raise SkipSample("too_short", f"{secs:.3f}s < min_duration {conf.min_duration}s")
+        if conf.max_duration and secs > conf.max_duration:
+            raise SkipSample("too_long", f"{secs:.3f}s > max_duration {conf.max_duration}s")
+        return s
+
+    if not ctx.filter_duration or not (conf.min_duration or conf.max_duration):
+        return iter(samples)
+    return _each(samples, ctx.stats, check)
+
+
+def fbank(samples: Iterable[dict], ctx: DecodeContext) -> Iterator[dict]:
+    """Waveforms -> (T, num_mel_bins) fbank; dither only in training."""
+    def run(s: dict) -> dict:
+        if s["waves"]:
+            rng = sample_rng(ctx.seed, ctx.epoch, s["key"], 0) if ctx.training else None
+            s["feats"] = [compute_fbank(w, ctx.conf, rng) for w in s["waves"]]
+        s["waves"] = []
+        for f in s["feats"]:
+            if f.shape[0] == 0:
+                raise SkipSample("too_short", "audio shorter than one fbank window")
+        return s
+
+    return _each(samples, ctx.stats, run)
+
+
+def cmvn(samples: Iterable[dict], ctx: DecodeContext) -> Iterator[dict]:
+    if ctx.cmvn is None:
+        return iter(samples)
+
+    def run(s: dict) -> dict:
+        s["feats"] = [ctx.cmvn(f) for f in s["feats"]]
+        return s
+
+    return _each(samples, ctx.stats, run)
+
+
+def spec_augment(samples: Iterable[dict], ctx: DecodeContext) -> Iterator[dict]:
+    """Time/frequency masking, training only."""
+    if not (ctx.training and ctx.conf.spec_aug):
+        return iter(samples)
+
+    def run(s: dict) -> dict:
+        rng = sample_rng(ctx.seed, ctx.epoch, s["key"], 1)
+        s["feats"] = [_spec_augment(f, ctx.conf, rng) for f in s["feats"]]
+        return s
+
+    return _each(samples, ctx.stats, run)
+
+
+def tokenize(samples: Iterable[dict], ctx: DecodeContext) -> Iterator[dict]:
+    """Ids/labels/spans; an utterance over the LLM-token budget is skipped, never truncated."""
+    def run(s: dict) -> dict:
+        enc = ctx.encoder.encode(s, [f.shape[0] for f in s["feats"]])
+        if ctx.max_len is not None and len(enc.ids) > ctx.max_len:
+            raise SkipSample("too_long", f"{len(enc.ids)} LLM tokens > budget {ctx.max_len}")
+        s["enc"], s["length"] = enc, len(enc.ids)
+        return s
+
+    return _each(samples, ctx.stats, run)
+
+
+STAGES = (load_audio, filter_duration, fbank, cmvn, spec_augment, tokenize)
+
+
+def decode(records: Iterable[dict], ctx: DecodeContext) -> Iterator[dict]:
+    """Records -> samples ready to batch (every stage of STAGES in order)."""
+    stream: Iterable[dict] = records
+    for stage in STAGES:
+        stream = stage(stream, ctx)
+    return iter(stream)

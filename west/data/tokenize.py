@@ -1,0 +1,204 @@
+"""Render a record through the tokenizer's chat template into ids and labels.
+
+Audio parts become the speech marker, rendered by the template like any text,
+then replaced by ``num_speech_tokens(T)`` placeholder ids (the exact number of
+embeddings encoder + projector produce, from ``west.shapes``). Assistant
+contents are rendered as sentinels and tokenized on their own, so the label
+region is exact whatever the template looks like: the content tokens plus the
+end token (``tokenizer.eos_token``) that the template puts after them. Text the
+template emits after the last end token (Qwen: a newline) is dropped; it would
+be an unlabelled token every sample pays for.
+
+Labels are returned SHIFTED (see west/batch.py): ``labels[t]`` is the token to
+predict at position t, IGNORE_INDEX at the last position.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+from west.batch import IGNORE_INDEX
+from west.data.config import SPEECH_MARKER, DataConfig
+from west.data.stats import SkipSample
+from west.shapes import num_speech_tokens
+
+_SENTINEL = "\x00L{}\x00"
+_SPLIT = re.compile(r"(\x00L\d+\x00|" + re.escape(SPEECH_MARKER) + ")")
+_CACHE_MAX = 4096
+
+
+@dataclass
+class Encoded:
+    ids: list[int]
+    labels: list[int]                 # shifted; IGNORE_INDEX where nothing is predicted
+    spans: list[tuple[int, int]]      # (start, length) per audio part, in record order
+
+
+class PromptEncoder:
+    """Turns records into token ids with speech placeholder spans and shifted labels."""
+
+    def __init__(self, tokenizer, conf: DataConfig):
+        self.tok = tokenizer
+        if tokenizer.eos_token is None:
+            raise ValueError("the tokenizer has no eos_token: it marks the end of an assistant turn")
+        self.end_text: str = tokenizer.eos_token
+        self.pad_id: int = pad_token_id(tokenizer)
+        self.placeholder_id: int = speech_placeholder_id(tokenizer)
+        self.prompt, self.system = conf.prompt, conf.system_prompt
+        self.rate, self.stride = conf.subsampling_rate, conf.projector_stride
+        self._text_cache: dict[str, list[int]] = {}
+        self._asr_pieces = self._pieces(self._asr_messages(), n_audio=1)   # also checks the template
+
+    # -- rendering --------------------------------------------------------
+    def _asr_messages(self) -> list[dict]:
+        msgs = [{"role": "system", "content": self.system}] if self.system is not None else []
+        return msgs + [{"role": "user", "content": self.prompt},
+                       {"role": "assistant", "content": _SENTINEL.format(0)}]
+
+    @staticmethod
+    def _chat_messages(record: dict) -> tuple[list[dict], list[str]]:
+        msgs, labels = [], []
+        for m in record["messages"]:
+            text = "".join(SPEECH_MARKER if kind == "audio" else v for kind, v in m["parts"])
+            if m["role"] == "assistant":
+                labels.append(text)
+                text = _SENTINEL.format(len(labels) - 1)
+            msgs.append({"role": m["role"], "content": text})
+        return msgs, labels
+
+    def _pieces(self, msgs: list[dict], n_audio: int, generation: bool = False) -> list[tuple[str, object]]:
+        """Template output split into ("text", s) | ("speech", audio_i) | ("label", label_i) | ("end", s)."""
+        rendered = self.tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=generation)
+        pieces: list[tuple[str, object]] = []
+        n_speech, expect_end = 0, False
+        for part in _SPLIT.split(rendered):
+            if part == SPEECH_MARKER:
+                pieces.append(("speech", n_speech))
+                n_speech += 1
+                continue
+            if part.startswith("\x00L"):
+                pieces.append(("label", int(part[2:-1])))
+                expect_end = True
+                continue
+            if expect_end:
+                if not part.startswith(self.end_text):
+                    raise ValueError(f"chat template does not put {self.end_text!r} right after an "
+                                     f"assistant turn (got {part[:30]!r}); cannot place labels")
+                pieces.append(("end", self.end_text))
+                part, expect_end = part[len(self.end_text):], False
+            if part:
+                pieces.append(("text", part))
+        if expect_end:
+            raise ValueError(f"chat template does not end assistant turns with {self.end_text!r}")
+        if n_speech != n_audio:
+            raise SkipSample("malformed_line", f"{n_audio} audio part(s) but {n_speech} speech markers "
+                             f"after rendering (text may contain {SPEECH_MARKER!r})")
+        if not generation:
+            last_end = max((i for i, (k, _) in enumerate(pieces) if k == "end"), default=-1)
+            if last_end >= 0 and all(k == "text" and not str(v).strip() for k, v in pieces[last_end + 1:]):
+                pieces = pieces[:last_end + 1]
+        return pieces
+
+    def _record_pieces(self, record: dict) -> tuple[list, list[str]]:
+        if record.get("messages") is None:
+            return self._asr_pieces, [record["txt"]]
+        msgs, labels = self._chat_messages(record)
+        return self._pieces(msgs, len(record["audio"])), labels
+
+    # -- token ids --------------------------------------------------------
+    def _text_ids(self, text: str) -> list[int]:
+        ids = self._text_cache.get(text)
+        if ids is None:
+            if len(self._text_cache) >= _CACHE_MAX:
+                self._text_cache.clear()
+            ids = self._text_cache[text] = self._ids([text])[0]
+        return ids
+
+    def _speech_len(self, frames: int) -> int:
+        n = num_speech_tokens(frames, self.rate, self.stride)
+        if n < 1:
+            raise SkipSample("too_short", f"{frames} fbank frames give no encoder frame")
+        return n
+
+    def _assemble(self, pieces, label_ids: Sequence[list[int]], frames: Sequence[int]) -> Encoded:
+        ids: list[int] = []
+        target: list[bool] = []
+        spans: list[tuple[int, int]] = [(0, 0)] * len(frames)
+        for kind, v in pieces:
+            if kind == "speech":
+                n = self._speech_len(frames[v])
+                spans[v] = (len(ids), n)
+                ids += [self.placeholder_id] * n
+                target += [False] * n
+                continue
+            t = label_ids[v] if kind == "label" else self._text_ids(v)
+            ids += t
+            target += [kind in ("label", "end")] * len(t)
+        labels = [ids[t + 1] if target[t + 1] else IGNORE_INDEX for t in range(len(ids) - 1)] + [IGNORE_INDEX]
+        return Encoded(ids, labels, spans)
+
+    def _ids(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of many texts, without special tokens. Every path (single samples and
+        plan-time lengths) goes through here, so they cannot disagree; the Rust backend is
+        called directly when there is one (2x faster than the Python wrapper)."""
+        backend = getattr(self.tok, "backend_tokenizer", None)
+        if backend is not None:
+            return [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
+        return self.tok(texts, add_special_tokens=False)["input_ids"]
+
+    def encode(self, record: dict, frames: Sequence[int]) -> Encoded:
+        """Ids, shifted labels and speech spans; ``frames[i]`` = fbank frames of audio i."""
+        pieces, label_texts = self._record_pieces(record)
+        label_ids = self._ids(label_texts)
+        return self._assemble(pieces, label_ids, frames)
+
+    def lengths(self, records: Sequence[dict], frames: Sequence[Sequence[int]]) -> list[int]:
+        """``len(encode(r, f).ids)`` for many records at once (transcripts tokenized in a batch);
+        0 where a record's audio is too short to give a speech token."""
+        all_pieces, flat, owner = [], [], []
+        for r_i, rec in enumerate(records):
+            pieces, label_texts = self._record_pieces(rec)
+            all_pieces.append(pieces)
+            flat += label_texts
+            owner += [r_i] * len(label_texts)
+        label_len = [len(x) for x in self._ids(flat)] if flat else []
+        per_record: list[list[int]] = [[] for _ in records]
+        for r_i, n in zip(owner, label_len):
+            per_record[r_i].append(n)
+        out = []
+        for pieces, lab, fr in zip(all_pieces, per_record, frames):
+            total = 0
+            for kind, v in pieces:
+                if kind == "speech":
+                    n = num_speech_tokens(fr[v], self.rate, self.stride)
+                    if n < 1:
+                        total = 0
+                        break
+                    total += n
+                else:
+                    total += lab[v] if kind == "label" else len(self._text_ids(v))
+            out.append(total)
+        return out
+
+    def encode_prompt(self, record: dict, frames: Sequence[int]) -> tuple[list[int], list[tuple[int, int]]]:
+        """Ids up to the header of the first assistant turn (for decoding), with speech spans."""
+        if record.get("messages") is None:
+            msgs = self._asr_messages()[:-1]
+        else:
+            msgs, _ = self._chat_messages(record)
+            first = next(i for i, m in enumerate(msgs) if m["role"] == "assistant")
+            msgs = msgs[:first]
+        n_audio = sum(m["content"].count(SPEECH_MARKER) for m in msgs)
+        enc = self._assemble(self._pieces(msgs, n_audio, generation=True), [], list(frames)[:n_audio])
+        return enc.ids, enc.spans
+
+
+def pad_token_id(tokenizer) -> int:
+    """Padding id: the tokenizer's pad token, else its eos token."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
+def speech_placeholder_id(tokenizer) -> int:
+    """The id the data pipeline writes into speech slots (``<|speech|>`` or pad)."""
+    return tokenizer.get_vocab().get(SPEECH_MARKER, pad_token_id(tokenizer))
