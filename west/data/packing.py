@@ -1,0 +1,287 @@
+"""Bin packing of variable-length samples into fixed-capacity rows.
+
+Every batch mode and every rank plans with this one module. ``pack`` works on
+lengths only (never on data), is deterministic for the same input, and never
+truncates: an item longer than the capacity is an error the caller must count
+and skip upstream.
+
+* ``algorithm="nf"``: next-fit in input order, the streaming baseline.
+* ``"ffd"``: first-fit decreasing.
+* ``"bfd"``: best-fit decreasing (default), the tightest of the three.
+
+With ``dp_size > 1`` bins are grouped into training steps of exactly
+``dp_size`` bins (one per data-parallel rank) whose work is balanced, measured
+as Σlen (``cost="linear"``) or Σlen² (``cost="square"``, attention cost).
+"""
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from west.data import packing_kernels as K
+
+ALGORITHMS = ("nf", "ffd", "bfd")
+COSTS = ("linear", "square")
+
+
+def _check_int(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _first_bad_value(values: np.ndarray, capacity: int) -> int:
+    bad = (values <= 0) | (values > capacity)
+    return int(np.argmax(bad)) if bad.any() else -1
+
+
+def _reject(index: int, value, why: str):
+    raise ValueError(f"lengths[{index}] = {value!r} {why}")
+
+
+def as_lengths(lengths: Sequence[int] | np.ndarray, capacity: int) -> np.ndarray:
+    """Validate ``lengths`` against ``capacity`` and return them as int64.
+
+    Raises ValueError naming the first index that is not an integer (bools and
+    floats included, even 3.0), not positive, or longer than ``capacity``.
+    """
+    capacity = _check_int("capacity", capacity, 1)
+    if isinstance(lengths, np.ndarray) and lengths.dtype.kind in "iu":
+        if lengths.ndim != 1:
+            raise ValueError(f"lengths must be one-dimensional, got shape {lengths.shape}")
+        values = lengths.astype(np.int64) if lengths.dtype != np.uint64 else np.minimum(lengths, 2**62).astype(np.int64)
+        i = _first_bad_value(values, capacity)
+        if i >= 0:
+            _reject(i, lengths[i].item(), "is not positive" if values[i] <= 0 else f"is longer than capacity {capacity}")
+        return values
+    if isinstance(lengths, np.ndarray) and lengths.ndim != 1:
+        raise ValueError(f"lengths must be one-dimensional, got shape {lengths.shape}")
+    seq = lengths.tolist() if isinstance(lengths, np.ndarray) else list(lengths)
+    first_non_int = len(seq)
+    for i, v in enumerate(seq):
+        t = type(v)
+        if t is not int and not issubclass(t, np.integer):
+            first_non_int = i
+            break
+    head = [min(max(int(v), -1), capacity + 1) for v in seq[:first_non_int]]
+    values = np.asarray(head, dtype=np.int64)
+    i = _first_bad_value(values, capacity)
+    if i >= 0:
+        _reject(i, seq[i], "is not positive" if values[i] <= 0 else f"is longer than capacity {capacity}")
+    if first_non_int < len(seq):
+        _reject(first_non_int, seq[first_non_int], "is not an integer")
+    return values
+
+
+def assign_bins(lengths: np.ndarray, capacity: int, algorithm: str = "bfd") -> np.ndarray:
+    """Bin id of every item, bins numbered from 0 with no gaps."""
+    if algorithm == "nf":
+        return K.next_fit(lengths, capacity)
+    direct = capacity <= K.DIRECT_INDEX_MAX_CAPACITY
+    order = K.order_desc(lengths, capacity) if direct else np.argsort(-lengths, kind="stable").astype(np.int64)
+    if algorithm == "ffd":
+        return (K.first_fit_decreasing if direct else K.first_fit_itemwise)(lengths, order, capacity)
+    if not direct:
+        return K.best_fit_sorted(lengths, order, capacity)
+    assign = K.best_fit_decreasing(lengths, order, capacity)
+    return _refine(lengths, assign, capacity)
+
+
+def _refine(lengths: np.ndarray, assign: np.ndarray, capacity: int, max_passes: int = 4) -> np.ndarray:
+    """Close the gaps best-fit leaves, while that saves bins (see ``refine_fill``)."""
+    lower = -(-int(lengths.sum()) // capacity)
+    n_bins = int(assign.max()) + 1
+    for _ in range(max_passes):
+        if n_bins <= lower:
+            break
+        # a pool of ~1% of the bins has enough variety of lengths to close
+        # nearly every gap in one pass; it must at least hold the excess bins
+        pool = min(max(n_bins - lower + 1, n_bins // 100), n_bins)
+        candidate = K.refine_fill(lengths, assign, n_bins, pool, capacity)
+        got = int(candidate.max()) + 1
+        if got >= n_bins:
+            break
+        assign, n_bins = candidate, got
+    return assign
+
+
+def _group(assign: np.ndarray, n_groups: int) -> list[list[int]]:
+    """Items of each group id 0..n_groups-1, ascending within a group."""
+    order, bounds = K.group_order(assign, n_groups)
+    flat, bounds = order.tolist(), bounds.tolist()
+    return [flat[bounds[g]:bounds[g + 1]] for g in range(n_groups)]
+
+
+def pack(lengths: Sequence[int] | np.ndarray, capacity: int, algorithm: str = "bfd",
+         dp_size: int = 1, cost: str = "linear"):
+    """Pack item indices into bins whose length sums are <= ``capacity``.
+
+    Returns ``list[list[int]]`` (bins of indices) for ``dp_size == 1``, or
+    ``list[list[list[int]]]`` (steps of exactly ``dp_size`` bins) otherwise.
+    Each index appears exactly once. A step has an empty bin only when there are
+    fewer items than bins the capacity forces (steps × dp_size).
+    """
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    if cost not in COSTS:
+        raise ValueError(f"cost must be one of {COSTS}, got {cost!r}")
+    dp_size = _check_int("dp_size", dp_size, 1)
+    values = as_lengths(lengths, capacity)
+    if values.shape[0] == 0:
+        return []
+    assign = assign_bins(values, int(capacity), algorithm)
+    n_bins = int(assign.max()) + 1
+    if dp_size == 1:
+        return _group(assign, n_bins)
+    return _plan_steps(values, assign, n_bins, int(capacity), dp_size, cost, algorithm)
+
+
+def _plan_steps(lengths: np.ndarray, assign: np.ndarray, n_bins: int, capacity: int,
+                dp_size: int, cost: str, algorithm: str) -> list[list[list[int]]]:
+    """Group items into balanced steps of ``dp_size`` bins.
+
+    Up to three candidate plans are made; each is scored by Σ over steps of its
+    costliest bin (what synchronous data parallelism waits for), and the plan
+    with the fewest steps within 1% of the best score wins:
+
+    * keep the packed bins, rank them by cost and cut the ranking into steps;
+    * for "ffd"/"bfd": best-fit decreasing over whole steps (``grouped_best_fit``);
+    * for "ffd"/"bfd": deal the items again, longest first, each to the cheapest
+      bin with room among steps × dp_size bins (every bin gets a similar mix of
+      long and short items; an item that fits nowhere opens a new step).
+
+    Either way a local search then evens out each step.
+    """
+    costs = lengths.astype(np.float64)
+    if cost == "square":
+        costs = costs * costs
+    n_steps = -(-n_bins // dp_size)
+    plans = [_ranked_plan(lengths, costs, assign, n_bins, n_steps, capacity, dp_size)]
+    if algorithm != "nf" and capacity <= K.DIRECT_INDEX_MAX_CAPACITY:
+        order = K.order_desc(lengths, capacity)
+        grouped, n_groups = K.grouped_best_fit(lengths, order, costs, capacity, dp_size)
+        plans.append(_polished_plan(lengths, costs, grouped, n_groups, capacity, dp_size))
+        dealt, dealt_bins = K.least_loaded_fit(lengths, order, costs, n_steps * dp_size, capacity, dp_size)
+        plans.append(_ranked_plan(lengths, costs, dealt, dealt_bins, dealt_bins // dp_size, capacity, dp_size))
+    n = lengths.shape[0]
+    # a plan whose extra steps would leave ranks without an item is not considered
+    plans = [p for p in plans if p[1] == n_steps or n >= p[1] * dp_size] or plans[:1]
+    # fewest steps among the plans within 1% of the cheapest: more steps with
+    # the same total cost only add per-step overhead
+    cheapest = min(_plan_cost(p, costs, dp_size) for p in plans)
+    best = min((p for p in plans if _plan_cost(p, costs, dp_size) <= 1.01 * cheapest),
+               key=lambda p: (p[1], _plan_cost(p, costs, dp_size)))
+    slot, n_steps = best
+    bins = _group(slot, n_steps * dp_size)
+    return [bins[s * dp_size:(s + 1) * dp_size] for s in range(n_steps)]
+
+
+def _plan_cost(plan: tuple[np.ndarray, int], costs: np.ndarray, dp_size: int) -> float:
+    slot, n_steps = plan
+    per_bin = np.bincount(slot, weights=costs, minlength=n_steps * dp_size)
+    return float(per_bin.reshape(n_steps, dp_size).max(axis=1).sum())
+
+
+def _ranked_plan(lengths: np.ndarray, costs: np.ndarray, assign: np.ndarray, n_bins: int, n_steps: int,
+                 capacity: int, dp_size: int) -> tuple[np.ndarray, int]:
+    """Slot (step * dp_size + rank) of every item: bins ranked by cost, cut into
+    steps, each step evened out by local search, empty bins filled if possible."""
+    bin_cost = np.bincount(assign, weights=costs, minlength=n_bins)
+    rank = np.empty(n_bins, np.int64)
+    rank[np.argsort(-bin_cost, kind="stable")] = np.arange(n_bins)
+    return _polished_plan(lengths, costs, rank[assign], n_steps, capacity, dp_size)
+
+
+def _polished_plan(lengths: np.ndarray, costs: np.ndarray, slot: np.ndarray, n_steps: int,
+                   capacity: int, dp_size: int) -> tuple[np.ndarray, int]:
+    """Even out each step of a slot assignment by local search; fill empty bins."""
+    total = n_steps * dp_size
+    slot = slot.copy()
+    order = np.argsort(slot, kind="stable")   # items grouped by step
+    step_ptr = np.searchsorted(slot[order] // dp_size, np.arange(n_steps + 1))
+    local = (slot[order] % dp_size).astype(np.int64)
+    K.balance_steps(step_ptr, local, lengths[order], costs[order], dp_size, capacity, 64 * dp_size)
+    slot[order] = (slot[order] // dp_size) * dp_size + local
+    _fill_empty_bins(slot, lengths, costs, total, dp_size, capacity)
+    return slot, n_steps
+
+
+def _fill_empty_bins(slot: np.ndarray, lengths: np.ndarray, costs: np.ndarray, total: int,
+                     dp_size: int, capacity: int) -> None:
+    """Give every empty bin an item when there are enough items (rare: only when a
+    step had fewer items than ranks). Takes the shortest item of the fullest bin,
+    then rebalances the two steps involved."""
+    counts = np.bincount(slot, minlength=total)
+    while (counts == 0).any() and counts.sum() >= total:
+        empty = int(np.argmin(counts))
+        donor = int(np.argmax(counts))
+        members = np.nonzero(slot == donor)[0]
+        item = members[np.argmin(lengths[members])]
+        slot[item] = empty
+        counts[donor] -= 1
+        counts[empty] += 1
+        for step in {empty // dp_size, donor // dp_size}:
+            idx = np.nonzero(slot // dp_size == step)[0]
+            local = (slot[idx] % dp_size).astype(np.int64)
+            K.balance_step(local, lengths[idx], costs[idx], dp_size, capacity, 64 * dp_size)
+            slot[idx] = step * dp_size + local
+
+
+@dataclass
+class PackedRows:
+    """Token sequences packed into rows of exactly ``capacity`` tokens.
+
+    ``cu_seqlens[r]`` (int32) bounds every segment of row r, including a final
+    filler segment when the row is not full; ``sources[r]`` gives each segment's
+    index into the input sequences, -1 for the filler.
+    """
+    input_ids: "torch.Tensor"          # (R, capacity) int64
+    labels: "torch.Tensor"             # (R, capacity) int64, -100 where no label
+    position_ids: "torch.Tensor"       # (R, capacity) int64, restart per segment
+    cu_seqlens: list = field(default_factory=list)   # R tensors (S_r + 1,) int32
+    sources: list = field(default_factory=list)      # R lists of source indices
+
+
+def pack_sequences(sequences: Sequence[Sequence[int]], capacity: int, pad_token_id: int,
+                   labels: Sequence[Sequence[int]] | None = None, algorithm: str = "bfd") -> PackedRows:
+    """Pack token sequences into rows without truncation (text SFT, tests).
+
+    Labels, if given, are placed as given (no shift) and the rest of each row is
+    -100. A sequence longer than ``capacity`` raises ValueError naming it.
+    """
+    import torch
+
+    lengths = [len(s) for s in sequences]
+    if labels is not None:
+        if len(labels) != len(sequences):
+            raise ValueError(f"got {len(labels)} label sequences for {len(sequences)} sequences")
+        for i, (s, l) in enumerate(zip(sequences, labels)):
+            if len(s) != len(l):
+                raise ValueError(f"labels[{i}] has {len(l)} tokens but sequences[{i}] has {len(s)}")
+    bins = pack(lengths, capacity, algorithm=algorithm)
+    n_rows = len(bins)
+    ids = torch.full((n_rows, capacity), int(pad_token_id), dtype=torch.long)
+    lab = torch.full((n_rows, capacity), -100, dtype=torch.long)
+    pos = torch.zeros((n_rows, capacity), dtype=torch.long)
+    cu_all, src_all = [], []
+    for r, members in enumerate(bins):
+        cu, start = [0], 0
+        for i in members:
+            n = lengths[i]
+            ids[r, start:start + n] = torch.as_tensor(list(sequences[i]), dtype=torch.long)
+            if labels is not None:
+                lab[r, start:start + n] = torch.as_tensor(list(labels[i]), dtype=torch.long)
+            pos[r, start:start + n] = torch.arange(n)
+            start += n
+            cu.append(start)
+        src = list(members)
+        if start < capacity:
+            pos[r, start:] = torch.arange(capacity - start)
+            cu.append(capacity)
+            src.append(-1)
+        cu_all.append(torch.tensor(cu, dtype=torch.int32))
+        src_all.append(src)
+    return PackedRows(ids, lab, pos, cu_all, src_all)

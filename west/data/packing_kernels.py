@@ -1,0 +1,735 @@
+"""Compiled inner loops of the bin packer (numba, nopython).
+
+Why numba: best-fit decreasing over a million items needs a per-item search
+over open bins; a Python loop takes seconds, numpy cannot express the
+sequential dependency, and numba installs from PyPI wheels with no compiler.
+
+Bins are described by an ``assign`` array (item -> bin id); everything here
+works on int64 arrays and returns arrays, never Python objects.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+# Largest capacity for which best-fit indexes bins by their remaining capacity
+# directly (a segment tree with one leaf per capacity value: 2**22 leaves is
+# 4 MiB of flags). Larger capacities use the sorted-array variant.
+DIRECT_INDEX_MAX_CAPACITY = 1 << 22
+
+
+@njit(cache=True)
+def order_desc(lengths: np.ndarray, capacity: int) -> np.ndarray:
+    """Item indices by decreasing length, ties by increasing index (counting sort)."""
+    n = lengths.shape[0]
+    counts = np.zeros(capacity + 2, np.int64)
+    for i in range(n):
+        counts[lengths[i]] += 1
+    start = np.zeros(capacity + 2, np.int64)
+    acc = 0
+    for v in range(capacity, 0, -1):
+        start[v] = acc
+        acc += counts[v]
+    order = np.empty(n, np.int64)
+    for i in range(n):
+        v = lengths[i]
+        order[start[v]] = i
+        start[v] += 1
+    return order
+
+
+@njit(cache=True)
+def next_fit(lengths: np.ndarray, capacity: int) -> np.ndarray:
+    """Streaming next-fit in input order: one open bin, closed when an item does not fit."""
+    n = lengths.shape[0]
+    assign = np.empty(n, np.int64)
+    b = 0
+    used = 0
+    for i in range(n):
+        if used + lengths[i] > capacity:
+            b += 1
+            used = 0
+        assign[i] = b
+        used += lengths[i]
+    return assign
+
+
+@njit(cache=True)
+def _tree_set(tree: np.ndarray, size: int, leaf: int, flag: int) -> None:
+    i = leaf + size
+    tree[i] = flag
+    i >>= 1
+    while i >= 1:
+        v = tree[2 * i] | tree[2 * i + 1]
+        if tree[i] == v:
+            break
+        tree[i] = v
+        i >>= 1
+
+
+@njit(cache=True)
+def _tree_first_at_or_after(tree: np.ndarray, size: int, x: int) -> int:
+    """Smallest leaf index >= x whose flag is set, or -1."""
+    if x >= size:
+        return -1
+    i = x + size
+    if tree[i]:
+        return x
+    while True:
+        if i == 1:
+            return -1
+        if (i & 1) == 0 and tree[i + 1]:
+            i += 1
+            break
+        i >>= 1
+    while i < size:
+        i = 2 * i if tree[2 * i] else 2 * i + 1
+    return i - size
+
+
+@njit(cache=True)
+def _tree_last_at_or_before(tree: np.ndarray, size: int, x: int) -> int:
+    """Largest leaf index <= x whose flag is set, or -1."""
+    if x < 0:
+        return -1
+    if x >= size:
+        x = size - 1
+    i = x + size
+    if tree[i]:
+        return x
+    while True:
+        if i == 1:
+            return -1
+        if (i & 1) == 1 and tree[i - 1]:
+            i -= 1
+            break
+        i >>= 1
+    while i < size:
+        i = 2 * i + 1 if tree[2 * i + 1] else 2 * i
+    return i - size
+
+
+@njit(cache=True)
+def _tree_size(capacity: int) -> int:
+    size = 1
+    while size < capacity + 1:
+        size <<= 1
+    return size
+
+
+@njit(cache=True)
+def value_counts(lengths: np.ndarray, capacity: int) -> np.ndarray:
+    counts = np.zeros(capacity + 1, np.int64)
+    for i in range(lengths.shape[0]):
+        counts[lengths[i]] += 1
+    return counts
+
+
+@njit(cache=True)
+def _assign_from_events(order: np.ndarray, ev_bin: np.ndarray, ev_cnt: np.ndarray, n_events: int) -> np.ndarray:
+    """Events are in the same value-descending order as ``order``: walk both."""
+    assign = np.empty(order.shape[0], np.int64)
+    pos = 0
+    for e in range(n_events):
+        b = ev_bin[e]
+        for _ in range(ev_cnt[e]):
+            assign[order[pos]] = b
+            pos += 1
+    return assign
+
+
+@njit(cache=True)
+def best_fit_decreasing(lengths: np.ndarray, order: np.ndarray, capacity: int) -> np.ndarray:
+    """Best-fit decreasing: each item goes to the open bin with the least room that
+    still holds it.
+
+    Items of equal length are placed as a group: the best bin for one item of
+    length v stays the best for the next one while its room is >= v, so it takes
+    min(count, room // v) of them at once, which gives exactly the item-by-item
+    result. Open bins sit in LIFO buckets by remaining room; a flag tree finds
+    the smallest non-empty bucket >= v in O(log capacity).
+    """
+    counts = value_counts(lengths, capacity)
+    n = lengths.shape[0]
+    size = _tree_size(capacity)
+    tree = np.zeros(2 * size, np.uint8)
+    head = np.full(capacity + 1, -1, np.int64)
+    nxt = np.empty(n, np.int64)
+    ev_bin = np.empty(n, np.int64)
+    ev_cnt = np.empty(n, np.int64)
+    n_events = 0
+    n_bins = 0
+    for v in range(capacity, 0, -1):
+        c = counts[v]
+        while c > 0:
+            r = _tree_first_at_or_after(tree, size, v)
+            if r < 0:
+                b = n_bins
+                n_bins += 1
+                room = capacity
+            else:
+                b = head[r]
+                head[r] = nxt[b]
+                if head[r] < 0:
+                    _tree_set(tree, size, r, 0)
+                room = r
+            k = min(c, room // v)
+            ev_bin[n_events] = b
+            ev_cnt[n_events] = k
+            n_events += 1
+            c -= k
+            room -= k * v
+            if room > 0:
+                nxt[b] = head[room]
+                head[room] = b
+                _tree_set(tree, size, room, 1)
+    return _assign_from_events(order, ev_bin, ev_cnt, n_events)
+
+
+@njit(cache=True)
+def refine_fill(lengths: np.ndarray, assign: np.ndarray, n_bins: int, n_pool: int, capacity: int) -> np.ndarray:
+    """Fill the gaps of packed bins from a pool, then re-pack the pool.
+
+    The ``n_pool`` least-filled bins become a pool of loose items. Every other bin
+    with a gap takes the pool item (move) or swaps one of its items for a longer
+    pool item (swap) so as to close as much of its gap as possible, repeatedly.
+    The pool only shrinks in total length, and is then packed again best-fit
+    decreasing. Returns a new assignment with bins renumbered from 0; the caller
+    keeps it only if it uses fewer bins.
+    """
+    n = lengths.shape[0]
+    fill = np.zeros(n_bins, np.int64)
+    for i in range(n):
+        fill[assign[i]] += lengths[i]
+    by_fill = np.argsort(fill, kind="mergesort")
+    in_pool = np.zeros(n_bins, np.uint8)
+    for k in range(n_pool):
+        in_pool[by_fill[k]] = 1
+    # pool: per-length LIFO stacks of items plus a flag tree over lengths
+    size = _tree_size(capacity)
+    tree = np.zeros(2 * size, np.uint8)
+    head = np.full(capacity + 1, -1, np.int64)
+    nxt = np.full(n, -1, np.int64)
+    for i in range(n):
+        if in_pool[assign[i]]:
+            v = lengths[i]
+            nxt[i] = head[v]
+            if head[v] < 0:
+                _tree_set(tree, size, v, 1)
+            head[v] = i
+    # members of kept bins, grouped by bin
+    start = np.zeros(n_bins + 1, np.int64)
+    for i in range(n):
+        start[assign[i] + 1] += 1
+    for b in range(n_bins):
+        start[b + 1] += start[b]
+    cursor = start[:-1].copy()
+    members = np.empty(n, np.int64)
+    for i in range(n):
+        b = assign[i]
+        members[cursor[b]] = i
+        cursor[b] += 1
+    new_assign = assign.copy()
+    for b in range(n_bins):
+        if in_pool[b]:
+            continue
+        gap = capacity - fill[b]
+        while gap > 0:
+            best_gain = 0
+            best_out = -1     # index into members, -1 for a pure move
+            best_val = -1
+            v = _tree_last_at_or_before(tree, size, gap)
+            if v > 0:
+                best_gain = v
+                best_val = v
+            for k in range(start[b], start[b + 1]):
+                if best_gain == gap:
+                    break
+                a = members[k]
+                la = lengths[a]
+                v = _tree_last_at_or_before(tree, size, la + gap)
+                if v > la and v - la > best_gain:
+                    best_gain = v - la
+                    best_val = v
+                    best_out = k
+                    if best_gain == gap:
+                        break
+            if best_gain <= 0:
+                break
+            item = head[best_val]
+            head[best_val] = nxt[item]
+            if head[best_val] < 0:
+                _tree_set(tree, size, best_val, 0)
+            new_assign[item] = b
+            if best_out >= 0:
+                a = members[best_out]
+                members[best_out] = item
+                la = lengths[a]
+                nxt[a] = head[la]
+                if head[la] < 0:
+                    _tree_set(tree, size, la, 1)
+                head[la] = a
+                new_assign[a] = -1
+            else:
+                # a moved-in item is not a swap candidate later; only gaps matter
+                pass
+            gap -= best_gain
+            fill[b] += best_gain
+    # renumber kept bins, then best-fit the pool into fresh bins
+    remap = np.full(n_bins, -1, np.int64)
+    kept = 0
+    for b in range(n_bins):
+        if not in_pool[b]:
+            remap[b] = kept
+            kept += 1
+    pool_n = 0
+    for v in range(capacity, 0, -1):
+        i = head[v]
+        while i >= 0:
+            pool_n += 1
+            i = nxt[i]
+    pool_items = np.empty(pool_n, np.int64)
+    pool_lens = np.empty(pool_n, np.int64)
+    k = 0
+    for v in range(capacity, 0, -1):
+        i = head[v]
+        while i >= 0:
+            pool_items[k] = i
+            pool_lens[k] = v
+            k += 1
+            i = nxt[i]
+    for i in range(n):
+        if new_assign[i] >= 0 and not in_pool[new_assign[i]]:
+            new_assign[i] = remap[new_assign[i]]
+    if pool_n > 0:
+        # pool_items are already in decreasing length order
+        order = np.arange(pool_n)
+        sub = best_fit_decreasing(pool_lens, order, capacity)
+        for k in range(pool_n):
+            new_assign[pool_items[k]] = kept + sub[k]
+    return new_assign
+
+
+@njit(cache=True)
+def first_fit_decreasing(lengths: np.ndarray, order: np.ndarray, capacity: int) -> np.ndarray:
+    """First-fit decreasing: the lowest-numbered open bin with room, found with a
+    max-tree over bins' remaining room; equal lengths placed as a group as in
+    ``best_fit_decreasing``."""
+    counts = value_counts(lengths, capacity)
+    n = lengths.shape[0]
+    size = 1
+    while size < max(n, 1):
+        size <<= 1
+    room = np.zeros(2 * size, np.int64)
+    ev_bin = np.empty(n, np.int64)
+    ev_cnt = np.empty(n, np.int64)
+    n_events = 0
+    n_bins = 0
+    for v in range(capacity, 0, -1):
+        c = counts[v]
+        while c > 0:
+            if room[1] >= v:
+                j = 1
+                while j < size:
+                    j = 2 * j if room[2 * j] >= v else 2 * j + 1
+                b = j - size
+            else:
+                b = n_bins
+                n_bins += 1
+                room[b + size] = capacity
+            k = min(c, room[b + size] // v)
+            ev_bin[n_events] = b
+            ev_cnt[n_events] = k
+            n_events += 1
+            c -= k
+            j = b + size
+            room[j] -= k * v
+            j >>= 1
+            while j >= 1:
+                room[j] = max(room[2 * j], room[2 * j + 1])
+                j >>= 1
+    return _assign_from_events(order, ev_bin, ev_cnt, n_events)
+
+
+@njit(cache=True)
+def balance_step(bins: np.ndarray, lens: np.ndarray, costs: np.ndarray,
+                 n_bins: int, capacity: int, max_rounds: int) -> None:
+    """Even out the cost of the ``n_bins`` bins of one training step, in place.
+
+    ``bins[k]`` is item k's bin (0..n_bins-1), ``lens[k]`` its length, ``costs[k]``
+    its cost. Each round takes the costliest and the cheapest bin and applies the
+    single move or pairwise swap whose transferred cost is closest to half their
+    gap, subject to capacity; it stops when no such transfer narrows the gap.
+    """
+    m = lens.shape[0]
+    bin_cost = np.zeros(n_bins, np.float64)
+    bin_len = np.zeros(n_bins, np.int64)
+    for k in range(m):
+        bin_cost[bins[k]] += costs[k]
+        bin_len[bins[k]] += lens[k]
+    hi_items = np.empty(m, np.int64)
+    lo_items = np.empty(m, np.int64)
+    for _ in range(max_rounds):
+        hi = 0
+        lo = 0
+        for b in range(1, n_bins):
+            if bin_cost[b] > bin_cost[hi]:
+                hi = b
+            if bin_cost[b] < bin_cost[lo]:
+                lo = b
+        gap = bin_cost[hi] - bin_cost[lo]
+        if gap <= 1e-9 * bin_cost[hi]:
+            return
+        half = gap / 2.0
+        n_hi = 0
+        n_lo = 0
+        for k in range(m):
+            if bins[k] == hi:
+                hi_items[n_hi] = k
+                n_hi += 1
+            elif bins[k] == lo:
+                lo_items[n_lo] = k
+                n_lo += 1
+        lo_sorted = lo_items[:n_lo][np.argsort(costs[lo_items[:n_lo]])]
+        lo_costs = costs[lo_sorted]
+        room_lo = capacity - bin_len[lo]
+        room_hi = capacity - bin_len[hi]
+        best_err = half  # a transfer d narrows the gap iff |d - half| < half
+        best_a = -1
+        best_c = -1
+        for t in range(n_hi):
+            a = hi_items[t]
+            ca = costs[a]
+            if lens[a] <= room_lo:
+                err = abs(ca - half)
+                if err < best_err:
+                    best_err = err
+                    best_a = a
+                    best_c = -1
+            # swap partner: the lo item whose cost is nearest to ca - half
+            p = np.searchsorted(lo_costs, ca - half)
+            for q in range(max(p - 4, 0), min(p + 4, n_lo)):
+                c = lo_sorted[q]
+                d = ca - costs[c]
+                if d <= 0.0:
+                    continue
+                if lens[a] - lens[c] > room_lo or lens[c] - lens[a] > room_hi:
+                    continue
+                err = abs(d - half)
+                if err < best_err:
+                    best_err = err
+                    best_a = a
+                    best_c = c
+        if best_a < 0:
+            return
+        bins[best_a] = lo
+        bin_cost[hi] -= costs[best_a]
+        bin_cost[lo] += costs[best_a]
+        bin_len[hi] -= lens[best_a]
+        bin_len[lo] += lens[best_a]
+        if best_c >= 0:
+            bins[best_c] = hi
+            bin_cost[lo] -= costs[best_c]
+            bin_cost[hi] += costs[best_c]
+            bin_len[lo] -= lens[best_c]
+            bin_len[hi] += lens[best_c]
+
+
+@njit(cache=True)
+def balance_steps(step_ptr: np.ndarray, bins: np.ndarray, lens: np.ndarray, costs: np.ndarray,
+                  n_bins: int, capacity: int, max_rounds: int) -> None:
+    """``balance_step`` on every step; step s owns items step_ptr[s]:step_ptr[s+1]."""
+    for s in range(step_ptr.shape[0] - 1):
+        a = step_ptr[s]
+        b = step_ptr[s + 1]
+        if b - a > 1:
+            balance_step(bins[a:b], lens[a:b], costs[a:b], n_bins, capacity, max_rounds)
+
+
+@njit(cache=True)
+def best_fit_sorted(lengths: np.ndarray, order: np.ndarray, capacity: int) -> np.ndarray:
+    """Item-by-item best-fit for capacities too large to index by room: open bins
+    kept sorted by remaining room (binary search + shift)."""
+    n = lengths.shape[0]
+    rooms = np.empty(n, np.int64)
+    bins = np.empty(n, np.int64)
+    m = 0
+    assign = np.empty(n, np.int64)
+    n_bins = 0
+    for k in range(n):
+        i = order[k]
+        need = lengths[i]
+        pos = np.searchsorted(rooms[:m], need)
+        if pos == m:
+            b = n_bins
+            n_bins += 1
+            room = capacity - need
+        else:
+            b = bins[pos]
+            room = rooms[pos] - need
+            for j in range(pos, m - 1):
+                rooms[j] = rooms[j + 1]
+                bins[j] = bins[j + 1]
+            m -= 1
+        assign[i] = b
+        if room > 0:
+            q = np.searchsorted(rooms[:m], room)
+            for j in range(m, q, -1):
+                rooms[j] = rooms[j - 1]
+                bins[j] = bins[j - 1]
+            rooms[q] = room
+            bins[q] = b
+            m += 1
+    return assign
+
+
+@njit(cache=True)
+def first_fit_itemwise(lengths: np.ndarray, order: np.ndarray, capacity: int) -> np.ndarray:
+    """Item-by-item first-fit (max-tree over bins), for capacities too large to
+    count lengths by value."""
+    n = lengths.shape[0]
+    size = 1
+    while size < max(n, 1):
+        size <<= 1
+    room = np.zeros(2 * size, np.int64)
+    assign = np.empty(n, np.int64)
+    n_bins = 0
+    for k in range(n):
+        i = order[k]
+        need = lengths[i]
+        if room[1] >= need:
+            j = 1
+            while j < size:
+                j = 2 * j if room[2 * j] >= need else 2 * j + 1
+            b = j - size
+        else:
+            b = n_bins
+            n_bins += 1
+            room[b + size] = capacity
+        assign[i] = b
+        j = b + size
+        room[j] -= need
+        j >>= 1
+        while j >= 1:
+            room[j] = max(room[2 * j], room[2 * j + 1])
+            j >>= 1
+    return assign
+
+
+@njit(cache=True)
+def _less(cost: np.ndarray, x: int, y: int) -> bool:
+    return cost[x] < cost[y] or (cost[x] == cost[y] and x < y)
+
+
+@njit(cache=True)
+def _sift_up(heap: np.ndarray, pos: np.ndarray, cost: np.ndarray, i: int) -> None:
+    while i > 0:
+        p = (i - 1) >> 1
+        if not _less(cost, heap[i], heap[p]):
+            break
+        heap[i], heap[p] = heap[p], heap[i]
+        pos[heap[i]] = i
+        pos[heap[p]] = p
+        i = p
+
+
+@njit(cache=True)
+def _sift_down(heap: np.ndarray, pos: np.ndarray, cost: np.ndarray, i: int, m: int) -> None:
+    while True:
+        l = 2 * i + 1
+        if l >= m:
+            break
+        s = l
+        if l + 1 < m and _less(cost, heap[l + 1], heap[l]):
+            s = l + 1
+        if not _less(cost, heap[s], heap[i]):
+            break
+        heap[i], heap[s] = heap[s], heap[i]
+        pos[heap[i]] = i
+        pos[heap[s]] = s
+        i = s
+
+
+@njit(cache=True)
+def _heap_pop(heap: np.ndarray, pos: np.ndarray, cost: np.ndarray, m: int) -> int:
+    """Remove the root bin (read by the caller first); returns the new size."""
+    m -= 1
+    pos[heap[0]] = -1
+    if m > 0:
+        heap[0] = heap[m]
+        pos[heap[0]] = 0
+        _sift_down(heap, pos, cost, 0, m)
+    return m
+
+
+@njit(cache=True)
+def _heap_push(heap: np.ndarray, pos: np.ndarray, cost: np.ndarray, m: int, b: int) -> int:
+    heap[m] = b
+    pos[b] = m
+    _sift_up(heap, pos, cost, m)
+    return m + 1
+
+
+@njit(cache=True)
+def _bucket_remove(head, prv, nxt, tree, size, room, b):
+    if prv[b] >= 0:
+        nxt[prv[b]] = nxt[b]
+    else:
+        head[room] = nxt[b]
+        if nxt[b] < 0:
+            _tree_set(tree, size, room, 0)
+    if nxt[b] >= 0:
+        prv[nxt[b]] = prv[b]
+
+
+@njit(cache=True)
+def _bucket_add(head, prv, nxt, tree, size, room, b):
+    prv[b] = -1
+    nxt[b] = head[room]
+    if head[room] >= 0:
+        prv[head[room]] = b
+    else:
+        _tree_set(tree, size, room, 1)
+    head[room] = b
+
+
+@njit(cache=True)
+def least_loaded_fit(lengths: np.ndarray, order: np.ndarray, costs: np.ndarray,
+                     n_bins: int, capacity: int, grow: int):
+    """Deal items (in ``order``, longest first) each to the cheapest bin that still
+    has room: longest-processing-time scheduling under a capacity.
+
+    An indexed cost heap gives the cheapest bins; when the cheapest few have no
+    room the item goes best-fit instead (room buckets + flag tree, built on first
+    need), so one item never scans many bins. When an item fits nowhere, ``grow``
+    empty bins are added. Returns (assignment, number of bins).
+    """
+    n = lengths.shape[0]
+    max_scan = 16
+    limit = n_bins + n + grow
+    heap = np.empty(limit, np.int64)        # bins by (cost, id); pos[b] = -1 once out
+    pos = np.full(limit, -1, np.int64)
+    cost = np.zeros(limit, np.float64)
+    room = np.full(limit, capacity, np.int64)
+    m = 0
+    for b in range(n_bins):
+        m = _heap_push(heap, pos, cost, m, b)
+    size = _tree_size(capacity)
+    tree = np.zeros(2 * size, np.uint8)
+    head = np.full(capacity + 1, -1, np.int64)
+    prv = np.full(limit, -1, np.int64)
+    nxt = np.full(limit, -1, np.int64)
+    buckets = False
+    stash = np.empty(max_scan, np.int64)
+    assign = np.empty(n, np.int64)
+    min_len = capacity
+    for i in range(n):
+        min_len = min(min_len, lengths[i])
+    for k in range(n):
+        i = order[k]
+        need = lengths[i]
+        n_stash = 0
+        b = -1
+        while m > 0 and n_stash < max_scan:
+            cand = heap[0]
+            if room[cand] >= need:
+                b = cand
+                break
+            m = _heap_pop(heap, pos, cost, m)
+            if room[cand] >= min_len:          # may still take a shorter item later
+                stash[n_stash] = cand
+                n_stash += 1
+        for s in range(n_stash):
+            m = _heap_push(heap, pos, cost, m, stash[s])
+        if b < 0:
+            if not buckets:
+                for c in range(n_bins - 1, -1, -1):
+                    _bucket_add(head, prv, nxt, tree, size, room[c], c)
+                buckets = True
+            r = _tree_first_at_or_after(tree, size, need)
+            if r < 0:
+                for c in range(n_bins, n_bins + grow):
+                    m = _heap_push(heap, pos, cost, m, c)
+                    _bucket_add(head, prv, nxt, tree, size, capacity, c)
+                n_bins += grow
+                r = capacity
+            b = head[r]
+        assign[i] = b
+        if buckets:
+            _bucket_remove(head, prv, nxt, tree, size, room[b], b)
+            _bucket_add(head, prv, nxt, tree, size, room[b] - need, b)
+        room[b] -= need
+        cost[b] += costs[i]
+        if pos[b] >= 0:
+            _sift_down(heap, pos, cost, pos[b], m)
+    return assign, n_bins
+
+
+@njit(cache=True)
+def group_order(assign: np.ndarray, n_groups: int):
+    """Counting sort of items by group: (items grouped, ascending within a group;
+    group boundaries of length n_groups + 1)."""
+    n = assign.shape[0]
+    bounds = np.zeros(n_groups + 1, np.int64)
+    for i in range(n):
+        bounds[assign[i] + 1] += 1
+    for g in range(n_groups):
+        bounds[g + 1] += bounds[g]
+    cursor = bounds[:-1].copy()
+    order = np.empty(n, np.int64)
+    for i in range(n):
+        g = assign[i]
+        order[cursor[g]] = i
+        cursor[g] += 1
+    return order, bounds
+
+
+@njit(cache=True)
+def grouped_best_fit(lengths: np.ndarray, order: np.ndarray, costs: np.ndarray, capacity: int, dp: int):
+    """Best-fit decreasing over groups of ``dp`` bins (one group = one training step).
+
+    A group's key is the largest room among its bins; each item (longest first)
+    goes to the open group with the smallest key that still holds it, and within
+    that group to the cheapest bin with room. Groups fill as tightly as plain
+    best-fit bins while their bins stay even. Returns (slot = group*dp + bin,
+    number of groups).
+    """
+    n = lengths.shape[0]
+    size = _tree_size(capacity)
+    tree = np.zeros(2 * size, np.uint8)
+    head = np.full(capacity + 1, -1, np.int64)
+    max_groups = n + 1
+    prv = np.full(max_groups, -1, np.int64)
+    nxt = np.full(max_groups, -1, np.int64)
+    key = np.zeros(max_groups, np.int64)
+    room = np.empty(max_groups * dp, np.int64)
+    cost = np.zeros(max_groups * dp, np.float64)
+    slot = np.empty(n, np.int64)
+    n_groups = 0
+    for k in range(n):
+        i = order[k]
+        need = lengths[i]
+        r = _tree_first_at_or_after(tree, size, need)
+        if r < 0:
+            g = n_groups
+            n_groups += 1
+            for j in range(dp):
+                room[g * dp + j] = capacity
+                cost[g * dp + j] = 0.0
+        else:
+            g = head[r]
+            _bucket_remove(head, prv, nxt, tree, size, r, g)
+        best = -1
+        for j in range(g * dp, g * dp + dp):
+            if room[j] >= need and (best < 0 or cost[j] < cost[best]):
+                best = j
+        slot[i] = best
+        room[best] -= need
+        cost[best] += costs[i]
+        kmax = 0
+        for j in range(g * dp, g * dp + dp):
+            kmax = max(kmax, room[j])
+        key[g] = kmax
+        if kmax > 0:
+            _bucket_add(head, prv, nxt, tree, size, kmax, g)
+    return slot, n_groups
