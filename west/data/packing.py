@@ -214,15 +214,15 @@ def _fill_empty_bins(slot: np.ndarray, lengths: np.ndarray, costs: np.ndarray, t
     """Give every empty bin an item when there are enough items (rare: only when a
     step had fewer items than ranks). Takes the shortest item of the fullest bin,
     then rebalances the two steps involved."""
-    counts = np.bincount(slot, minlength=total)
-    while (counts == 0).any() and counts.sum() >= total:
+    for _ in range(total):
+        counts = np.bincount(slot, minlength=total)
+        if counts.all() or slot.shape[0] < total:
+            return
         empty = int(np.argmin(counts))
         donor = int(np.argmax(counts))
         members = np.nonzero(slot == donor)[0]
         item = members[np.argmin(lengths[members])]
         slot[item] = empty
-        counts[donor] -= 1
-        counts[empty] += 1
         for step in {empty // dp_size, donor // dp_size}:
             idx = np.nonzero(slot // dp_size == step)[0]
             local = (slot[idx] % dp_size).astype(np.int64)

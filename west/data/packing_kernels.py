@@ -187,6 +187,25 @@ def best_fit_decreasing(lengths: np.ndarray, order: np.ndarray, capacity: int) -
 
 
 @njit(cache=True)
+def group_order(assign: np.ndarray, n_groups: int):
+    """Counting sort of items by group: (items grouped, ascending within a group;
+    group boundaries of length n_groups + 1)."""
+    n = assign.shape[0]
+    bounds = np.zeros(n_groups + 1, np.int64)
+    for i in range(n):
+        bounds[assign[i] + 1] += 1
+    for g in range(n_groups):
+        bounds[g + 1] += bounds[g]
+    cursor = bounds[:-1].copy()
+    order = np.empty(n, np.int64)
+    for i in range(n):
+        g = assign[i]
+        order[cursor[g]] = i
+        cursor[g] += 1
+    return order, bounds
+
+
+@njit(cache=True)
 def refine_fill(lengths: np.ndarray, assign: np.ndarray, n_bins: int, n_pool: int, capacity: int) -> np.ndarray:
     """Fill the gaps of packed bins from a pool, then re-pack the pool.
 
@@ -218,17 +237,7 @@ def refine_fill(lengths: np.ndarray, assign: np.ndarray, n_bins: int, n_pool: in
                 _tree_set(tree, size, v, 1)
             head[v] = i
     # members of kept bins, grouped by bin
-    start = np.zeros(n_bins + 1, np.int64)
-    for i in range(n):
-        start[assign[i] + 1] += 1
-    for b in range(n_bins):
-        start[b + 1] += start[b]
-    cursor = start[:-1].copy()
-    members = np.empty(n, np.int64)
-    for i in range(n):
-        b = assign[i]
-        members[cursor[b]] = i
-        cursor[b] += 1
+    members, start = group_order(assign, n_bins)
     new_assign = assign.copy()
     for b in range(n_bins):
         if in_pool[b]:
@@ -665,23 +674,7 @@ def least_loaded_fit(lengths: np.ndarray, order: np.ndarray, costs: np.ndarray,
     return assign, n_bins
 
 
-@njit(cache=True)
-def group_order(assign: np.ndarray, n_groups: int):
-    """Counting sort of items by group: (items grouped, ascending within a group;
-    group boundaries of length n_groups + 1)."""
-    n = assign.shape[0]
-    bounds = np.zeros(n_groups + 1, np.int64)
-    for i in range(n):
-        bounds[assign[i] + 1] += 1
-    for g in range(n_groups):
-        bounds[g + 1] += bounds[g]
-    cursor = bounds[:-1].copy()
-    order = np.empty(n, np.int64)
-    for i in range(n):
-        g = assign[i]
-        order[cursor[g]] = i
-        cursor[g] += 1
-    return order, bounds
+
 
 
 @njit(cache=True)
