@@ -1,8 +1,9 @@
 """``west-decode --checkpoint DIR --data LIST --result OUT.jsonl``: batched greedy / beam search.
 
-Argument parsing and checks only for now; decoding is assembled with the models
-(issue 4): load config.yaml + model.safetensors, run the encoder + projector,
-splice the speech embeddings, and call the LLM's ``generate(inputs_embeds=...)``.
+Loads a training checkpoint (with the run's config.yaml) or a save_pretrained
+export, builds prompt-only inputs through the data pipeline, generates with the
+LLM's ``generate(inputs_embeds=...)`` and writes one ``{key, hyp, ref}`` line per
+utterance; prints CER/WER against the list's transcripts (or ``--ref``).
 """
 from __future__ import annotations
 
@@ -11,33 +12,29 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from west.train.checkpoint import find_latest
-
 
 def build_arg_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="west-decode", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True,
-                   help="a checkpoint dir (DIR/checkpoints/step_N) or a run DIR (its latest checkpoint)")
-    p.add_argument("--data", required=True, help="data list to decode")
-    p.add_argument("--result", required=True, help="output jsonl: {key, text} per utterance")
-    p.add_argument("--config", help="config.yaml (default: the run dir's config.yaml)")
+                   help="a checkpoint dir (DIR/checkpoints/step_N), a run DIR (its latest checkpoint) "
+                        "or a SpeechLLM.save_pretrained export")
+    p.add_argument("--data", required=True, help="data list to decode (any format west-train reads)")
+    p.add_argument("--result", required=True, help="output jsonl: {key, hyp, ref} per utterance")
+    p.add_argument("--config", help="the run's config.yaml (default: found next to the checkpoint)")
     p.add_argument("--beam_size", type=int, default=1, help="1 = greedy")
     p.add_argument("--batch_size", type=int, default=8)
     p.add_argument("--max_new_tokens", type=int, default=200)
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    p.add_argument("--ref", help="reference transcripts: print CER/WER after decoding")
+    p.add_argument("--ref", help="reference transcripts to score against (default: the list's own)")
+    p.add_argument("--quiet", action="store_true", help="no progress line")
     return p
 
 
 def resolve_checkpoint(path: str) -> Path:
-    """A step dir as given, or the latest checkpoint of a run dir."""
-    p = Path(path)
-    if (p / "meta.json").is_file():
-        return p
-    latest = find_latest(p / "checkpoints")
-    if latest is None:
-        raise FileNotFoundError(f"--checkpoint {path}: neither a checkpoint nor a run dir with one")
-    return latest
+    """See west.train.decode.resolve_checkpoint (imported lazily: ``--help`` stays fast)."""
+    from west.train.decode import resolve_checkpoint as resolve
+
+    return resolve(path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -45,15 +42,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.beam_size < 1 or args.batch_size < 1 or args.max_new_tokens < 1:
             raise ValueError("--beam_size, --batch_size and --max_new_tokens must be >= 1")
-        ckpt = resolve_checkpoint(args.checkpoint)
+        resolve_checkpoint(args.checkpoint)
         if not Path(args.data).exists():
             raise FileNotFoundError(f"--data: no such file: {args.data}")
+        if args.ref and not Path(args.ref).is_file():
+            raise FileNotFoundError(f"--ref: no such file: {args.ref}")
+        from west.train.cli import prepare_output_dir
+        from west.train.config import ConfigError
+
+        try:
+            prepare_output_dir(Path(args.result).resolve().parent)
+        except ConfigError as e:
+            raise OSError(str(e).replace("run.output_dir", "--result")) from None
+        from west.train.decode import load_for_decoding
+
+        model, tokenizer, conf = load_for_decoding(args.checkpoint, args.config, args.device)
     except (OSError, ValueError) as e:
         print(f"west-decode: error: {e}", file=sys.stderr)
         return 2
-    print(f"west-decode: would decode {args.data} with {ckpt}; decoding is wired in with the "
-          "models (issue 4)", file=sys.stderr)
-    return 3
+    from west.train.decode import decode_list
+
+    s = decode_list(model, tokenizer, conf, args.data, args.result, beam_size=args.beam_size,
+                    batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, ref=args.ref,
+                    progress=not args.quiet)
+    skipped = f", skipped {s.skipped}" if s.skipped else ""
+    print(f"west-decode: {s.utterances} utterances in {s.seconds:.1f} s{skipped} -> {s.result}")
+    if s.score is not None:
+        print(s.score.summary())
+    return 0
 
 
 if __name__ == "__main__":

@@ -11,10 +11,12 @@ from typing import Sequence
 
 from west.train.cli import check_paths, parse_cli, save_config
 from west.train.config import Config, ConfigError
+from west.train.sections import register as register_sections
 
 
 def prepare(argv: Sequence[str] | None = None) -> Config:
     """Parse + validate + check paths; rank 0 writes DIR/config.yaml."""
+    register_sections()
     cfg = parse_cli(argv)
     check_paths(cfg)
     if int(os.environ.get("RANK", "0")) == 0:
@@ -23,13 +25,19 @@ def prepare(argv: Sequence[str] | None = None) -> Config:
 
 
 def run(cfg: Config) -> int:
-    """Build data + model and train. Assembled once west.data (issue 3) and west.models
-    (issue 4) land: register their section schemas with
-    ``west.train.config.register_section("data"/"model", ...)`` before ``prepare``, then
-    init_distributed -> build model -> build this rank's data + dummy_batch -> Trainer.fit()."""
-    print("west-train: config checked and saved; the data pipeline and models are not wired in "
-          "yet (issues 3 and 4)", file=sys.stderr)
-    return 3
+    """Build tokenizer, model and this rank's data, then train (west.train.build)."""
+    from west.train.build import train
+    from west.train.checkpoint import CheckpointError
+    from west.train.loss import TooManyBadSteps
+
+    try:
+        summary = train(cfg)
+    except (CheckpointError, TooManyBadSteps) as e:
+        print(f"west-train: error: {e}", file=sys.stderr)
+        return 1
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"west-train: done: {summary}", flush=True)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -111,11 +111,20 @@ class Config:
         raise AttributeError(name)
 
     def get(self, dotted: str, default: Any = None) -> Any:
-        section, key = dotted.split(".", 1)
-        sec = self.sections.get(section)
-        if sec is None:
-            return default
-        return sec.get(key, default) if isinstance(sec, dict) else getattr(sec, key, default)
+        """``cfg.get("model.llm.path")``: walks nested dataclasses and dicts."""
+        node: Any = self.sections
+        for part in dotted.split("."):
+            if node is None:
+                return default
+            if isinstance(node, dict):
+                if part not in node:
+                    return default
+                node = node[part]
+            elif hasattr(node, part):
+                node = getattr(node, part)
+            else:
+                return default
+        return node
 
     def to_dict(self) -> dict[str, Any]:
         return {name: dataclasses.asdict(sec) if dataclasses.is_dataclass(sec) else dict(sec)
@@ -181,6 +190,15 @@ def _field_types(schema: type) -> dict[str, Any]:
     return {f.name: hints.get(f.name, Any) for f in dataclasses.fields(schema)}
 
 
+def _dataclass_of(typ: Any) -> Optional[type]:
+    """The dataclass behind a field type (also ``Optional[SomeDataclass]``), else None."""
+    origin = typing.get_origin(typ)
+    if origin is typing.Union or origin is types.UnionType:
+        args = [a for a in typing.get_args(typ) if a is not type(None)]
+        typ = args[0] if len(args) == 1 else None
+    return typ if isinstance(typ, type) and dataclasses.is_dataclass(typ) else None
+
+
 def _type_of_existing(value: Any) -> Any:
     return Any if value is None else type(value)
 
@@ -217,10 +235,7 @@ def _set_override(raw: dict[str, dict], dotted: str, value: str) -> None:
     schema = SECTIONS[section]
     sec = raw.setdefault(section, {})
     if schema is not None:
-        types = _field_types(schema)
-        if key not in types:
-            raise ConfigError(f"--{dotted}: unknown key {key!r} in section {section!r}")
-        sec[key] = _coerce(value, types[key], dotted)
+        _set_nested(sec, schema, key.split("."), value, section, dotted)
     else:
         existing = sec.get(key, DATA_DEFAULTS.get(key) if section == "data" else None)
         sec[key] = _coerce(value, _type_of_existing(existing), dotted)
@@ -232,16 +247,51 @@ def _build_section(name: str, values: dict, source: str) -> Any:
         if name == "data":
             return {**DATA_DEFAULTS, **values}
         return dict(values)
-    types = _field_types(schema)
+    return _build_dataclass(schema, values, name, source)
+
+
+def _set_nested(node: dict, schema: type, parts: list[str], value: str, where: str, dotted: str) -> None:
+    """``--model.encoder.d_model 128``: descend through dataclass-typed fields, type the leaf."""
+    fields_ = _field_types(schema)
+    key = parts[0]
+    if key not in fields_:
+        raise ConfigError(f"--{dotted}: unknown key {key!r} in {'section ' if '.' not in where else ''}{where!r}")
+    sub = _dataclass_of(fields_[key])
+    if len(parts) > 1:
+        if sub is None:
+            raise ConfigError(f"--{dotted}: {where}.{key} has no sub-keys")
+        child = node.get(key)
+        if not isinstance(child, dict):  # absent, or null (e.g. an optional block)
+            child = node[key] = {}
+        _set_nested(child, sub, parts[1:], value, f"{where}.{key}", dotted)
+    elif sub is not None:  # a whole block given as YAML: --model.lora "{r: 8}" or none
+        none = isinstance(value, str) and value.strip().lower() in ("none", "null", "~", "")
+        parsed = None if none else yaml.safe_load(value) if isinstance(value, str) else value
+        if parsed is not None and not isinstance(parsed, dict):
+            raise ConfigError(f"--{dotted}: expected a mapping of {sub.__name__} keys or none")
+        node[key] = parsed
+    else:
+        node[key] = _coerce(value, fields_[key], dotted)
+
+
+def _build_dataclass(schema: type, values: dict, where: str, source: str) -> Any:
+    """Typed instance of ``schema`` from a mapping; nested dataclass fields recurse."""
+    fields_ = _field_types(schema)
     kwargs = {}
     for key, value in values.items():
-        if key not in types:
-            raise ConfigError(f"{source}: unknown key {name}.{key}")
-        kwargs[key] = _coerce(value, types[key], f"{name}.{key}")
+        if key not in fields_:
+            raise ConfigError(f"{source}: unknown key {where}.{key}")
+        sub = _dataclass_of(fields_[key])
+        if sub is not None and isinstance(value, dict):
+            kwargs[key] = _build_dataclass(sub, value, f"{where}.{key}", source)
+        elif sub is not None and not (value is None or isinstance(value, sub)):
+            raise ConfigError(f"{where}.{key}: expected a mapping of {sub.__name__} keys, got {value!r}")
+        else:
+            kwargs[key] = _coerce(value, fields_[key], f"{where}.{key}")
     try:
         return schema(**kwargs)
     except (TypeError, ValueError) as e:  # a schema's own __post_init__ check
-        raise ConfigError(f"section {name}: {e}") from None
+        raise ConfigError(f"section {where}: {e}") from None
 
 
 def build_config(yaml_path: str | None = None, overrides: Sequence[tuple[str, str]] = (),

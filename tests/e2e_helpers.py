@@ -1,0 +1,59 @@
+"""Shared by the end-to-end training tests: a tiny LLM dir and small data lists on disk.
+
+The tiny LLM (byte-level BPE + random 2-layer Qwen2, west.models.tiny_llm) is built
+once per pytest session under the session's base temp dir and reused.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from conftest import transcript, write_jsonl
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY_CPU = ROOT / "recipes" / "aishell" / "conf" / "tiny_cpu.yaml"
+
+
+def tiny_llm(tmp_path_factory) -> Path:
+    out = tmp_path_factory.getbasetemp() / "west_tiny_llm"
+    if not (out / "config.json").is_file():
+        from west.models.tiny_llm import build_tiny_llm
+
+        texts = [transcript(i) for i in range(200)] + ["Transcribe the speech."]
+        build_tiny_llm(texts, out, vocab_size=400, hidden_size=32, intermediate_size=64,
+                       num_heads=4, num_kv_heads=2)
+    return out
+
+
+def write_lists(rows: list[dict], out_dir: Path, n: int) -> tuple[Path, Path]:
+    """The first ``n`` corpus rows as a planned list (with durations) and a streamed one (without)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    planned = write_jsonl(out_dir / f"data{n}.list", rows[:n])
+    streamed = write_jsonl(out_dir / f"data{n}_nodur.list",
+                           [{k: v for k, v in r.items() if k != "duration"} for r in rows[:n]])
+    return planned, streamed
+
+
+def train_argv(llm: Path, data: Path, out: Path, *extra: str) -> list[str]:
+    """west-train arguments on the tiny CPU recipe config; quiet, no TensorBoard unless asked."""
+    return ["--config", str(TINY_CPU), "--model.llm.path", str(llm), "--train_data", str(data),
+            "--output_dir", str(out), "--train.progress_bar", "false", "--train.tensorboard", "false",
+            "--train.log_every", "1000", "--train.warmup_steps", "2", *extra]
+
+
+def subprocess_env() -> dict:
+    """One intra-op thread (exact replays across processes), the checkout importable."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
+    env.pop("RANK", None)
+    env.pop("WORLD_SIZE", None)
+    return env
+
+
+PYTHON = sys.executable
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]

@@ -1,0 +1,331 @@
+"""west-train and west-decode end to end on the tiny CPU recipe config (real data, real model).
+
+The kill -9 / resume pair and the 2-rank run are subprocesses (``python -m
+west.bin.train``, ``torchrun -m west.bin.train``); the uninterrupted reference, static
+and dynamic runs call the same ``main()`` in-process, next to the subprocesses. Checked: static / dynamic /
+pack runs and their logs, config.yaml and checkpoints; kill -9 mid-epoch then resume
+gives exactly the uninterrupted run's per-step losses and weights; 2 gloo ranks on a
+list of 13 utterances take equal steps and use every utterance exactly once; decoding
+writes a result file that tools/compute_cer.py scores; bad input fails before any
+data is read, naming the key.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import yaml
+
+from e2e_helpers import PYTHON, ROOT, read_jsonl, subprocess_env, tiny_llm, train_argv, write_lists
+from west.batch import COUNTER_NAMES
+
+N_UTTS = 13  # odd on purpose: 2 ranks cannot split it evenly
+KILL_AFTER = 5  # SIGKILL right after step 5 is logged; the latest checkpoint is step 4
+PACK = ["--batch_type", "pack", "--pack_tokens", "200", "--max_steps", "8", "--train.save_every", "2"]
+STEP_FIELDS = {"step", "epoch", "status", "loss", "acc", "lr", "grad_norm", *COUNTER_NAMES, "step_time_s",
+               "utts_per_s", "tokens_per_s", "llm_fill", "enc_fill", "peak_mem_mb", "cpu_util_pct"}
+
+# Runs west.bin.train with MetricsLogger.log_step patched to SIGKILL the process after step K.
+KILL_HOOK = """
+import os, sys
+from west.train import metrics
+K = int(sys.argv[1])
+_log_step = metrics.MetricsLogger.log_step
+def log_step(self, rec):
+    _log_step(self, rec)
+    if rec["step"] == K:
+        os.kill(os.getpid(), 9)
+metrics.MetricsLogger.log_step = log_step
+from west.bin.train import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, corpus):
+    d = tmp_path_factory.mktemp("e2e")
+    planned, streamed = write_lists(corpus["rows"], d / "lists", N_UTTS)
+    return SimpleNamespace(llm=tiny_llm(tmp_path_factory), dir=d, planned=planned, streamed=streamed)
+
+
+@contextlib.contextmanager
+def _sections_restored():
+    """In-process runs register the data/model schemas: undo it for other test files."""
+    from west.train import config as C
+
+    saved = dict(C.SECTIONS), list(C.VALIDATORS)
+    try:
+        yield
+    finally:
+        C.SECTIONS.clear()
+        C.SECTIONS.update(saved[0])
+        C.VALIDATORS[:] = saved[1]
+
+
+@contextlib.contextmanager
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny shapes: faster, and leaves the other core to the subprocesses
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+def _start(cmd: list[str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=subprocess_env(), cwd=ROOT)
+
+
+def _finish(procs: dict, logs: dict, timeout: float = 300) -> dict:
+    out = {}
+    for name, p in procs.items():
+        try:
+            rc = p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            rc = p.wait()
+        out[name] = SimpleNamespace(rc=rc, log=logs[name].read_text(encoding="utf-8", errors="replace"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(setup):
+    """Every training run of this module. Subprocesses, side by side: the pack run killed
+    after step 5 (then its resume in a fresh process) and torchrun with 2 ranks. The
+    uninterrupted pack run, static and dynamic go through the same ``main()`` in this
+    process meanwhile (each subprocess costs ~10 s of CPU in imports on a 2-core machine);
+    one intra-op thread everywhere, so the resumed subprocess must match the in-process
+    reference bit for bit."""
+    from west.bin.train import main
+
+    d, llm = setup.dir, setup.llm
+    hook = d / "kill_after.py"
+    hook.write_text(KILL_HOOK)
+    train = [PYTHON, "-m", "west.bin.train"]
+    dirs = {name: d / name for name in ("pack", "killed", "static", "dynamic", "ddp")}
+    pack = train_argv(llm, setup.planned, dirs["pack"], *PACK, "--audit", "--train.tensorboard", "true")
+    killed = train_argv(llm, setup.planned, dirs["killed"], *PACK, "--audit")
+    logs = {name: d / f"{name}.log" for name in ("killed", "resumed", "ddp")}
+    ddp = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "west.bin.train",
+           *train_argv(llm, setup.streamed, dirs["ddp"], "--batch_type", "static", "--batch_size", "3",
+                       "--train.max_epochs", "1", "--audit")]
+    procs = {"killed": _start([PYTHON, str(hook), str(KILL_AFTER)] + killed, logs["killed"]),
+             "ddp": _start(ddp, logs["ddp"])}
+    in_process = {
+        "pack": pack,
+        "static": train_argv(llm, setup.streamed, dirs["static"], "--batch_type", "static", "--batch_size", "4",
+                             "--train.max_epochs", "1", "--audit"),
+        "dynamic": train_argv(llm, setup.planned, dirs["dynamic"], "--batch_type", "dynamic",
+                              "--max_tokens_in_batch", "200", "--train.accum_steps", "2", "--train.max_epochs", "2"),
+    }
+    res = {}
+    with _sections_restored(), _one_thread():
+        for name, argv in in_process.items():
+            res[name] = SimpleNamespace(rc=main(argv), log="(in process: see captured output)")
+    res.update(_finish({"killed": procs.pop("killed")}, logs))
+    from west.train.checkpoint import find_latest
+
+    killed_latest = find_latest(dirs["killed"] / "checkpoints")
+    killed_log_lines = len(read_jsonl(dirs["killed"] / "train_log.jsonl"))
+    procs["resumed"] = _start(train + killed, logs["resumed"])
+    res.update(_finish(procs, logs))
+    return SimpleNamespace(res=res, dirs=dirs, killed_latest=killed_latest, killed_log_lines=killed_log_lines,
+                           **vars(setup))
+
+
+def _epoch_keys(audit_files: list[Path]) -> dict[int, list[str]]:
+    keys: dict[int, list[str]] = {}
+    for f in audit_files:
+        for rec in read_jsonl(f):
+            keys.setdefault(rec["epoch"], []).extend(rec["keys"])
+    return keys
+
+
+def test_pack_run_writes_config_logs_checkpoints(runs, corpus):
+    r, out = runs.res["pack"], runs.dirs["pack"]
+    assert r.rc == 0, r.log
+    cfg = yaml.safe_load((out / "config.yaml").read_text())
+    assert cfg["model"]["llm"]["path"] == str(runs.llm)
+    assert cfg["data"]["batch_type"] == "pack" and cfg["data"]["pack_tokens"] == 200
+    assert (cfg["data"]["subsampling_rate"], cfg["data"]["projector_stride"]) == (4, 2)  # from the model
+    assert cfg["train"]["max_steps"] == 8 and cfg["run"]["audit"] is True
+    log = read_jsonl(out / "train_log.jsonl")
+    assert [x["step"] for x in log] == list(range(1, 9))
+    for x in log:
+        assert STEP_FIELDS <= set(x), STEP_FIELDS - set(x)
+        assert x["status"] == "ok" and x["loss"] > 0 and x["computed_llm_tokens"] % 200 == 0
+        assert 0 < x["real_llm_tokens"] <= x["computed_llm_tokens"]
+        assert x["real_enc_frames"] == x["computed_enc_frames"]  # packed encoder: no padding
+    epochs = read_jsonl(out / "epochs.jsonl")
+    assert epochs and all(e["utterances"] == N_UTTS and e["skipped_inputs"] == {} for e in epochs)
+    for epoch, keys in _epoch_keys([out / "audit" / "rank0.jsonl"]).items():
+        if epoch < len(epochs):  # complete epochs: every utterance exactly once
+            assert sorted(keys) == sorted(r["key"] for r in corpus["rows"][:N_UTTS])
+    ckpts = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert ckpts == ["step_00000006", "step_00000008"]  # tiny_cpu.yaml keeps the last 2
+    names = {p.name for p in (out / "checkpoints" / "step_00000008").iterdir()}
+    assert {"model.safetensors", "optimizer.pt", "scheduler.pt", "rng_rank0.pt", "data_rank0.json",
+            "meta.json"} <= names
+    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+
+
+@pytest.mark.parametrize("name, epochs, accum", [("static", 1, 1), ("dynamic", 2, 2)])
+def test_static_and_dynamic_runs(runs, name, epochs, accum):
+    r, out = runs.res[name], runs.dirs[name]
+    assert r.rc == 0, r.log
+    log = read_jsonl(out / "train_log.jsonl")
+    summaries = read_jsonl(out / "epochs.jsonl")
+    assert [s["epoch"] for s in summaries] == list(range(epochs))
+    for s in summaries:
+        assert s["utterances"] == N_UTTS
+    for x in log:
+        assert x["status"] == "ok" and x["computed_llm_tokens"] >= x["real_llm_tokens"]
+    if name == "dynamic":  # padded budget per micro-batch, 2 micro-batches per step
+        assert all(x["computed_llm_tokens"] <= 2 * 200 for x in log)
+    else:  # streamed static batches of 4: 13 -> 4 batches
+        assert len(log) == 4 and [x["utterances"] for x in log] == [4, 4, 4, 1]
+
+
+def test_kill_9_then_resume_matches_uninterrupted(runs):
+    assert runs.res["killed"].rc == -9, runs.res["killed"].log
+    assert runs.killed_log_lines == KILL_AFTER
+    assert runs.killed_latest.name == "step_00000004"  # mid-epoch: 3 packs per epoch
+    r = runs.res["resumed"]
+    assert r.rc == 0, r.log
+    assert "resumed from" in r.log and "(step 4, epoch 1)" in r.log
+    full = read_jsonl(runs.dirs["pack"] / "train_log.jsonl")
+    resumed = read_jsonl(runs.dirs["killed"] / "train_log.jsonl")
+    assert [x["step"] for x in resumed] == list(range(1, 9))
+    assert [x["loss"] for x in resumed] == [x["loss"] for x in full]  # exact, steps 5..8 replayed
+    assert [x["grad_norm"] for x in resumed] == [x["grad_norm"] for x in full]
+    from safetensors.torch import load_file
+
+    a = load_file(runs.dirs["pack"] / "checkpoints" / "step_00000008" / "model.safetensors")
+    b = load_file(runs.dirs["killed"] / "checkpoints" / "step_00000008" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_torchrun_two_ranks_equal_steps_exactly_once(runs, corpus):
+    r, out = runs.res["ddp"], runs.dirs["ddp"]
+    assert r.rc == 0, r.log
+    audits = [read_jsonl(out / "audit" / f"rank{k}.jsonl") for k in (0, 1)]
+    log = read_jsonl(out / "train_log.jsonl")
+    # 13 streamed utterances: rank 0 reads 7 (3 batches), rank 1 reads 6 (2 batches + 1 dummy step)
+    assert [a["step"] for a in audits[0]] == [a["step"] for a in audits[1]] == [x["step"] for x in log]
+    assert len(log) == 3 and audits[1][-1]["keys"] == []
+    keys = [k for a in audits for rec in a for k in rec["keys"]]
+    assert sorted(keys) == sorted(r["key"] for r in corpus["rows"][:N_UTTS])
+    assert sum(x["utterances"] for x in log) == N_UTTS
+    meta = json.loads((out / "checkpoints" / "step_00000003" / "meta.json").read_text())
+    assert meta["world_size"] == 2
+    assert (out / "checkpoints" / "step_00000003" / "data_rank1.json").is_file()
+
+
+def test_decode_greedy_and_beam_then_score(runs, corpus, tmp_path):
+    from west.bin.decode import main as decode
+
+    keys = [r["key"] for r in corpus["rows"][:N_UTTS]]
+    step = runs.dirs["pack"] / "checkpoints" / "step_00000006"
+    # greedy from a run dir (its latest checkpoint), beam search from a step dir
+    for ckpt, beam, batch in ((runs.dirs["pack"], 1, 4), (step, 2, 3)):
+        result = tmp_path / f"beam{beam}" / "result.jsonl"
+        rc = decode(["--checkpoint", str(ckpt), "--data", str(runs.planned), "--result", str(result),
+                     "--beam_size", str(beam), "--batch_size", str(batch), "--max_new_tokens", "4",
+                     "--device", "cpu", "--quiet"])
+        assert rc == 0
+        rows = read_jsonl(result)
+        assert [x["key"] for x in rows] == keys
+        assert all(isinstance(x["hyp"], str) and x["ref"] == corpus["texts"][x["key"]] for x in rows)
+    score = tmp_path / "cer.json"
+    p = subprocess.run([PYTHON, str(ROOT / "tools" / "compute_cer.py"), str(runs.planned), str(result),
+                        "--json", str(score)], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    s = json.loads(score.read_text())
+    assert s["mode"] == "cer" and s["utts"] == N_UTTS and s["missing"] == 0 and s["ref_tokens"] > 0
+
+
+# ----------------------------------------------------------------------------- bad input
+
+@pytest.fixture
+def sections_restored():
+    with _sections_restored():
+        yield
+
+
+def _train_error(argv: list[str], capsys) -> str:
+    from west.bin.train import main
+
+    assert main(argv) == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, key", [
+    (["--train.lrr", "1"], "train.lrr"),
+    (["--model.encoder.d_modle", "32"], "d_modle"),
+    (["--data.batchsize", "3"], "data.batchsize"),
+    (["--model.llm.attn_backend", "flash"], "model.llm.attn_backend"),
+    (["--model.llm.attn_implementation", "flash_attention_2"], "model.llm.attn_implementation"),
+    (["--data.subsampling_rate", "6"], "data.subsampling_rate"),
+    (["--batch_size", "4"], "data.batch_size"),  # the tiny config packs: batch_size is not used
+])
+def test_bad_config_fails_before_data_naming_the_key(setup, tmp_path, capsys, sections_restored, extra, key):
+    out = tmp_path / "out"
+    err = _train_error(train_argv(setup.llm, setup.planned, out, *extra), capsys)
+    assert key in err
+    assert not out.exists()  # nothing read, nothing written
+
+
+def test_missing_llm_path_and_gpu_config_on_cpu(setup, tmp_path, capsys, sections_restored):
+    argv = ["--train_data", str(setup.planned), "--output_dir", str(tmp_path / "o")]
+    err = _train_error(["--config", str(ROOT / "recipes/aishell/conf/tiny_cpu.yaml"), *argv], capsys)
+    assert "model.llm.path: required" in err
+    if torch.cuda.is_available():
+        pytest.skip("the GPU config is valid on a CUDA machine")
+    err = _train_error(["--config", str(ROOT / "recipes/aishell/conf/seed_gpu.yaml"),
+                        "--model.llm.path", str(setup.llm), *argv], capsys)
+    assert "model.llm.attn_backend: flash needs a CUDA device" in err and "--model.llm.attn_backend auto" in err
+
+
+def test_missing_or_unwritable_output_dir(setup, tmp_path, capsys, sections_restored):
+    argv = train_argv(setup.llm, setup.planned, tmp_path / "x")
+    i = argv.index("--output_dir")
+    no_out = argv[:i] + argv[i + 2:]
+    assert "run.output_dir: required" in _train_error(no_out, capsys)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    argv[i + 1] = str(blocker / "run")
+    assert "run.output_dir: cannot write" in _train_error(argv, capsys)
+    missing_list = train_argv(setup.llm, tmp_path / "no.list", tmp_path / "y")
+    assert "run.train_data: no such file" in _train_error(missing_list, capsys)
+
+
+def test_decode_bad_input(runs, tmp_path, capsys):
+    from west.bin.decode import main as decode
+
+    base = ["--data", str(runs.planned), "--device", "cpu", "--quiet"]
+    assert decode(["--checkpoint", str(tmp_path / "nothing"), "--result", str(tmp_path / "r.jsonl"), *base]) == 2
+    assert "neither a checkpoint" in capsys.readouterr().err
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    assert decode(["--checkpoint", str(runs.dirs["pack"]), "--result", str(blocker / "r.jsonl"), *base]) == 2
+    assert "--result: cannot write" in capsys.readouterr().err
+
+
+def test_nested_model_overrides_are_typed(setup, sections_restored):
+    from west.train.cli import parse_cli
+    from west.train.sections import register
+
+    register()
+    base = ["--config", str(ROOT / "recipes/aishell/conf/tiny_cpu.yaml"), "--model.llm.path", str(setup.llm)]
+    cfg = parse_cli(base + ["--model.encoder.num_blocks", "3", "--model.projector.dropout", "1e-1",
+                            "--model.lora", "{r: 4}", "--data.subsampling_rate", "4"])
+    assert cfg.model.encoder.num_blocks == 3 and cfg.model.projector.dropout == 0.1
+    assert cfg.model.lora.r == 4 and cfg.get("model.llm.path") == str(setup.llm)
+    assert parse_cli(base + ["--model.lora", "{r: 4}", "--model.lora", "none"]).model.lora is None
+    cfg = parse_cli(base + ["--model.encoder.subsampling_rate", "6", "--model.projector.stride", "3"])
+    assert (cfg.data.subsampling_rate, cfg.data.projector_stride) == (6, 3)  # derived from the model

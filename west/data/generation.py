@@ -1,0 +1,66 @@
+"""Prompt-only batches for decoding, built on the training feature path.
+
+Records go through the same stages as in training (audio, fbank, CMVN; no
+dither, SpecAugment or duration filter since ``training=False``), then
+``PromptEncoder.encode_prompt`` renders the chat prompt up to the assistant
+header with ``num_speech_tokens(T)`` placeholders per audio part. Batches are
+right padded like static batches (``collate_padded``, labels all IGNORE);
+``SpeechLLM.generate`` moves the padding to the left itself. Bad utterances are
+skipped and counted in ``stats`` like in training; list order is kept.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+from west.batch import IGNORE_INDEX, Batch
+from west.data.collate import collate_padded
+from west.data.config import DataConfig
+from west.data.features import GlobalCMVN
+from west.data.lists import iter_records
+from west.data.processors import DecodeContext, cmvn, fbank, load_audio
+from west.data.stats import DataStats, SkipSample
+from west.data.tokenize import Encoded, PromptEncoder
+
+
+def reference_text(record: dict) -> str:
+    """What the model should produce: the transcript, or the first assistant turn of a conversation."""
+    if record.get("messages") is None:
+        return record.get("txt") or ""
+    for m in record["messages"]:
+        if m["role"] == "assistant":
+            return "".join(v for kind, v in m["parts"] if kind == "text")
+    return ""
+
+
+def tokenize_prompt(samples: Iterable[dict], encoder: PromptEncoder, stats: DataStats) -> Iterator[dict]:
+    """Prompt ids + speech spans (no transcript, no labels) and the reference text."""
+    for s in samples:
+        try:
+            ids, spans = encoder.encode_prompt(s, [f.shape[0] for f in s["feats"]])
+        except SkipSample as e:
+            stats.skip(e.category, f"{s['src']} (key {s['key']})", e.message)
+            continue
+        s["enc"] = Encoded(ids=ids, labels=[IGNORE_INDEX] * len(ids), spans=spans)
+        s["ref"] = reference_text(s)
+        yield s
+
+
+def prompt_batches(data_list: str, tokenizer, conf: DataConfig, batch_size: int,
+                   stats: DataStats) -> Iterator[tuple[Batch, list[str]]]:
+    """(padded prompt Batch, reference texts) of up to ``batch_size`` utterances, in list order."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    encoder = PromptEncoder(tokenizer, conf)
+    ctx = DecodeContext(conf, encoder, stats, GlobalCMVN.from_json(conf.cmvn) if conf.cmvn else None,
+                        training=False, filter_duration=False)
+    stream: Iterable[dict] = iter_records(data_list, stats, conf.data_type)
+    for stage in (load_audio, fbank, cmvn):
+        stream = stage(stream, ctx)
+    group: list[dict] = []
+    for sample in tokenize_prompt(stream, encoder, stats):
+        group.append(sample)
+        if len(group) == batch_size:
+            yield collate_padded(group, encoder.pad_id, conf.num_mel_bins), [s["ref"] for s in group]
+            group = []
+    if group:
+        yield collate_padded(group, encoder.pad_id, conf.num_mel_bins), [s["ref"] for s in group]

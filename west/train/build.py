@@ -1,0 +1,106 @@
+"""Assemble one training run from a resolved Config: tokenizer, model, this rank's data, Trainer.
+
+This is the only place that joins west.data and west.models; ``west-train``
+calls :func:`train` after the config was checked and saved.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Iterator
+
+import torch
+
+from west.batch import Batch
+from west.data.config import DataConfig
+from west.data.dataset import SpeechDataset, WestDataLoader, build_dataloader
+from west.models.config import SpeechLLMConfig
+from west.models.speech_llm import SpeechLLM
+from west.train.config import Config
+from west.train.distributed import DistInfo, cleanup, init_distributed
+from west.train.loop import Trainer
+
+
+class LoaderData:
+    """The loop's ``TrainData`` over west.data's (loader, dataset) pair.
+
+    Iterating the loader yields this rank's remaining batches of the epoch; the
+    dataset owns epoch selection, the resume position and the skip counts."""
+
+    def __init__(self, loader: WestDataLoader, dataset: SpeechDataset, seed: int = 0) -> None:
+        self.loader, self.dataset = loader, dataset
+        # Every new loader iterator draws a worker base seed; from the GLOBAL torch RNG unless
+        # the loader has a generator. A resumed run starts its iterator at another point of
+        # the global stream than the uninterrupted run did, which would shift every dropout
+        # mask after the resume. The data pipeline seeds itself from (seed, epoch, key).
+        loader.generator = torch.Generator().manual_seed(seed)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.dataset.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[Batch]:
+        return iter(self.loader)
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # TypeError for streamed data: the loop then keeps lr constant
+
+    def state_dict(self) -> dict:
+        return self.dataset.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.dataset.load_state_dict(state)
+
+    def skipped_counts(self) -> dict:
+        return self.dataset.stats.as_dict()
+
+
+def load_tokenizer(model_cfg: SpeechLLMConfig):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_cfg.llm.path)
+
+
+def build_model(model_cfg: SpeechLLMConfig, seed: int) -> SpeechLLM:
+    """Same seed on every rank (DDP also broadcasts rank 0's weights when wrapping)."""
+    torch.manual_seed(seed)
+    return SpeechLLM(model_cfg)
+
+
+def count_params(model: torch.nn.Module) -> tuple[int, int]:
+    total = sum(p.numel() for p in model.parameters())
+    return total, sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def setup_logging(rank: int) -> None:
+    """Rank 0 shows the data pipeline's INFO lines (epoch summaries); other ranks warnings only."""
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                        format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s")
+
+
+def build_trainer(cfg: Config, info: DistInfo) -> Trainer:
+    """Tokenizer, model and this rank's share of the data; nothing is trained yet."""
+    data_conf: DataConfig = cfg.data
+    tokenizer = load_tokenizer(cfg.model)
+    model = build_model(cfg.model, cfg.train.seed)
+    loader, dataset = build_dataloader(cfg.run.train_data, tokenizer, data_conf, info.rank, info.world_size,
+                                       seed=cfg.train.seed, epoch=0, training=True)
+    if info.is_main:
+        total, trainable = count_params(model)
+        try:
+            per_rank = f"{len(dataset)} batches per epoch per rank (planned)"
+        except TypeError:
+            per_rank = "streamed epoch (batch count unknown until read)"
+        print(f"model: {total / 1e6:.2f} M parameters, {trainable / 1e6:.2f} M trainable; "
+              f"data: {data_conf.batch_type} batches, {per_rank}; {info.world_size} rank(s) on "
+              f"{info.device.type}", flush=True)
+    return Trainer(cfg.train, cfg.run, model, LoaderData(loader, dataset, cfg.train.seed), info,
+                   dataset.dummy_batch)
+
+
+def train(cfg: Config) -> dict:
+    """Join the process group (if launched by torchrun), build, fit; returns the loop's summary."""
+    info = init_distributed(cfg.train.device, cfg.train.dist_timeout_s)
+    setup_logging(info.rank)
+    try:
+        return build_trainer(cfg, info).fit()
+    finally:
+        cleanup()
