@@ -7,7 +7,7 @@ INSTALL_REQUIRES = [
     "torch==2.13.0",
     "numpy>=1.24",
     "numba>=0.60",
-    "transformers>=4.56",
+    "transformers>=5.0",
     "tokenizers>=0.21",
     "sentencepiece>=0.2",
     "safetensors>=0.4",

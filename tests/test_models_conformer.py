@@ -1,0 +1,143 @@
+"""The Conformer gives each utterance the same output (and gradients) whether it runs
+alone, in a padded batch or packed with others."""
+import pytest
+import torch
+
+from west.models.config import ConformerConfig
+from west.models.conformer import ConformerEncoder, relative_sinusoids
+from west.models.layout import FrameLayout
+from west.shapes import min_fbank_frames, subsampled_frames
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny shapes: one intra-op thread is faster and immune to a busy shared CPU."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+LENS = [37, 100, 64, 15, 90, 23, 64, 7]
+TOL = 1e-5
+
+
+def _encoder(rate=4, bpo=8, seed=0, **kw):
+    torch.manual_seed(seed)
+    cfg = ConformerConfig.preset("tiny", dropout=0.0, subsampling_rate=rate, buckets_per_octave=bpo, **kw)
+    return ConformerEncoder(cfg).eval()
+
+
+def _feats(lens, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, 80, generator=g) for n in lens]
+
+
+def _cu(lens):
+    return torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+
+
+def _pad(feats, extra=0):
+    out = torch.zeros(len(feats), max(len(f) for f in feats) + extra, 80)
+    for i, f in enumerate(feats):
+        out[i, : len(f)] = f
+    return out
+
+
+@pytest.mark.parametrize("rate,bpo", [(4, 8), (6, None), (8, 2)])
+def test_packed_equals_alone_equals_padded(rate, bpo):
+    lens = [n for n in LENS if n >= min_fbank_frames(rate)]
+    enc, feats = _encoder(rate, bpo), _feats(lens)
+    with torch.no_grad():
+        alone = [enc(f[None], lengths=torch.tensor([len(f)]))[0][0] for f in feats]
+        packed, cu = enc(torch.cat(feats), cu_seqlens=_cu(lens))
+        padded, out_lens = enc(_pad(feats, extra=9), lengths=torch.tensor(lens))
+    assert [a.shape[0] for a in alone] == [subsampled_frames(n, rate) for n in lens]
+    assert torch.diff(cu).tolist() == out_lens.tolist() == [a.shape[0] for a in alone]
+    assert cu.dtype == torch.int32
+    for i, a in enumerate(alone):
+        assert (packed[cu[i]: cu[i + 1]] - a).abs().max() <= TOL
+        assert (padded[i, : out_lens[i]] - a).abs().max() <= TOL
+
+
+def test_gradients_packed_alone_padded_agree():
+    enc, feats = _encoder(), _feats(LENS)
+    g = torch.Generator().manual_seed(5)
+    weights = [torch.randn(subsampled_frames(n, 4), 64, generator=g) for n in LENS]
+    params = [p for p in enc.parameters()]
+
+    def run(mode):
+        xs = [f.clone().requires_grad_() for f in feats]
+        if mode == "alone":
+            loss = sum((enc(x[None], lengths=torch.tensor([len(x)]))[0][0] * w).sum() for x, w in zip(xs, weights))
+        elif mode == "packed":
+            out, _ = enc(torch.cat(xs), cu_seqlens=_cu(LENS))
+            loss = (out * torch.cat(weights)).sum()
+        else:
+            out, lens = enc(torch.stack([torch.nn.functional.pad(x, (0, 0, 0, 100 - len(x))) for x in xs]),
+                            lengths=torch.tensor(LENS))
+            loss = sum((out[i, :n] * w).sum() for i, (n, w) in enumerate(zip(lens.tolist(), weights)))
+        grads = torch.autograd.grad(loss, xs + params)
+        return grads[: len(xs)], grads[len(xs):]
+
+    ref_x, ref_p = run("alone")
+    for mode in ("packed", "padded"):
+        gx, gp = run(mode)
+        for a, b in zip(gx, ref_x):
+            assert (a - b).abs().max() <= TOL, mode
+        for a, b, p in zip(gp, ref_p, params):
+            assert (a - b).abs().max() <= TOL * max(1.0, b.abs().max().item()), (mode, p.shape)
+
+
+def test_no_leak_between_packed_utterances():
+    enc, feats = _encoder(), _feats(LENS)
+    with torch.no_grad():
+        out, cu = enc(torch.cat(feats), cu_seqlens=_cu(LENS))
+        feats[3] = feats[3] * 10 + 1
+        out2, _ = enc(torch.cat(feats), cu_seqlens=_cu(LENS))
+    for i in range(len(LENS)):
+        same = torch.equal(out[cu[i]: cu[i + 1]], out2[cu[i]: cu[i + 1]])
+        assert same == (i != 3)
+
+
+def test_dropout_configurable_and_off_in_eval():
+    enc = ConformerEncoder(ConformerConfig.preset("tiny", dropout=0.5))
+    x = torch.randn(50, 80)
+    enc.train()
+    a, _ = enc(x, cu_seqlens=_cu([50]))
+    b, _ = enc(x, cu_seqlens=_cu([50]))
+    assert not torch.equal(a, b)
+    enc.eval()
+    with torch.no_grad():
+        assert torch.equal(enc(x, cu_seqlens=_cu([50]))[0], enc(x, cu_seqlens=_cu([50]))[0])
+
+
+def test_rejects_too_short_and_bad_inputs():
+    enc = _encoder()
+    with pytest.raises(ValueError, match="too short"):
+        enc(torch.randn(5, 80), cu_seqlens=_cu([5]))
+    with pytest.raises(ValueError, match="exactly one"):
+        enc(torch.randn(50, 80))
+    with pytest.raises(ValueError, match="cover"):
+        enc(torch.randn(50, 80), cu_seqlens=_cu([20, 20]))
+
+
+def test_conv_layout_gap_is_per_utterance():
+    layout = FrameLayout([3, 1, 4], "cpu")
+    x = torch.arange(1, 9, dtype=torch.float32)[:, None]
+    buf = layout.conv_in(x, pad=2)
+    assert buf.shape == (1, 1, 8 + 2 * 4)
+    assert buf[0, 0].tolist() == [0, 0, 1, 2, 3, 0, 0, 4, 0, 0, 5, 6, 7, 8, 0, 0]
+    kernel = torch.ones(1, 1, 5)
+    y = layout.conv_out(torch.nn.functional.conv1d(buf, kernel), pad=2)
+    assert y[:, 0].tolist() == [6, 6, 6, 4, 18, 26, 26, 21]
+
+
+def test_relative_sinusoids_centre_is_length_independent():
+    big, small = relative_sinusoids(50, 16), relative_sinusoids(7, 16)
+    assert torch.allclose(big[50 - 7: 50 + 6], small)
+    assert torch.allclose(small[6], torch.tensor([0.0, 1.0] * 8))  # distance 0
+
+
+def test_base_preset_size():
+    n = sum(p.numel() for p in ConformerEncoder(ConformerConfig.preset("base")).parameters())
+    assert 30e6 < n < 45e6

@@ -1,0 +1,333 @@
+"""Whole model: packing changes the layout and nothing else.
+
+Batches are built by hand here (the data pipeline lives in west.data and is
+tested on its own): every mode of west/batch.py is produced from the same
+samples, and loss sum, label-token count and every parameter gradient must agree.
+"""
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from west.batch import IGNORE_INDEX, Batch
+from west.models.config import ConformerConfig, LLMConfig, ProjectorConfig, SpeechLLMConfig
+from west.models.speech_llm import SpeechLLM
+from west.shapes import min_fbank_frames, num_speech_tokens
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny shapes: one intra-op thread is faster and immune to a busy shared CPU."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+VOCAB, PAD, SPEECH = 97, 0, 3
+RTOL = 1e-5
+
+
+# ----------------------------------------------------------------------------- batch builders
+@dataclass
+class Sample:
+    ids: list            # token ids, placeholders included
+    target: list         # bool per position: this token is a label (predicted from the previous one)
+    speech: list         # (start, n_slots, feats) per speech segment, in order
+
+
+def make_sample(pieces, rate=4, stride=2):
+    """pieces: ("text", ids), ("answer", ids) (labelled) or ("speech", feats (T, 80))."""
+    ids, target, speech = [], [], []
+    for kind, x in pieces:
+        if kind == "speech":
+            n = num_speech_tokens(len(x), rate, stride)
+            speech.append((len(ids), n, x))
+            ids += [SPEECH] * n
+            target += [False] * n
+        else:
+            ids += list(x)
+            target += [kind == "answer"] * len(x)
+    return Sample(ids, target, speech)
+
+
+def _labels(s: Sample) -> list:
+    """Pre-shifted: labels[t] = ids[t+1] if that token is a target, IGNORE at the last position."""
+    return [s.ids[t + 1] if s.target[t + 1] else IGNORE_INDEX for t in range(len(s.ids) - 1)] + [IGNORE_INDEX]
+
+
+def _feats(samples, encoder, extra_frames=0):
+    segs = [f for s in samples for _, _, f in s.speech]
+    lens = torch.tensor([len(f) for f in segs], dtype=torch.int64)
+    if not segs:
+        return dict()
+    if encoder == "packed":
+        cu = torch.zeros(len(segs) + 1, dtype=torch.int32)
+        cu[1:] = lens.cumsum(0)
+        return dict(feats=torch.cat(segs), feat_lens=lens, feat_cu_seqlens=cu, feat_max_len=int(lens.max()))
+    out = torch.zeros(len(segs), int(lens.max()) + extra_frames, 80)
+    for i, f in enumerate(segs):
+        out[i, : len(f)] = f
+    return dict(feats=out, feat_lens=lens)
+
+
+def padded_batch(samples, extra_len=0, extra_frames=0) -> Batch:
+    L = max(len(s.ids) for s in samples) + extra_len
+    R = len(samples)
+    ids = torch.full((R, L), PAD)
+    labels = torch.full((R, L), IGNORE_INDEX)
+    mask = torch.zeros(R, L, dtype=torch.long)
+    spans = []
+    for r, s in enumerate(samples):
+        n = len(s.ids)
+        ids[r, :n], labels[r, :n], mask[r, :n] = torch.tensor(s.ids), torch.tensor(_labels(s)), 1
+        spans += [(r, a, n_slots) for a, n_slots, _ in s.speech]
+    return Batch(input_ids=ids, labels=labels, position_ids=torch.arange(L).repeat(R, 1), attention_mask=mask,
+                 speech_spans=torch.tensor(spans, dtype=torch.int64).view(-1, 3),
+                 **_feats(samples, "padded", extra_frames))
+
+
+def packed_batch(samples, pack_tokens, encoder="packed") -> Batch:
+    ids, labels, pos, lens, spans = [], [], [], [], []
+    for s in samples:
+        spans += [(0, len(ids) + a, n) for a, n, _ in s.speech]
+        ids += s.ids
+        labels += _labels(s)
+        pos += list(range(len(s.ids)))
+        lens.append(len(s.ids))
+    tail = pack_tokens - len(ids)
+    assert tail >= 0
+    if tail:
+        ids += [PAD] * tail
+        labels += [IGNORE_INDEX] * tail
+        pos += list(range(tail))
+        lens.append(tail)
+    cu = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(lens).cumsum(0)
+    return Batch(input_ids=torch.tensor([ids]), labels=torch.tensor([labels]), position_ids=torch.tensor([pos]),
+                 cu_seqlens=cu, max_seqlen=max(lens), speech_spans=torch.tensor(spans, dtype=torch.int64).view(-1, 3),
+                 **_feats(samples, encoder))
+
+
+# ----------------------------------------------------------------------------- model
+def tiny_config(**kw) -> SpeechLLMConfig:
+    return SpeechLLMConfig(
+        encoder=ConformerConfig.preset("tiny", dropout=0.0, buckets_per_octave=2),
+        projector=ProjectorConfig(stride=2, hidden_dim=48),
+        llm=LLMConfig(config=dict(model_type="qwen2", vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                  attention_dropout=0.0)),
+        freeze_llm=False,
+        **kw,
+    )
+
+
+def tiny_model(seed=0, **kw) -> SpeechLLM:
+    torch.manual_seed(seed)
+    return SpeechLLM(tiny_config(**kw)).eval()  # eval: dropout off, still differentiable
+
+
+def samples(seed=1):
+    g = torch.Generator().manual_seed(seed)
+
+    def toks(n):
+        return torch.randint(4, VOCAB, (n,), generator=g).tolist()
+
+    def wav(t):
+        return torch.randn(t, 80, generator=g)
+
+    return [
+        make_sample([("text", toks(4)), ("speech", wav(37)), ("text", toks(2)), ("answer", toks(5))]),
+        make_sample([("speech", wav(100)), ("answer", toks(8))]),
+        make_sample([("text", toks(3)), ("speech", wav(15)), ("text", toks(1)), ("speech", wav(23)),
+                     ("answer", toks(3))]),
+        make_sample([("text", toks(6)), ("answer", toks(4))]),          # text only
+        make_sample([("text", toks(2)), ("speech", wav(64)), ("text", toks(2)), ("answer", toks(6))]),
+    ]
+
+
+def run(model, batches):
+    """Sum loss/token/correct counts over batches; gradients of the summed loss."""
+    model.zero_grad(set_to_none=True)
+    total, n_tok, n_cor = 0.0, 0, 0
+    for b in batches:
+        out = model(b)
+        out["loss_sum"].backward()
+        total += out["loss_sum"].item()
+        n_tok += out["n_tokens"]
+        n_cor += out["n_correct"]
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return total, n_tok, n_cor, grads
+
+
+def assert_same(a, b, what):
+    la, ta, ca, ga = a
+    lb, tb, cb, gb = b
+    assert ta == tb and ca == cb, what
+    assert abs(la - lb) <= RTOL * abs(lb), (what, la, lb)
+    assert ga.keys() == gb.keys(), what
+    # Relative to each parameter's largest gradient entry; gradients that are zero in exact
+    # arithmetic (e.g. attention key biases: softmax is shift-invariant) are compared
+    # against 1e-3 of the model's largest gradient instead of their own round-off.
+    floor = 1e-3 * max(g.abs().max().item() for g in gb.values())
+    for name in gb:
+        scale = max(gb[name].abs().max().item(), floor)
+        assert (ga[name] - gb[name]).abs().max().item() <= RTOL * scale, (what, name)
+
+
+# ----------------------------------------------------------------------------- tests
+def test_static_dynamic_pack_and_single_passes_agree():
+    model, ss = tiny_model(), samples()
+    total_tokens = sum(len(s.ids) for s in ss)
+    single = run(model, [padded_batch([s]) for s in ss])
+    assert single[1] == sum(sum(s.target) for s in ss)
+    assert len(single[3]) == sum(1 for p in model.parameters())  # every parameter got a gradient
+    cases = {
+        "static": [padded_batch(ss, extra_len=3, extra_frames=11)],
+        "dynamic": [padded_batch([ss[1], ss[4]]), padded_batch([ss[0], ss[2], ss[3]], extra_len=1)],
+        "pack": [packed_batch(ss, total_tokens + 6)],
+        "pack_full_row": [packed_batch(ss, total_tokens)],
+        "pack_encoder_padded": [packed_batch(ss, total_tokens + 6, encoder="padded")],
+        "two_packs": [packed_batch(ss[:2], 64), packed_batch(ss[2:], 64, encoder="padded")],
+    }
+    for name, batches in cases.items():
+        assert_same(run(model, batches), single, name)
+
+
+def test_stock_sdpa_llm_in_pack_mode_agrees():
+    """attn_implementation='sdpa' (no west kernel) relies on position-id packing detection."""
+    torch.manual_seed(0)
+    cfg = tiny_config()
+    cfg.llm.attn_implementation = "sdpa"
+    model = SpeechLLM(cfg).eval()
+    ss = samples()
+    single = run(model, [padded_batch([s]) for s in ss])
+    assert_same(run(model, [packed_batch(ss, sum(len(s.ids) for s in ss) + 5)]), single, "sdpa pack")
+
+
+def test_dummy_batch_contributes_zero_but_touches_every_parameter():
+    model = tiny_model()
+    dummy = make_sample([("speech", torch.zeros(min_fbank_frames(4), 80)), ("text", [5, 6, 7])])
+    b = padded_batch([dummy])
+    b.labels.fill_(IGNORE_INDEX)
+    loss, n_tok, n_cor, grads = run(model, [b])
+    assert loss == 0.0 and n_tok == 0 and n_cor == 0
+    assert len(grads) == sum(1 for _ in model.parameters())
+    assert all(float(g.abs().max()) == 0.0 for g in grads.values())
+
+
+def test_span_mismatch_is_a_clear_error():
+    model, ss = tiny_model(), samples()
+    b = padded_batch(ss[:2])
+    b.speech_spans[0, 2] += 1
+    with pytest.raises(ValueError, match="speech_spans"):
+        model(b)
+
+
+def test_freeze_options():
+    m = tiny_model(freeze_encoder=True)
+    m2 = SpeechLLM(SpeechLLMConfig.from_dict({**tiny_config().to_dict(), "freeze_llm": True}))
+    assert not any(p.requires_grad for p in m.encoder.parameters())
+    assert all(p.requires_grad for p in m.llm.parameters())
+    assert not any(p.requires_grad for p in m2.llm.parameters())
+    assert all(p.requires_grad for p in m2.encoder.parameters()) and all(
+        p.requires_grad for p in m2.projector.parameters())
+    _, _, _, grads = run(m2, [padded_batch(samples()[:2])])
+    assert grads and all(n.startswith(("encoder.", "projector.")) for n in grads)
+
+
+def test_config_round_trip_and_shape_keys():
+    cfg = SpeechLLMConfig.from_dict({"encoder": {"subsampling_rate": 6}, "projector": {"stride": 3}})
+    assert (cfg.encoder.subsampling_rate, cfg.projector.stride) == (6, 3)
+    assert SpeechLLMConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ValueError, match="model.encoder.subsampling"):
+        SpeechLLMConfig.from_dict({"encoder": {"subsampling": 4}})
+    assert SpeechLLMConfig(encoder={"subsampling_rate": 8}).encoder == ConformerConfig(subsampling_rate=8)
+    with pytest.raises(ValueError):
+        SpeechLLMConfig.from_dict({"encoder": {"subsampling_rate": 5}})
+    m = tiny_model()
+    assert m.num_speech_tokens(100) == num_speech_tokens(100, m.subsampling_rate, m.projector_stride)
+
+
+def test_generate_batched_equals_one_by_one():
+    model, ss = tiny_model(), samples()
+    prompts = [make_sample([("text", s.ids[:3]), ("speech", torch.randn(n, 80))]) for s, n in zip(ss, [30, 90, 50])]
+    batched = model.generate(padded_batch(prompts, extra_len=2), max_new_tokens=6, eos_token_id=5)
+    alone = [model.generate(padded_batch([p]), max_new_tokens=6, eos_token_id=5)[0] for p in prompts]
+    assert batched == alone
+    assert all(len(x) <= 6 and 5 not in x for x in batched)
+    beams = model.generate(padded_batch(prompts), max_new_tokens=4, num_beams=2, eos_token_id=5)
+    assert len(beams) == len(prompts)
+    with pytest.raises(ValueError):
+        model.generate(packed_batch(prompts, 200))
+
+
+def test_save_and_load_round_trip(tmp_path):
+    model, ss = tiny_model(), samples()
+    b = packed_batch(ss, 128)
+    model.save_pretrained(tmp_path / "m")
+    loaded = SpeechLLM.from_pretrained(tmp_path / "m").eval()
+    with torch.no_grad():
+        assert torch.equal(model(b)["loss_sum"], loaded(b)["loss_sum"])
+    assert loaded.cfg == model.cfg
+
+
+def test_real_loading_path_tiny_qwen2_from_disk(tmp_path):
+    """A tiny Qwen2 + tokenizer saved with save_pretrained, loaded back by path."""
+    from transformers import AutoTokenizer
+
+    from west.models.tiny_llm import SPEECH_TOKEN, build_tiny_llm
+
+    llm_dir = build_tiny_llm(["今天 天气 很好", "hello speech world", "语音 识别"] * 10, tmp_path / "llm",
+                             vocab_size=300, hidden_size=32, intermediate_size=64, num_heads=4, num_kv_heads=2)
+    tok = AutoTokenizer.from_pretrained(llm_dir)
+    cfg = tiny_config()
+    cfg.llm = LLMConfig(path=str(llm_dir))
+    cfg.freeze_llm = True
+    model = SpeechLLM(cfg).eval()
+    assert model.llm.config._attn_implementation == "west_varlen"
+    speech_id = tok.convert_tokens_to_ids(SPEECH_TOKEN)
+    prompt = tok.apply_chat_template([{"role": "user", "content": "转写"}], add_generation_prompt=True,
+                                     tokenize=True, return_dict=False)
+    answer = tok("今天 天气", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    feats = torch.randn(60, 80)
+    n = model.num_speech_tokens(60)
+    ids = prompt + [speech_id] * n + answer
+    target = [False] * (len(prompt) + n) + [True] * len(answer)
+    s = Sample(ids, target, [(len(prompt), n, feats)])
+    out = model(packed_batch([s], len(ids) + 3))
+    assert out["n_tokens"] == len(answer) and torch.isfinite(out["loss_sum"])
+    # save with the frozen LLM left out: loading takes it from model.llm.path again
+    model.save_pretrained(tmp_path / "ckpt", tokenizer=tok, include_frozen_llm=False)
+    from safetensors.torch import load_file
+
+    assert not any(k.startswith("llm.") for k in load_file(tmp_path / "ckpt" / "model.safetensors"))
+    loaded = SpeechLLM.from_pretrained(tmp_path / "ckpt").eval()
+    with torch.no_grad():
+        assert torch.equal(model(packed_batch([s], len(ids)))["loss_sum"], loaded(packed_batch([s], len(ids)))["loss_sum"])
+    assert AutoTokenizer.from_pretrained(tmp_path / "ckpt" / "llm").convert_tokens_to_ids(SPEECH_TOKEN) == speech_id
+
+
+def test_lora_optional(tmp_path):
+    pytest.importorskip("peft")
+    from west.models.config import LoraSettings
+
+    model = tiny_model(lora=LoraSettings(r=2, alpha=4, dropout=0.0))
+    trainable = [n for n, p in model.llm.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    b = packed_batch(samples()[:2], 64)
+    model(b)["loss_sum"].backward()
+    assert all(p.grad is not None for n, p in model.llm.named_parameters() if "lora_" in n)
+    model.save_pretrained(tmp_path / "m")
+    loaded = SpeechLLM.from_pretrained(tmp_path / "m").eval()
+    with torch.no_grad():
+        assert torch.equal(model(b)["loss_sum"], loaded(b)["loss_sum"])
+
+
+@pytest.mark.parametrize("pack_tokens", [None, 48])
+def test_data_side_dummy_batch_runs(pack_tokens):
+    """The contract's dummy batch (west.data.collate) flows through forward/backward contributing 0."""
+    collate = pytest.importorskip("west.data.collate")
+    model = tiny_model()
+    b = collate.dummy_batch(pad_id=PAD, placeholder_id=SPEECH, pack_tokens=pack_tokens)
+    loss, n_tok, _, grads = run(model, [b])
+    assert loss == 0.0 and n_tok == 0 and len(grads) == sum(1 for _ in model.parameters())

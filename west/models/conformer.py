@@ -1,0 +1,196 @@
+"""Conformer encoder that is exact under packing.
+
+Blocks follow WeNet/ESPnet: macaron feed-forwards (½-step each), relative-position
+self-attention (Transformer-XL style with ``pos_bias_u``/``pos_bias_v``), a
+convolution module (pointwise → GLU → depthwise → LayerNorm → Swish → pointwise)
+and a final LayerNorm; pre-norm everywhere.
+
+Activations stay flat (rows, D) in both modes; a :class:`FrameLayout` says where
+utterances are, so nothing crosses an utterance boundary:
+* attention runs per utterance (``segment_sdpa`` with the rel-pos term as an
+  additive bias; relative positions i−j are per utterance by construction);
+* the depthwise convolution reads zeros beyond each utterance's edges;
+* subsampling uses an aligned zero-gap layout (see subsampling.py);
+* all normalisation is LayerNorm (per frame), never batch statistics.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from west.models.attention import segment_sdpa
+from west.models.config import ConformerConfig
+from west.models.layout import FrameLayout
+from west.models.subsampling import Conv2dSubsampling
+
+
+def relative_sinusoids(max_len: int, dim: int) -> torch.Tensor:
+    """(2*max_len-1, dim) sinusoidal encodings of relative positions max_len-1 … -(max_len-1).
+
+    Row ``max_len-1-r`` encodes distance r = i − j; it does not depend on max_len, so a
+    segment of length n uses the centre slice [max_len-n, max_len+n-1)."""
+    r = torch.arange(max_len - 1, -max_len, -1, dtype=torch.float32)[:, None]
+    div = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
+    pe = torch.zeros(2 * max_len - 1, dim)
+    pe[:, 0::2] = torch.sin(r * div)
+    pe[:, 1::2] = torch.cos(r * div)
+    return pe
+
+
+class RelPositionAttention(nn.Module):
+    """scores = ((q+u)·k + (q+v)·W_pos·pe(i−j)) / √d_k, per utterance."""
+
+    def __init__(self, d_model: int, num_heads: int, attn_dropout: float = 0.0):
+        super().__init__()
+        self.h, self.dk = num_heads, d_model // num_heads
+        self.linear_q = nn.Linear(d_model, d_model)
+        self.linear_k = nn.Linear(d_model, d_model)
+        self.linear_v = nn.Linear(d_model, d_model)
+        self.linear_out = nn.Linear(d_model, d_model)
+        self.linear_pos = nn.Linear(d_model, d_model, bias=False)
+        self.pos_bias_u = nn.Parameter(torch.empty(self.h, self.dk))
+        self.pos_bias_v = nn.Parameter(torch.empty(self.h, self.dk))
+        nn.init.xavier_uniform_(self.pos_bias_u)
+        nn.init.xavier_uniform_(self.pos_bias_v)
+        self.attn_dropout = attn_dropout
+
+    def forward(self, x: torch.Tensor, layout: FrameLayout, pos_table: torch.Tensor) -> torch.Tensor:
+        rows = x.shape[0]
+        q = self.linear_q(x).view(rows, self.h, self.dk)
+        k = self.linear_k(x).view(rows, self.h, self.dk)
+        v = self.linear_v(x).view(rows, self.h, self.dk)
+        m = (pos_table.shape[0] + 1) // 2
+        p = self.linear_pos(pos_table).view(-1, self.h, self.dk)     # (2m-1, h, dk)
+        q_v = q + self.pos_bias_v
+        scale = self.dk ** -0.5
+
+        def rel_bias(index: torch.Tensor, n: int) -> torch.Tensor:
+            g = index.shape[0]
+            qg = q_v[index].transpose(1, 2)                            # (G, h, n, dk)
+            pn = p[m - n: m + n - 1].permute(1, 2, 0)                  # (h, dk, 2n-1)
+            full = torch.matmul(qg, pn).contiguous()                   # (G, h, n, 2n-1)
+            # out[i, j] = full[i, (n-1) - i + j]  (relative distance i - j): a strided view.
+            w = 2 * n - 1
+            bd = full.as_strided((g, self.h, n, n), (self.h * n * w, n * w, w - 1, 1),
+                                 full.storage_offset() + n - 1)
+            return bd * scale
+
+        out = segment_sdpa(q + self.pos_bias_u, k, v, layout.plan, causal=False, scale=scale,
+                           dropout_p=self.attn_dropout if self.training else 0.0, bias_fn=rel_bias)
+        return self.linear_out(out.reshape(rows, -1))
+
+
+class ConvModule(nn.Module):
+    def __init__(self, d_model: int, kernel: int, dropout: float = 0.0):
+        super().__init__()
+        self.pad = (kernel - 1) // 2
+        self.pointwise1 = nn.Linear(d_model, 2 * d_model)
+        self.depthwise = nn.Conv1d(d_model, d_model, kernel, groups=d_model, padding=0)
+        self.norm = nn.LayerNorm(d_model)
+        self.pointwise2 = nn.Linear(d_model, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, layout: FrameLayout) -> torch.Tensor:
+        y = F.glu(self.pointwise1(x), dim=-1)
+        y = layout.conv_out(self.depthwise(layout.conv_in(y, self.pad)), self.pad)
+        return self.dropout(self.pointwise2(F.silu(self.norm(y))))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, d_model: int, ffn_dim: int, dropout: float = 0.0):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(d_model, ffn_dim), nn.SiLU(), nn.Dropout(dropout),
+                                 nn.Linear(ffn_dim, d_model))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class ConformerBlock(nn.Module):
+    def __init__(self, cfg: ConformerConfig):
+        super().__init__()
+        d = cfg.d_model
+        self.ff1, self.ff2 = FeedForward(d, cfg.ffn_dim, cfg.dropout), FeedForward(d, cfg.ffn_dim, cfg.dropout)
+        self.attn = RelPositionAttention(d, cfg.num_heads, cfg.attn_dropout)
+        self.conv = ConvModule(d, cfg.conv_kernel, cfg.dropout)
+        self.norm_ff1, self.norm_attn, self.norm_conv, self.norm_ff2, self.norm_out = (
+            nn.LayerNorm(d) for _ in range(5))
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, layout: FrameLayout, pos_table: torch.Tensor) -> torch.Tensor:
+        x = x + 0.5 * self.dropout(self.ff1(self.norm_ff1(x)))
+        x = x + self.dropout(self.attn(self.norm_attn(x), layout, pos_table))
+        x = x + self.dropout(self.conv(self.norm_conv(x), layout))
+        x = x + 0.5 * self.dropout(self.ff2(self.norm_ff2(x)))
+        return self.norm_out(x)
+
+
+class ConformerEncoder(nn.Module):
+    """fbank feats -> encoder frames, padded ``(N, T, F)+lengths`` or packed ``(ΣT, F)+cu_seqlens``."""
+
+    def __init__(self, cfg: ConformerConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.subsampling = Conv2dSubsampling(cfg.input_dim, cfg.d_model, cfg.subsampling_rate, cfg.dropout)
+        self.blocks = nn.ModuleList(ConformerBlock(cfg) for _ in range(cfg.num_blocks))
+        self.after_norm = nn.LayerNorm(cfg.d_model)
+        self.gradient_checkpointing = cfg.gradient_checkpointing
+        self._pos: Optional[torch.Tensor] = None
+
+    @property
+    def output_dim(self) -> int:
+        return self.cfg.d_model
+
+    def _pos_table(self, m: int, ref: torch.Tensor) -> torch.Tensor:
+        if self._pos is None or (self._pos.shape[0] + 1) // 2 < m:
+            self._pos = relative_sinusoids(max(m, 512), self.cfg.d_model)
+        full_m = (self._pos.shape[0] + 1) // 2
+        return self._pos[full_m - m: full_m + m - 1].to(device=ref.device, dtype=ref.dtype)
+
+    def forward_flat(
+        self,
+        feats: torch.Tensor,
+        lengths: Optional[torch.Tensor] = None,
+        cu_seqlens: Optional[torch.Tensor] = None,
+    ) -> tuple[torch.Tensor, FrameLayout]:
+        """Encoder output as flat rows plus the layout describing them (used by SpeechLLM)."""
+        if (lengths is None) == (cu_seqlens is None):
+            raise ValueError("pass exactly one of lengths (padded feats) or cu_seqlens (packed feats)")
+        if cu_seqlens is not None:
+            if feats.dim() != 2:
+                raise ValueError(f"packed feats must be (ΣT, F), got {tuple(feats.shape)}")
+            lens = torch.diff(cu_seqlens.detach().to("cpu", torch.int64)).tolist()
+            x, layout = self.subsampling.forward_packed(feats, lens, self.cfg.buckets_per_octave)
+        else:
+            if feats.dim() != 3:
+                raise ValueError(f"padded feats must be (N, T, F), got {tuple(feats.shape)}")
+            lens = lengths.detach().to("cpu", torch.int64).tolist()
+            if len(lens) != feats.shape[0]:
+                raise ValueError(f"{len(lens)} lengths for {feats.shape[0]} padded utterances")
+            if max(lens, default=0) > feats.shape[1]:
+                raise ValueError(f"a length exceeds the padded size {feats.shape[1]}: {lens}")
+            x, layout = self.subsampling.forward_padded(feats, lens)
+        pos = self._pos_table(max((g.length for g in layout.plan.groups), default=1), x)
+        for block in self.blocks:
+            if self.gradient_checkpointing and self.training:
+                x = checkpoint(block, x, layout, pos, use_reentrant=False)
+            else:
+                x = block(x, layout, pos)
+        return self.after_norm(x), layout
+
+    def forward(
+        self,
+        feats: torch.Tensor,
+        lengths: Optional[torch.Tensor] = None,
+        cu_seqlens: Optional[torch.Tensor] = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Padded: -> ((N, T', D), lengths' int64). Packed: -> ((ΣT', D), cu_seqlens' int32)."""
+        x, layout = self.forward_flat(feats, lengths, cu_seqlens)
+        if layout.packed:
+            return x, layout.cu_seqlens()
+        return x.view(layout.num, layout.padded_len, -1), torch.tensor(layout.lengths, device=x.device)

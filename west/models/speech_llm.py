@@ -1,0 +1,271 @@
+"""SpeechLLM: Conformer -> Projector -> spliced into a stock HF causal LM.
+
+One forward for every batch mode (see west/batch.py):
+* speech: the encoder runs padded (N, T, F)+feat_lens or packed (ΣT, F)+feat_cu_seqlens;
+  projected frames overwrite the placeholder embeddings at ``speech_spans``;
+* LLM: padded rows pass ``attention_mask`` (causal + padding mask); packed rows pass
+  ``cu_seq_lens_*`` so attention stays inside each sample (west_varlen, flash-attn 2)
+  or rely on position-id detection (stock eager/sdpa). Always ``use_cache=False``.
+* loss: labels are pre-shifted, so CE(logits[t], labels[t]) with no shift; only
+  label positions are projected to the vocabulary (``logits_to_keep`` mask).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from west.batch import IGNORE_INDEX, Batch
+from west.models.config import LLMConfig, LoraSettings, SpeechLLMConfig
+from west.models.conformer import ConformerEncoder
+from west.models.hf_attention import ATTN_NAME, packed_kwargs, register
+from west.models.projector import Projector
+from west.shapes import num_speech_tokens
+
+CONFIG_FILE = "west_model.json"
+WEIGHTS_FILE = "model.safetensors"
+LLM_DIR = "llm"
+
+
+def load_llm(cfg: LLMConfig, hf_config=None) -> nn.Module:
+    """Stock ``AutoModelForCausalLM``: from ``cfg.path`` (from_pretrained), else from a config."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if cfg.attn_implementation == ATTN_NAME:
+        register()
+    kw = dict(attn_implementation=cfg.attn_implementation, dtype=getattr(torch, cfg.dtype))
+    if hf_config is not None:
+        return AutoModelForCausalLM.from_config(hf_config, **kw)
+    if cfg.path:
+        if not Path(cfg.path).is_dir():
+            raise FileNotFoundError(f"model.llm.path {cfg.path!r} is not a directory")
+        return AutoModelForCausalLM.from_pretrained(cfg.path, **kw)
+    if cfg.config:
+        conf = dict(cfg.config)
+        model_type = conf.pop("model_type", None)
+        if model_type is None:
+            raise ValueError("model.llm.config needs a 'model_type' (e.g. qwen2)")
+        return AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **conf), **kw)
+    raise ValueError("model.llm needs either 'path' (local HF dir) or 'config' (HF config dict)")
+
+
+def apply_lora(llm: nn.Module, lora: LoraSettings) -> nn.Module:
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as e:  # optional extra
+        raise ImportError("model.lora needs peft: pip install 'west[lora]'") from e
+    conf = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                      target_modules=list(lora.target_modules), task_type="CAUSAL_LM")
+    return get_peft_model(llm, conf)
+
+
+class SpeechLLM(nn.Module):
+    def __init__(self, cfg: SpeechLLMConfig, llm: Optional[nn.Module] = None):
+        super().__init__()
+        self.cfg = cfg
+        self.encoder = ConformerEncoder(cfg.encoder)
+        llm = llm if llm is not None else load_llm(cfg.llm)
+        self.projector = Projector(cfg.encoder.d_model, llm.config.get_text_config().hidden_size, cfg.projector)
+        if cfg.freeze_encoder:
+            self.encoder.requires_grad_(False)
+        if cfg.freeze_llm or cfg.lora is not None:
+            llm.requires_grad_(False)
+        if cfg.llm.gradient_checkpointing:
+            llm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.llm = apply_lora(llm, cfg.lora) if cfg.lora is not None else llm
+
+    def gradient_checkpointing_enable(self) -> None:
+        """Recompute activations in backward: Conformer blocks and LLM layers (trainer hook)."""
+        self.encoder.gradient_checkpointing = True
+        self._base_llm().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+    # ------------------------------------------------------------------ shapes
+    @property
+    def subsampling_rate(self) -> int:
+        return self.cfg.encoder.subsampling_rate
+
+    @property
+    def projector_stride(self) -> int:
+        return self.cfg.projector.stride
+
+    def num_speech_tokens(self, n_frames: int) -> int:
+        return num_speech_tokens(n_frames, self.subsampling_rate, self.projector_stride)
+
+    # ------------------------------------------------------------------ inputs
+    def encode_speech(self, batch: Batch) -> Optional[torch.Tensor]:
+        """(Σ slots, H) projected speech embeddings in ``batch.feats`` order (None if no speech)."""
+        if batch.feats is None or batch.speech_spans is None or batch.speech_spans.shape[0] == 0:
+            return None
+        if batch.encoder_packed:
+            x, layout = self.encoder.forward_flat(batch.feats, cu_seqlens=batch.feat_cu_seqlens)
+        else:
+            if batch.feat_lens is None:
+                raise ValueError("padded encoder feats need batch.feat_lens")
+            x, layout = self.encoder.forward_flat(batch.feats, lengths=batch.feat_lens)
+        rows = layout.real_rows()
+        if rows is not None:
+            x = x.index_select(0, rows)
+        expected = self.projector.output_lengths(layout.lengths)
+        spans = batch.speech_spans.detach().cpu()
+        if spans.shape[0] != len(expected) or spans[:, 2].tolist() != expected:
+            raise ValueError(
+                f"speech_spans lengths {spans[:, 2].tolist()} != encoder+projector output {expected} "
+                f"(subsampling_rate={self.subsampling_rate}, stride={self.projector_stride}); keys={batch.keys}")
+        return self.projector(x, layout.lengths)
+
+    def embed(self, batch: Batch) -> torch.Tensor:
+        """LLM input embeddings (R, L, H) with speech spliced in at ``speech_spans``."""
+        embeds = self.llm.get_input_embeddings()(batch.input_ids)
+        speech = self.encode_speech(batch)
+        if speech is None:
+            return embeds
+        spans = batch.speech_spans.to(embeds.device)
+        lens = spans[:, 2]
+        rows = torch.repeat_interleave(spans[:, 0], lens)
+        first = torch.repeat_interleave(spans[:, 1] - torch.cumsum(lens, 0) + lens, lens)
+        cols = first + torch.arange(rows.numel(), device=embeds.device)
+        if rows.numel() and (int(cols.max()) >= embeds.shape[1] or int(rows.max()) >= embeds.shape[0]):
+            raise ValueError(f"speech_spans point outside input_ids {tuple(batch.input_ids.shape)}; keys={batch.keys}")
+        return embeds.index_put((rows, cols), speech.to(embeds.dtype))
+
+    def _llm_kwargs(self, batch: Batch) -> dict:
+        if not batch.is_packed:
+            return dict(attention_mask=batch.attention_mask)
+        total = batch.input_ids.numel()
+        if int(batch.cu_seqlens[-1]) != total:
+            raise ValueError(f"cu_seqlens ends at {int(batch.cu_seqlens[-1])}, batch has {total} tokens")
+        west = getattr(self._base_llm().config, "_attn_implementation", None) == ATTN_NAME
+        kw = packed_kwargs(batch.cu_seqlens, batch.max_seqlen, self.cfg.llm.attn_backend, west_extras=west)
+        return dict(attention_mask=None, **kw)
+
+    def _base_llm(self) -> nn.Module:
+        return self.llm.get_base_model() if hasattr(self.llm, "get_base_model") else self.llm
+
+    # ------------------------------------------------------------------ training
+    def forward(self, batch: Batch) -> dict:
+        """-> dict(loss_sum=summed CE over label tokens, n_tokens=int, n_correct=int)."""
+        embeds = self.embed(batch)
+        labels = batch.labels.to(embeds.device)
+        keep = labels != IGNORE_INDEX
+        out = self.llm(inputs_embeds=embeds, position_ids=batch.position_ids, use_cache=False,
+                       logits_to_keep=keep, **self._llm_kwargs(batch))
+        logits = out.logits.float()
+        target = labels[keep]
+        if logits.shape[0] != target.shape[0]:
+            raise RuntimeError("LLM ignored the boolean logits_to_keep mask (transformers >= 5 needed)")
+        loss_sum = F.cross_entropy(logits, target, reduction="sum")
+        n_correct = int((logits.detach().argmax(-1) == target).sum())
+        return dict(loss_sum=loss_sum, n_tokens=int(target.numel()), n_correct=n_correct)
+
+    # ------------------------------------------------------------------ decoding
+    @torch.no_grad()
+    def generate(
+        self,
+        batch: Batch,
+        max_new_tokens: int = 128,
+        num_beams: int = 1,
+        eos_token_id: Optional[int | list] = None,
+        pad_token_id: Optional[int] = None,
+        **generate_kwargs,
+    ) -> list[list[int]]:
+        """Greedy (num_beams=1) or beam search from prompts in a padded batch (one per row,
+        right padded, no transcript). Returns new token ids per row, cut before the first eos."""
+        if batch.is_packed:
+            raise ValueError("generate() needs a padded batch (one prompt per row), got a packed one")
+        embeds = self.embed(batch)
+        r, length = batch.input_ids.shape
+        mask = batch.attention_mask if batch.attention_mask is not None else torch.ones_like(batch.input_ids)
+        mask = mask.to(embeds.device).long()
+        # right -> left padding: generation appends after the last column.
+        shift = length - mask.sum(1, keepdim=True)
+        idx = (torch.arange(length, device=embeds.device)[None, :] - shift) % length
+        embeds = embeds.gather(1, idx[..., None].expand(-1, -1, embeds.shape[-1]))
+        mask = mask.gather(1, idx)
+        gen_cfg = self._base_llm().generation_config
+        eos = eos_token_id if eos_token_id is not None else gen_cfg.eos_token_id
+        pad = pad_token_id if pad_token_id is not None else gen_cfg.pad_token_id
+        pad = pad if pad is not None else _first(eos)
+        out = self.llm.generate(inputs_embeds=embeds, attention_mask=mask, max_new_tokens=max_new_tokens,
+                                num_beams=num_beams, do_sample=False, eos_token_id=eos, pad_token_id=pad,
+                                use_cache=True, **generate_kwargs)
+        stops = set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
+        results = []
+        for row in out.tolist():
+            cut = next((i for i, t in enumerate(row) if t in stops), len(row))
+            results.append(row[:cut])
+        return results
+
+    # ------------------------------------------------------------------ save / load
+    def save_pretrained(self, out_dir: str | Path, tokenizer=None, include_frozen_llm: bool = True) -> Path:
+        """Write west config, the LLM's HF config (+ tokenizer) and all weights (safetensors).
+
+        ``include_frozen_llm=False`` leaves out the LLM's frozen weights (they are
+        reloaded from ``model.llm.path``), keeping checkpoints of a frozen 1.5B LLM small."""
+        from safetensors.torch import save_file
+
+        out = Path(out_dir)
+        (out / LLM_DIR).mkdir(parents=True, exist_ok=True)
+        (out / CONFIG_FILE).write_text(json.dumps(self.cfg.to_dict(), indent=2))
+        base = self._base_llm()
+        base.config.save_pretrained(out / LLM_DIR)
+        base.generation_config.save_pretrained(out / LLM_DIR)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(out / LLM_DIR)
+        if not include_frozen_llm and not self.cfg.llm.path:
+            raise ValueError("include_frozen_llm=False needs model.llm.path to reload the LLM from")
+        skip = set() if include_frozen_llm else _frozen_llm_names(self)
+        state, seen = {}, set()
+        for name, t in self.state_dict().items():
+            if name in skip or (t.numel() and t.data_ptr() in seen):  # tied weights: stored once
+                continue
+            seen.add(t.data_ptr())
+            state[name] = t.detach().contiguous().cpu()
+        save_file(state, str(out / WEIGHTS_FILE), metadata={"llm_weights": "included" if include_frozen_llm else "path"})
+        return out
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, device: str | torch.device = "cpu") -> "SpeechLLM":
+        """Inverse of :meth:`save_pretrained`; the LLM architecture comes from ``path/llm``."""
+        from safetensors import safe_open
+        from safetensors.torch import load_file
+        from transformers import AutoConfig
+
+        path = Path(path)
+        cfg = SpeechLLMConfig.from_dict(json.loads((path / CONFIG_FILE).read_text()))
+        with safe_open(str(path / WEIGHTS_FILE), framework="pt") as f:
+            llm_included = (f.metadata() or {}).get("llm_weights", "included") == "included"
+        if llm_included:
+            llm = load_llm(cfg.llm, hf_config=AutoConfig.from_pretrained(path / LLM_DIR))
+        else:
+            llm = load_llm(cfg.llm)  # frozen weights from model.llm.path
+        model = cls(cfg, llm=llm)
+        missing, unexpected = model.load_state_dict(load_file(str(path / WEIGHTS_FILE)), strict=False)
+        allowed = _tied_names(model) | (set() if llm_included else _frozen_llm_names(model))
+        missing = [k for k in missing if k not in allowed]
+        if missing or unexpected:
+            raise ValueError(f"{path / WEIGHTS_FILE}: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        return model.to(device)
+
+
+def _first(x):
+    return x[0] if isinstance(x, (list, tuple)) else x
+
+
+def _tied_names(model: nn.Module) -> set:
+    """State-dict names whose tensor shares storage with an earlier name (tied embeddings)."""
+    seen, tied = set(), set()
+    for name, t in model.state_dict().items():
+        if t.numel() and t.data_ptr() in seen:
+            tied.add(name)
+        seen.add(t.data_ptr())
+    return tied
+
+
+def _frozen_llm_names(model: nn.Module) -> set:
+    """State-dict names of the LLM that are not trained (parameters and buffers)."""
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    return {n for n in model.state_dict() if n.startswith("llm.") and n not in trainable}

@@ -1,0 +1,83 @@
+"""Conv2d subsampling (WeNet style, no time padding), padded or packed.
+
+Output frame t of an utterance reads input frames [S·t, S·t + receptive field),
+all inside the utterance whenever t < ``west.shapes.subsampled_frames(T)``.
+Packed mode therefore places every utterance at an offset that is a multiple of
+the total stride S with zeros in between ("aligned layout"): one convolution
+over the whole buffer then yields, for each utterance, exactly the frames it
+would get alone, while the compute follows Σ T (plus < S frames per utterance)
+instead of N · Tmax.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from west.models.layout import FrameLayout
+from west.shapes import SUBSAMPLING_LAYERS, subsampled_frames
+
+
+class Conv2dSubsampling(nn.Module):
+    def __init__(self, input_dim: int, d_model: int, rate: int = 4, dropout: float = 0.0):
+        super().__init__()
+        if rate not in SUBSAMPLING_LAYERS:
+            raise ValueError(f"subsampling rate must be one of {sorted(SUBSAMPLING_LAYERS)}, got {rate}")
+        self.rate = rate
+        layers, channels, freq = [], 1, input_dim
+        for kernel, stride in SUBSAMPLING_LAYERS[rate]:
+            layers += [nn.Conv2d(channels, d_model, kernel, stride), nn.ReLU()]
+            channels, freq = d_model, (freq - kernel) // stride + 1
+        if freq < 1:
+            raise ValueError(f"input_dim {input_dim} too small for subsampling rate {rate}")
+        self.conv = nn.Sequential(*layers)
+        self.out = nn.Linear(d_model * freq, d_model)
+        self.stride = math.prod(s for _, s in SUBSAMPLING_LAYERS[rate])
+        self.xscale = math.sqrt(d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def _frames(self, lengths: Sequence[int]) -> list[int]:
+        out = [subsampled_frames(n, self.rate) for n in lengths]
+        bad = [i for i, n in enumerate(out) if n < 1]
+        if bad:
+            raise ValueError(f"utterances {bad} are too short for subsampling rate {self.rate} "
+                             f"(lengths {[int(lengths[i]) for i in bad]} fbank frames)")
+        return out
+
+    def _project(self, y: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.out(y) * self.xscale)
+
+    def forward_padded(self, feats: torch.Tensor, lengths: Sequence[int]):
+        """feats (N, Tmax, F), lengths -> (flat (N*T', D), FrameLayout)."""
+        out_lens = self._frames(lengths)
+        y = self.conv(feats.unsqueeze(1))                       # (N, C, T', F')
+        n, c, t, f = y.shape
+        y = y.transpose(1, 2).reshape(n * t, c * f)
+        layout = FrameLayout(out_lens, feats.device, padded_len=t)
+        return self._project(y), layout
+
+    def forward_packed(self, feats: torch.Tensor, lengths: Sequence[int], buckets_per_octave=8):
+        """feats (Σ T, F), lengths -> (flat (Σ T', D), FrameLayout)."""
+        lengths = [int(n) for n in lengths]
+        if sum(lengths) != feats.shape[0]:
+            raise ValueError(f"feat_cu_seqlens cover {sum(lengths)} frames, feats have {feats.shape[0]}")
+        out_lens = self._frames(lengths)
+        s = self.stride
+        slots = [-(-n // s) * s for n in lengths]                # aligned room per utterance
+        offsets = torch.tensor([0] + slots[:-1]).cumsum(0)
+        seg = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+        starts = torch.tensor([0] + lengths[:-1]).cumsum(0)
+        dst = (torch.arange(feats.shape[0]) - starts[seg] + offsets[seg]).to(feats.device)
+        buf = feats.new_zeros(sum(slots), feats.shape[1]).index_copy(0, dst, feats)
+        y = self.conv(buf[None, None])                           # (1, C, T'buf, F')
+        _, c, t, f = y.shape
+        y = y[0].transpose(0, 1).reshape(t, c * f)
+        oseg = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(out_lens))
+        ostarts = torch.tensor([0] + out_lens[:-1]).cumsum(0)
+        keep = torch.arange(sum(out_lens)) - ostarts[oseg] + offsets[oseg] // s
+        if int(keep.max()) >= t:
+            raise AssertionError("aligned subsampling layout is inconsistent with west.shapes")
+        y = y.index_select(0, keep.to(feats.device))
+        return self._project(y), FrameLayout(out_lens, feats.device, buckets_per_octave=buckets_per_octave)
