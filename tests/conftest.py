@@ -71,3 +71,14 @@ def corpus(tmp_path_factory):
     with_dur = write_jsonl(d / "data.list", rows)
     no_dur = write_jsonl(d / "data_nodur.list", [{k: v for k, v in r.items() if k != "duration"} for r in rows])
     return {"list": with_dur, "list_nodur": no_dur, "texts": texts, "rows": rows, "dir": d}
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny shapes: one intra-op thread is faster and immune to a busy shared CPU."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

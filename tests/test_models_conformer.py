@@ -9,13 +9,7 @@ from west.models.layout import FrameLayout
 from west.shapes import min_fbank_frames, subsampled_frames
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny shapes: one intra-op thread is faster and immune to a busy shared CPU."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 LENS = [37, 100, 64, 15, 90, 23, 64, 7]
 TOL = 1e-5

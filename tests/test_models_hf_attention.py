@@ -7,13 +7,7 @@ import torch
 from west.models.hf_attention import ATTN_NAME, packed_kwargs, register
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny shapes: one intra-op thread is faster and immune to a busy shared CPU."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 LENS = [5, 9, 3, 7, 4]  # last one plays the pack's dummy tail
 VOCAB = 97

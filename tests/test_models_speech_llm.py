@@ -15,13 +15,7 @@ from west.models.speech_llm import SpeechLLM
 from west.shapes import min_fbank_frames, num_speech_tokens
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny shapes: one intra-op thread is faster and immune to a busy shared CPU."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 VOCAB, PAD, SPEECH = 97, 0, 3
 RTOL = 1e-5

@@ -12,6 +12,15 @@ from west.train.cli import check_paths, parse_cli, prepare_output_dir, save_conf
 from west.train.config import ConfigError, build_config
 
 
+@pytest.fixture(autouse=True)
+def pristine_registry(monkeypatch):
+    """Other test modules run the real CLI, which registers the data/model schemas
+    process-wide; these tests check the registry itself, so start each from scratch."""
+    base = {"run": C.RunConfig, "train": C.TrainConfig, "data": None, "model": None, "decode": None}
+    monkeypatch.setattr(C, "SECTIONS", base)
+    monkeypatch.setattr(C, "VALIDATORS", [])
+
+
 @pytest.fixture
 def conf(tmp_path):
     p = tmp_path / "conf.yaml"
@@ -160,12 +169,9 @@ def test_save_config_round_trips_and_keeps_old(tmp_path):
     assert yaml.safe_load(path.read_text())["train"]["lr"] == 3e-4
 
 
-def test_train_cli_exit_codes(tmp_path, capsys, monkeypatch):
+def test_train_cli_exit_codes(tmp_path, capsys):
     from west.bin import train
 
-    # main() registers the data/model sections; keep the registry as other tests expect it
-    monkeypatch.setattr(C, "SECTIONS", dict(C.SECTIONS))
-    monkeypatch.setattr(C, "VALIDATORS", list(C.VALIDATORS))
     assert train.main(["--train.lrr", "1"]) == 2
     assert "train.lrr" in capsys.readouterr().err
     data = tmp_path / "list.jsonl"

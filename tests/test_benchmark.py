@@ -1,0 +1,147 @@
+"""west.bin.benchmark: every batch mode trains on the same utterances, and what it reports
+(counters, attention terms, FLOPs, speed-ups, table, JSON, PNG) is consistent."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from west.bin import benchmark as cli
+from west.train.benchmark import ALL_MODES, _cpu_sdpa_flops, standard_modes
+
+CONFIG = """\
+train: {lr: 0.001, warmup_steps: 2, max_steps: 10, device: cpu, grad_clip: 1.0}
+data: {num_workers: 0, dither: 0.0}
+model:
+  encoder: {d_model: 32, num_heads: 2, ffn_dim: 64, num_blocks: 1, conv_kernel: 3, dropout: 0.0}
+  projector: {stride: 2, hidden_dim: 32}
+  llm: {attn_implementation: west_varlen, attn_backend: auto, dtype: float32}
+  freeze_llm: false
+"""
+N, BATCH, MAX_TOKENS, PACK = 16, 4, 256, 512
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, corpus):
+    from west.models.tiny_llm import build_tiny_llm
+
+    d = tmp_path_factory.mktemp("bench")
+    llm = build_tiny_llm(list(corpus["texts"].values()) + ["Transcribe the speech."], d / "llm", vocab_size=300,
+                         hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
+    (d / "conf.yaml").write_text(CONFIG, encoding="utf-8")
+    return {"dir": d, "llm": llm, "conf": d / "conf.yaml", "list": corpus["list"]}
+
+
+def args(setup, out, *extra):
+    return ["--config", str(setup["conf"]), "--model.llm.path", str(setup["llm"]), "--data", str(setup["list"]),
+            "--out_dir", str(out), *extra]
+
+
+@pytest.fixture(scope="module")
+def result(setup):
+    out = setup["dir"] / "out"
+    threads = torch.get_num_threads()   # --threads sets a process-wide torch setting
+    rc = cli.main(args(setup, out, "--num_utts", str(N), "--modes", ",".join(ALL_MODES), "--repeats", "1",
+                       "--batch_size", str(BATCH), "--max_tokens_in_batch", str(MAX_TOKENS),
+                       "--pack_tokens", str(PACK), "--profile", "always", "--threads", "1"))
+    torch.set_num_threads(threads)
+    assert rc == 0
+    return out, json.loads((out / "benchmark.json").read_text(encoding="utf-8"))
+
+
+def test_outputs_written(result):
+    out, res = result
+    assert set(res["modes"]) == set(ALL_MODES)
+    assert (out / "benchmark.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    md = (out / "benchmark.md").read_text(encoding="utf-8")
+    assert md.startswith("| method | configuration | CPU util %")
+    for r in res["modes"].values():
+        assert f"| {r['method']} | {r['configuration']} |" in md
+    assert res["num_utts"] == N and len((out / "bench_data.list").read_text().splitlines()) == N
+    assert res["env"]["device"] == "cpu" and res["command"].startswith("python -m west.bin.benchmark")
+
+
+def test_same_utterances_and_real_work_in_every_mode(result):
+    _, res = result
+    modes = list(res["modes"].values())
+    assert len({r["utterances_sha1"] for r in modes}) == 1
+    same = ("utterances", "label_tokens", "real_llm_tokens", "real_enc_frames", "llm_attn_real",
+            "enc_attn_real", "enc_sub_frames_real")
+    for key in same:
+        assert len({r["totals"][key] for r in modes}) == 1, key
+    assert modes[0]["totals"]["utterances"] == N
+
+
+def test_counters_match_batch_shapes(result):
+    _, res = result
+    m = res["modes"]
+    for name in ("static", "dynamic"):
+        bs = m[name]["batches"]
+        assert all(b["computed_llm_tokens"] == b["rows"] * b["width"] for b in bs)
+        assert m[name]["totals"]["computed_llm_tokens"] == sum(b["rows"] * b["width"] for b in bs)
+        assert m[name]["totals"]["llm_attn_computed"] == sum(b["rows"] * b["width"] ** 2 for b in bs)
+        assert all(b["rows"] == b["utterances"] for b in bs)
+    assert all(b["utterances"] <= BATCH for b in m["static"]["batches"])
+    assert all(b["rows"] * b["width"] <= MAX_TOKENS for b in m["dynamic"]["batches"])
+    for name in ("pack", "pack_encoder_padded", "pack_nf"):
+        t = m[name]["totals"]
+        assert t["computed_llm_tokens"] == t["rows"] * PACK
+        assert all(b["width"] == PACK and b["real_llm_tokens"] <= PACK for b in m[name]["batches"])
+        assert t["real_llm_tokens"] <= t["computed_llm_tokens"]
+        # packed segments (with the dummy tail) never cost more than the dense row
+        assert t["llm_attn_real"] <= t["llm_attn_computed"] <= t["llm_attn_dense_segments"] * (1 + 1 / 8) ** 2
+    for name in ("pack", "pack_nf"):   # packed encoder: nothing but real frames
+        t = m[name]["totals"]
+        assert t["computed_enc_frames"] == t["real_enc_frames"]
+        assert t["enc_sub_frames_computed"] == t["enc_sub_frames_real"]
+    padded = m["pack_encoder_padded"]["totals"]
+    assert padded["computed_enc_frames"] > padded["real_enc_frames"]
+    assert m["pack"]["totals"]["batches"] == m["pack_encoder_padded"]["totals"]["batches"]
+    assert m["pack"]["totals"]["enc_useful"] == 1.0
+
+
+def test_flops_and_speedups(result):
+    _, res = result
+    m = res["modes"]
+    # identical LLM rows, different encoder layout: same LLM FLOPs, more encoder FLOPs when padded
+    assert m["pack"]["flops"]["fwd_llm"] == m["pack_encoder_padded"]["flops"]["fwd_llm"] > 0
+    assert m["pack_encoder_padded"]["flops"]["fwd_encoder"] > m["pack"]["flops"]["fwd_encoder"] > 0
+    for r in m.values():
+        f = r["flops"]
+        assert f["total"] == f["forward"] + f["backward"]
+        assert f["forward"] == f["fwd_encoder"] + f["fwd_projector"] + f["fwd_llm"]
+        assert r["speedup"] == pytest.approx(m["static"]["time_s"] / r["time_s"])
+        assert r["predicted_speedup"] == pytest.approx(m["static"]["flops"]["total"] / f["total"])
+        assert r["time_s"] > 0 and len(r["runs"]) == 1 and len(r["runs"][0]["step_s"]) == r["totals"]["batches"]
+    assert m["static"]["speedup"] == m["static"]["predicted_speedup"] == 1.0
+    checks = {(c["fast"], c["slow"]) for c in res["checks"]}
+    assert checks == {("pack", "static"), ("pack", "pack_encoder_padded")}
+    for c in res["checks"]:   # --profile always: a profile comparison for both checks
+        text = Path(c["profile_file"]).read_text(encoding="utf-8")
+        assert "| op (self CPU time" in text and "**all ops**" in text
+
+
+def test_cpu_sdpa_flop_formula():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    b, h, hkv, n, d = 2, 4, 2, 10, 8
+    q = torch.randn(b, h, n, d, requires_grad=True)
+    k, v = (torch.randn(b, hkv, n, d, requires_grad=True) for _ in range(2))
+    with FlopCounterMode(display=False, custom_mapping=_cpu_sdpa_flops()) as fc:
+        F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).sum().backward()
+    fwd = 4 * b * h * n * n * d   # QK^T and PV
+    assert fc.get_total_flops() == fwd + 2.5 * fwd   # backward: recomputed scores + 4 matmuls
+
+
+def test_modes_and_bad_arguments(setup, tmp_path):
+    assert [m.name for m in standard_modes()] == ["static", "dynamic", "pack", "pack_encoder_padded"]
+    assert standard_modes(["pack_encoder_padded"])[0].data["encoder_layout"] == "padded"
+    assert cli.main(args(setup, tmp_path / "a", "--num_utts", "1000")) == 2
+    assert cli.main(args(setup, tmp_path / "b", "--num_utts", "4", "--modes", "static,bogus")) == 2
+    bad = tmp_path / "bad.list"
+    bad.write_text("utt1 /x.wav\n", encoding="utf-8")
+    assert cli.main(["--config", str(setup["conf"]), "--model.llm.path", str(setup["llm"]), "--data", str(bad),
+                     "--num_utts", "1", "--out_dir", str(tmp_path / "c")]) == 2
