@@ -1,0 +1,311 @@
+#!/usr/bin/env bash
+# AIShell-1 recipe for west: corpus -> lists -> CMVN -> LLM -> train -> decode -> CER -> benchmark.
+#
+# Usage: bash recipes/aishell/run.sh [--option value ...]     (from any directory)
+#
+# With no options on an offline machine it synthesizes a small AIShell-shaped corpus,
+# trains the tiny CPU config (conf/tiny_cpu.yaml), prints trained vs untrained CER and the
+# batch-mode benchmark table. Outputs go to WORK_DIR/{corpus,data,exp}.
+#
+# Stages (each runs when stage <= N <= stop_stage):
+#   0  corpus: --aishell_dir DIR (an existing data_aishell/, or the folder holding it), else
+#      download AIShell-1 (openslr resource 33, data_aishell.tgz, ~15 GB) when the machine is
+#      online, else (--synthetic true, the default offline) synthesize one with
+#      tools/synthesize_corpus.py (eSpeak NG Mandarin in AIShell-1's layout; docs/corpus.md).
+#   1  lists: tools/prepare_aishell.py -> data/{train,dev,test}/{wav.scp,text,utt2dur,data.list}
+#      (data.list = jsonl with durations, written by tools/make_data_list.py).
+#   2  shards (only with --shards true): tools/make_shard_list.py -> data/train/shards/shards.list;
+#      stage 5 then trains on the shards (streamed epochs).
+#   3  CMVN: tools/compute_cmvn.py on --cmvn_utts train utterances -> data/train/global_cmvn.json.
+#   4  LLM: --llm_path DIR if given (any Hugging Face causal LM dir, e.g. Qwen2-1.5B), else a tiny
+#      byte-level BPE tokenizer + random Qwen2 built from the train transcripts -> exp/tiny_llm.
+#   5  train: west-train --config CONFIG -> exp/EXP_NAME (checkpoints, train_log.jsonl);
+#      prints how the loss fell. Batch options below are passed through when given.
+#   6  decode DECODE_SETS with west-decode, with the trained model and with the UNTRAINED
+#      model (the step-0 initialisation, same seed) for comparison -> exp/EXP_NAME/decode_*/.
+#   7  score: tools/compute_cer.py for every decode; prints trained vs untrained CER
+#      -> exp/EXP_NAME/cer_summary.json.
+#   8  benchmark: python -m west.bin.benchmark trains the same init on the same --bench_utts
+#      utterances in static (32) / dynamic (4096) / pack (8192) / pack-encoder-padded modes;
+#      prints the seed table -> exp/benchmark/benchmark.{json,md,png}.
+#
+# Options [default]:
+#   --stage N / --stop_stage N    first / last stage to run [0 / 8]
+#   --work_dir DIR                where corpus/, data/ and exp/ go [recipes/aishell]
+#   --python PATH                 interpreter [REPO/.venv/bin/python if present, else python3]
+#   --aishell_dir DIR             use this AIShell-1 data_aishell/ (stage 0 then does nothing) []
+#   --synthetic auto|true|false   synthesize the corpus; auto = true when offline and no
+#                                 --aishell_dir (online check: 3 s HEAD request) [auto]
+#   --aishell_url URL             download source [https://www.openslr.org/resources/33/data_aishell.tgz]
+#   --num_train N / --num_dev N / --num_test N   synthetic utterances per split [1500 / 100 / 100]
+#   --num_speakers N              synthetic speakers [40]
+#   --vocab_size N                synthetic corpus: most frequent jieba words used [300]
+#   --synth_seed N                synthetic corpus seed [0]
+#   --nj N                        worker processes for synthesis [2]
+#   --synth_opts "..."            more tools/synthesize_corpus.py options, e.g. "--mean_duration 3" []
+#   --shards true|false           stage 2 and train on tar shards [false]
+#   --num_utts_per_shard N        [1000]
+#   --cmvn_utts N                 utterances for CMVN statistics, 0 = all [500]
+#   --llm_path DIR                existing LLM dir (tokenizer + weights); empty = build a tiny one []
+#   --llm_vocab_size N            tiny LLM tokenizer vocabulary [1000]
+#   --config FILE                 west-train config, relative to recipes/aishell [conf/tiny_cpu.yaml]
+#   --exp_name NAME               run dir exp/NAME [tiny_cpu]
+#   --batch_type static|dynamic|pack   training batches; empty = the config's []
+#   --batch_size N / --max_tokens_in_batch N / --pack_tokens N   size for that batch type []
+#   --max_steps N                 optimizer steps; empty = the config's epochs [400]
+#   --seed N                      training seed (model init, data order) [42]
+#   --train_opts "..."            more west-train options, e.g. "--train.lr 2e-3" []
+#   --decode_sets "..."           [dev test]
+#   --decode_batch_size N         [32]
+#   --max_new_tokens N            [60]
+#   --beam_size N                 [1]
+#   --bench_utts N                benchmark: utterances per mode [200]
+#   --bench_repeats N             timed passes per mode, median reported [3]
+#   --bench_modes LIST            static,dynamic,pack,pack_encoder_padded[,pack_nf] [the four]
+#   --bench_threads N             torch threads for the benchmark, 0 = torch's default [0]
+#   --bench_opts "..."            more benchmark options []
+#   -h, --help                    this text
+
+set -euo pipefail
+
+recipe_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$recipe_dir/../.." && pwd)
+
+stage=0
+stop_stage=8
+work_dir=$recipe_dir
+python=
+aishell_dir=
+synthetic=auto
+aishell_url=https://www.openslr.org/resources/33/data_aishell.tgz
+num_train=1500
+num_dev=100
+num_test=100
+num_speakers=40
+vocab_size=300
+synth_seed=0
+nj=2
+synth_opts=
+shards=false
+num_utts_per_shard=1000
+cmvn_utts=500
+llm_path=
+llm_vocab_size=1000
+config=conf/tiny_cpu.yaml
+exp_name=tiny_cpu
+batch_type=
+batch_size=
+max_tokens_in_batch=
+pack_tokens=
+max_steps=400
+seed=42
+train_opts=
+decode_sets="dev test"
+decode_batch_size=32
+max_new_tokens=60
+beam_size=1
+bench_utts=200
+bench_repeats=3
+bench_modes=static,dynamic,pack,pack_encoder_padded
+bench_threads=0
+bench_opts=
+
+. "$repo/tools/parse_options.sh" || exit 1
+if [ $# -gt 0 ]; then echo "run.sh: unexpected argument '$1' (see --help)" >&2; exit 1; fi
+
+abspath() { case "$1" in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
+work_dir=$(abspath "$work_dir")
+[ -n "$aishell_dir" ] && aishell_dir=$(abspath "$aishell_dir")
+[ -n "$llm_path" ] && llm_path=$(abspath "$llm_path")
+case "$config" in /*) ;; *) [ -f "$recipe_dir/$config" ] && config=$recipe_dir/$config || config=$(abspath "$config") ;; esac
+. "$recipe_dir/path.sh"
+if [ -z "$python" ]; then
+  if [ -x "$repo/.venv/bin/python" ]; then python=$repo/.venv/bin/python; else python=python3; fi
+fi
+
+data=$work_dir/data
+exp=$work_dir/exp
+run_dir=$exp/$exp_name
+llm=${llm_path:-$exp/tiny_llm}
+cmvn=$data/train/global_cmvn.json
+mkdir -p "$work_dir"
+log() { echo "[run.sh $(date +%H:%M:%S)] $*"; }
+runs() { [ "$stage" -le "$1" ] && [ "$stop_stage" -ge "$1" ]; }
+
+online() {  # a cheap reachability check of the download mirror (3 s)
+  if command -v curl >/dev/null 2>&1; then
+    curl -sfIL --max-time 3 -o /dev/null "$aishell_url"
+  else
+    "$python" -c "import sys, urllib.request as u; u.urlopen(u.Request(sys.argv[1], method='HEAD'), timeout=3)" \
+      "$aishell_url" >/dev/null 2>&1
+  fi
+}
+
+# Which corpus the stages use (decided without the network when a corpus is already there).
+synth_root=$work_dir/corpus/synth
+download_root=$work_dir/corpus/download
+if [ -n "$aishell_dir" ]; then
+  corpus=$aishell_dir
+  synthetic=false
+else
+  if [ "$synthetic" = auto ]; then
+    if [ -f "$synth_root/data_aishell/synthesis.json" ]; then synthetic=true
+    elif [ -d "$download_root/data_aishell" ]; then synthetic=false
+    elif online; then synthetic=false
+    else log "offline (no answer from $aishell_url within 3 s): using a synthesized corpus"; synthetic=true
+    fi
+  fi
+  case "$synthetic" in
+    true) corpus=$synth_root/data_aishell ;;
+    false) corpus=$download_root/data_aishell ;;
+    *) echo "run.sh: --synthetic must be auto, true or false" >&2; exit 1 ;;
+  esac
+fi
+
+if runs 0; then
+  if [ -n "$aishell_dir" ]; then
+    [ -d "$aishell_dir" ] || { echo "run.sh: --aishell_dir $aishell_dir does not exist" >&2; exit 1; }
+    log "stage 0: using the corpus in $aishell_dir"
+  elif [ "$synthetic" = true ]; then
+    # shellcheck disable=SC2206  # synth_opts is a list of options
+    synth_args=(--out "$synth_root" --num_train "$num_train" --num_dev "$num_dev" --num_test "$num_test"
+                --num_speakers "$num_speakers" --vocab_size "$vocab_size" --seed "$synth_seed"
+                --num_workers "$nj" $synth_opts)
+    same=$("$python" - "$repo/tools" "$synth_root/data_aishell/synthesis.json" "${synth_args[@]}" <<'EOF' 2>/dev/null || true
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from synthesize_corpus import get_parser
+want = vars(get_parser().parse_args(sys.argv[3:]))
+done = json.load(open(sys.argv[2]))
+ignore = {"out", "num_workers", "force"}  # they do not change the corpus
+print(bool(done.get("complete")) and all(done["args"].get(k) == v for k, v in want.items() if k not in ignore))
+EOF
+)
+    if [ "$same" = True ]; then
+      log "stage 0: synthesized corpus with these options already in $synth_root/data_aishell"
+    else
+      log "stage 0: synthesizing $num_train/$num_dev/$num_test utterances -> $synth_root"
+      force=; [ -e "$synth_root/data_aishell" ] && force=--force
+      "$python" "$repo/tools/synthesize_corpus.py" "${synth_args[@]}" $force
+    fi
+  else
+    mkdir -p "$download_root"
+    if [ ! -d "$download_root/data_aishell/transcript" ]; then
+      log "stage 0: downloading $aishell_url (~15 GB) -> $download_root"
+      curl -fL -C - -o "$download_root/data_aishell.tgz" "$aishell_url"
+      tar -xzf "$download_root/data_aishell.tgz" -C "$download_root"
+    fi
+    log "stage 0: AIShell-1 in $download_root/data_aishell (speaker archives are extracted in stage 1)"
+  fi
+fi
+
+if runs 1; then
+  log "stage 1: lists from $corpus -> $data"
+  "$python" "$repo/tools/prepare_aishell.py" --aishell_dir "$corpus" --out_dir "$data" --jsonl --untar
+fi
+
+train_list=$data/train/data.list
+if [ "$shards" = true ]; then train_list=$data/train/shards/shards.list; fi
+if runs 2 && [ "$shards" = true ]; then
+  log "stage 2: tar shards -> $data/train/shards"
+  "$python" "$repo/tools/make_shard_list.py" "$data/train/data.list" "$data/train/shards" \
+    --num_utts_per_shard "$num_utts_per_shard"
+fi
+
+if runs 3; then
+  log "stage 3: CMVN over $cmvn_utts train utterances -> $cmvn"
+  "$python" "$repo/tools/compute_cmvn.py" "$data/train/data.list" "$cmvn" --num_utts "$cmvn_utts"
+fi
+
+if runs 4; then
+  if [ -n "$llm_path" ]; then
+    [ -f "$llm_path/config.json" ] || { echo "run.sh: --llm_path $llm_path has no config.json" >&2; exit 1; }
+    log "stage 4: using the LLM in $llm_path"
+  else
+    log "stage 4: tiny tokenizer (vocab $llm_vocab_size) + random Qwen2 from the train transcripts -> $llm"
+    "$python" - "$data/train/text" "$llm" "$llm_vocab_size" <<'EOF'
+import sys
+from west.models.tiny_llm import build_tiny_llm
+with open(sys.argv[1], encoding="utf-8") as f:
+    texts = [p[1] for p in (line.rstrip("\n").split(maxsplit=1) for line in f) if len(p) == 2]
+build_tiny_llm(texts, sys.argv[2], vocab_size=int(sys.argv[3]))
+EOF
+  fi
+fi
+
+if runs 5; then
+  opts=()
+  for name in batch_type batch_size max_tokens_in_batch pack_tokens max_steps seed; do
+    [ -n "${!name}" ] && opts+=("--$name" "${!name}")
+  done
+  log "stage 5: west-train -> $run_dir ${opts[*]} $train_opts"
+  # shellcheck disable=SC2086  # train_opts is a list of options
+  "$python" -m west.bin.train --config "$config" --model.llm.path "$llm" --train_data "$train_list" \
+    --output_dir "$run_dir" --data.cmvn "$cmvn" --train.progress_bar false "${opts[@]}" $train_opts
+  "$python" - "$run_dir/train_log.jsonl" <<'EOF'
+import json, math, sys
+rows = [json.loads(l) for l in open(sys.argv[1], encoding="utf-8") if l.strip()]
+loss = [(r["step"], r["loss"]) for r in rows if r.get("loss") is not None and math.isfinite(r["loss"])]
+if loss:
+    k = max(1, len(loss) // 10)
+    marks = [loss[i] for i in range(0, len(loss), k)] + ([loss[-1]] if (len(loss) - 1) % k else [])
+    print("[run.sh] training loss by step: " + ", ".join(f"{s}: {l:.2f}" for s, l in marks))
+    first = sum(l for _, l in loss[:k]) / k
+    last = sum(l for _, l in loss[-k:]) / k
+    print(f"[run.sh] mean loss of the first {k} steps {first:.3f} -> last {k} steps {last:.3f}")
+EOF
+fi
+
+if runs 6; then
+  init=$run_dir/untrained_init
+  if [ ! -f "$init/west_model.json" ]; then
+    log "stage 6: exporting the untrained (step-0) model -> $init"
+    "$python" - "$run_dir/config.yaml" "$init" <<'EOF'
+import shutil, sys
+from west.train.build import build_model, load_tokenizer
+from west.train.config import build_config
+from west.train.sections import register
+register()
+cfg = build_config(sys.argv[1])
+model = build_model(cfg.model, cfg.train.seed)   # what west-train starts from (same function, same seed)
+model.save_pretrained(sys.argv[2], tokenizer=load_tokenizer(cfg.model))
+shutil.copy(sys.argv[1], f"{sys.argv[2]}/config.yaml")
+EOF
+  fi
+  for x in $decode_sets; do
+    for which in trained untrained; do
+      ckpt=$run_dir; [ "$which" = untrained ] && ckpt=$init
+      log "stage 6: decoding $x with the $which model"
+      "$python" -m west.bin.decode --checkpoint "$ckpt" --data "$data/$x/data.list" \
+        --result "$run_dir/decode_${which}_$x/result.jsonl" --batch_size "$decode_batch_size" \
+        --max_new_tokens "$max_new_tokens" --beam_size "$beam_size" --quiet
+    done
+  done
+fi
+
+if runs 7; then
+  for x in $decode_sets; do
+    for which in trained untrained; do
+      d=$run_dir/decode_${which}_$x
+      "$python" "$repo/tools/compute_cer.py" "$data/$x/text" "$d/result.jsonl" --json "$d/cer.json" > "$d/cer.txt"
+    done
+  done
+  "$python" - "$run_dir" $decode_sets <<'EOF'
+import json, sys
+run, sets = sys.argv[1], sys.argv[2:]
+summary = {x: {w: json.load(open(f"{run}/decode_{w}_{x}/cer.json")) for w in ("untrained", "trained")} for x in sets}
+print("| set | untrained CER (step 0) | trained CER |\n|---|---|---|")
+for x, r in summary.items():
+    print(f"| {x} | {100 * r['untrained']['rate']:.2f}% | {100 * r['trained']['rate']:.2f}% |")
+json.dump(summary, open(f"{run}/cer_summary.json", "w"), indent=1)
+EOF
+fi
+
+if runs 8; then
+  log "stage 8: benchmark on $bench_utts utterances ($bench_modes) -> $exp/benchmark"
+  # shellcheck disable=SC2086
+  "$python" -m west.bin.benchmark --config "$config" --model.llm.path "$llm" --data.cmvn "$cmvn" \
+    --data "$data/train/data.list" --num_utts "$bench_utts" --out_dir "$exp/benchmark" \
+    --repeats "$bench_repeats" --modes "$bench_modes" --threads "$bench_threads" $bench_opts
+fi
+log "done (stages $stage..$stop_stage)"

@@ -1,0 +1,132 @@
+"""``python -m west.bin.benchmark``: the seed table (static / dynamic / pack) on this machine.
+
+Trains the same initial model on the same N utterances in every batch mode and prints
+the seed's table plus the compute each mode performs; writes OUT_DIR/benchmark.{json,md,png}.
+See west/train/benchmark.py for what is measured and docs/benchmarks.md for results.
+
+    python -m west.bin.benchmark --config recipes/aishell/conf/tiny_cpu.yaml \\
+        --model.llm.path exp/tiny_llm --data data/train/data.list --num_utts 200 --out_dir exp/benchmark
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from west.train.config import ConfigError
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    from west.train.benchmark import ALL_MODES, DEFAULT_MODES
+
+    p = argparse.ArgumentParser(prog="west-benchmark", description=__doc__.split("\n\n")[0],
+                                epilog="Any config key can be overridden as --section.key VALUE "
+                                       "(e.g. --model.llm.path DIR), as in west-train.")
+    p.add_argument("--config", required=True, help="training YAML (model, data, train sections)")
+    p.add_argument("--data", required=True, help="jsonl data list to draw the utterances from")
+    p.add_argument("--num_utts", type=int, required=True, help="N: utterances trained on in every mode")
+    p.add_argument("--out_dir", required=True, help="writes benchmark.json, benchmark.md, benchmark.png")
+    p.add_argument("--modes", default=",".join(DEFAULT_MODES),
+                   help=f"comma-separated, from {','.join(ALL_MODES)} (default: %(default)s)")
+    p.add_argument("--batch_size", type=int, default=32, help="static batch size (seed: 32)")
+    p.add_argument("--max_tokens_in_batch", type=int, default=4096, help="dynamic budget (seed: 4096)")
+    p.add_argument("--pack_tokens", type=int, default=8192, help="pack row length (seed: 8192)")
+    p.add_argument("--repeats", type=int, default=3, help="timed passes per mode; the median is reported")
+    p.add_argument("--warmup_steps", type=int, default=1, help="untimed steps before every timed pass")
+    p.add_argument("--seed", type=int, default=0, help="utterance draw, model init, data order")
+    p.add_argument("--profile", choices=["auto", "always", "never"], default="auto",
+                   help="torch.profiler comparison of pack against static / encoder padded: auto = when the "
+                        "measured speed-up is below 90%% of the FLOP prediction")
+    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch's default)")
+    return p
+
+
+def _env(device: str) -> dict:
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"cpu_model": cpu, "cpu_count": os.cpu_count(), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "device": device, "python": platform.python_version(),
+            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "load_before": [round(x, 2) for x in os.getloadavg()]}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args, rest = build_arg_parser().parse_known_args(argv)
+    from west.train.cli import _split_overrides
+    from west.train.config import build_config
+    from west.train.sections import register, resolved_device
+
+    try:
+        register()
+        cfg = build_config(args.config, _split_overrides(rest))
+        if args.num_utts < 1 or args.repeats < 1 or args.warmup_steps < 0:
+            raise ConfigError("--num_utts and --repeats must be >= 1, --warmup_steps >= 0")
+        if not Path(args.data).is_file():
+            raise ConfigError(f"--data: no such file: {args.data}")
+        from west.train.benchmark import standard_modes
+
+        modes = standard_modes([m.strip() for m in args.modes.split(",") if m.strip()], args.batch_size,
+                               args.max_tokens_in_batch, args.pack_tokens)
+    except (ConfigError, ValueError) as e:
+        print(f"west-benchmark: error: {e}", file=sys.stderr)
+        return 2
+
+    from west.train.bench_report import plot, profile_diff, profile_report, report
+    from west.train.benchmark import run_benchmark, select_utterances
+    from west.train.build import build_model, load_tokenizer
+
+    if args.threads > 0:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    device = resolved_device(cfg)
+    env = _env(device)
+    subset = out / "bench_data.list"
+    try:
+        keys = select_utterances(args.data, args.num_utts, subset, args.seed)
+    except ValueError as e:
+        print(f"west-benchmark: error: {e}", file=sys.stderr)
+        return 2
+    tokenizer = load_tokenizer(cfg.model)
+    model = build_model(cfg.model, args.seed)
+    res = run_benchmark(model, tokenizer, cfg.data, cfg.train, str(subset), modes, args.repeats,
+                        args.warmup_steps, args.seed, device, args.profile)
+    for c in res["checks"]:
+        prof = c.pop("profile", None)
+        if prof is not None:
+            path = out / f"profile_{c['fast']}_vs_{c['slow']}.md"
+            path.write_text(profile_report(c, prof), encoding="utf-8")
+            c["profile_file"] = str(path)
+            c["profile_top"] = profile_diff({**c, "profile": prof})
+    env["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    for r in res["modes"].values():
+        ks = r.pop("keys")
+        r["utterances_sha1"] = hashlib.sha1("\n".join(ks).encode()).hexdigest()
+    res.update(num_utts=len(keys), repeats=args.repeats, warmup_steps=args.warmup_steps, env=env,
+               command=" ".join(["python -m west.bin.benchmark", *(argv if argv is not None else sys.argv[1:])]),
+               data=str(args.data), config=args.config)
+    text = report(res)
+    (out / "benchmark.json").write_text(json.dumps(res, indent=1), encoding="utf-8")
+    (out / "benchmark.md").write_text(text + "\n", encoding="utf-8")
+    plot(res, out / "benchmark.png")
+    print(text, flush=True)
+    print(f"[benchmark] wrote {out / 'benchmark.json'}, {out / 'benchmark.md'}, {out / 'benchmark.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""Tables (markdown) and a bar chart (PNG) for west.train.benchmark results."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+
+def _fmt_time(s: float) -> str:
+    m, sec = divmod(s, 60.0)
+    return f"{int(m)} min {sec:.1f} s" if m >= 1 else f"{sec:.2f} s"
+
+
+def _pct(x: float) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.2f}%"
+
+
+def _big(n: float) -> str:
+    for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= div:
+            return f"{n / div:.2f}{unit}"
+    return f"{n:.0f}"
+
+
+def seed_table(res: dict) -> str:
+    """The seed's table: method, configuration, utilisation, time for N utterances, speed-up."""
+    env = res["env"]
+    util = ("GPU busy % (NVML)" if env["device"] == "cuda"
+            else f"CPU util % (process CPU time / wall, psutil; 100 = all {env['cpu_count']} cores)")
+    lines = [f"| method | configuration | {util} | time on training {res['num_utts']} utts | speed-up vs static |",
+             "|---|---|---|---|---|"]
+    for r in res["modes"].values():
+        lines.append(f"| {r['method']} | {r['configuration']} | {r['util_pct']:.1f} | {_fmt_time(r['time_s'])} "
+                     f"| {r['speedup']:.2f}x |")
+    return "\n".join(lines)
+
+
+def compute_table(res: dict) -> str:
+    """What each mode computes, and the speed-up the removed compute predicts."""
+    lines = ["| method | batches | LLM tokens real / computed | LLM useful | enc frames real / computed "
+             "| enc useful | LLM attn Σlen² / computed | enc attn Σlen² / computed | GFLOP fwd+bwd (fwd enc / LLM) "
+             "| predicted speed-up | measured | measured / predicted | CPU s | speed-up by CPU time |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in res["modes"].values():
+        t = r["totals"]
+        lines.append(
+            f"| {r['method']} | {t['batches']} | {t['real_llm_tokens']} / {t['computed_llm_tokens']} "
+            f"| {_pct(t['llm_useful'])} | {t['real_enc_frames']} / {t['computed_enc_frames']} "
+            f"| {_pct(t['enc_useful'])} | {_big(t['llm_attn_real'])} / {_big(t['llm_attn_computed'])} "
+            f"| {_big(t['enc_attn_real'])} / {_big(t['enc_attn_computed'])} | {r['flops']['total'] / 1e9:.1f} "
+            f"({r['flops']['fwd_encoder'] / 1e9:.1f} / {r['flops']['fwd_llm'] / 1e9:.1f}) "
+            f"| {r['predicted_speedup']:.2f}x | {r['speedup']:.2f}x | {100 * r['speedup_vs_predicted']:.0f}% "
+            f"| {r['cpu_s']:.1f} | {r['speedup_cpu_time']:.2f}x |")
+    return "\n".join(lines)
+
+
+def notes(res: dict) -> str:
+    """Targets, the speed-up checks, and what the numbers mean."""
+    out = []
+    pack = res["modes"].get("pack")
+    if pack:
+        t = pack["totals"]
+        for side, key in (("LLM", "llm_useful"), ("encoder", "enc_useful")):
+            ok = "met" if t[key] >= 0.995 else "MISSED"
+            out.append(f"- pack useful {side} tokens/frames: {_pct(t[key])} (target >= 99.50%: {ok})")
+        if "llm_useful_wo_least_filled" in t:
+            out.append(f"- pack LLM useful without the least-filled pack (the epoch's last, partial one): "
+                       f"{_pct(t['llm_useful_wo_least_filled'])}")
+    for c in res["checks"]:
+        verdict = (f"BELOW 90% of the prediction: profile in {c.get('profile_file', '(not written)')}"
+                   if c["below_90pct"] else "at least 90% of the prediction")
+        out.append(f"- {c['fast']} over {c['slow']}: measured {c['measured']:.2f}x, FLOPs predict "
+                   f"{c['predicted']:.2f}x -> {100 * c['ratio']:.0f}% ({verdict}); by CPU time "
+                   f"{c['measured_cpu_time']:.2f}x")
+    env = res["env"]
+    out.append(f"- time = median of {res['repeats']} passes (forward + backward + clip + AdamW, batches "
+               f"collated beforehand, {res['warmup_steps']} warm-up step(s) untimed, same initial weights); "
+               f"predicted speed-up = FLOPs(static) / FLOPs(mode), FLOPs counted by torch.utils.flop_counter "
+               f"on the exact batches")
+    out.append(f"- machine: {env['cpu_model']}, {env['cpu_count']} cores, torch {env['torch']} "
+               f"({env['threads']} threads), device {env['device']}; load average {env['load_before']} before, "
+               f"{env['load_after']} after; {env['date']}")
+    return "\n".join(out)
+
+
+def profile_diff(c: dict, rows: int = 12) -> str:
+    """Ops by how much more self time the faster-by-FLOPs mode spends in them (same N utterances)."""
+    fast, slow = c["profile"]["fast_ms"], c["profile"]["slow_ms"]
+    ops = sorted(set(fast) | set(slow), key=lambda k: fast.get(k, 0.0) - slow.get(k, 0.0), reverse=True)
+    lines = [f"| op (self CPU time, one pass over the same utterances) | {c['fast']} ms | {c['slow']} ms "
+             f"| {c['fast']} − {c['slow']} ms |", "|---|---|---|---|"]
+    for k in ops[:rows]:
+        lines.append(f"| {k} | {fast.get(k, 0.0):.0f} | {slow.get(k, 0.0):.0f} | {fast.get(k, 0.0) - slow.get(k, 0.0):+.0f} |")
+    lines.append(f"| **all ops** | {sum(fast.values()):.0f} | {sum(slow.values()):.0f} "
+                 f"| {sum(fast.values()) - sum(slow.values()):+.0f} |")
+    return "\n".join(lines)
+
+
+def profile_report(c: dict, prof: dict) -> str:
+    """The profile file written when a measured speed-up is below 90% of the FLOP prediction."""
+    c = {**c, "profile": prof}
+    return (f"# Why {c['fast']} is not {c['predicted']:.2f}x faster than {c['slow']} (measured {c['measured']:.2f}x)\n\n"
+            f"{profile_diff(c, rows=25)}\n\n## {c['fast']}: top ops by input shape\n\n```\n{prof['fast_table']}\n```\n\n"
+            f"## {c['slow']}: top ops by input shape\n\n```\n{prof['slow_table']}\n```\n")
+
+
+def report(res: dict) -> str:
+    parts = [seed_table(res), compute_table(res), notes(res)]
+    for c in res["checks"]:
+        if c.get("profile_file"):
+            parts.append(f"Where {c['fast']} loses against {c['slow']} (top of {c['profile_file']}):\n\n"
+                         + c["profile_top"])
+    return "\n\n".join(parts)
+
+
+def plot(res: dict, path: Path) -> None:
+    """Two panels: time per mode (speed-up annotated) and useful LLM/encoder share."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = list(res["modes"].values())
+    names = [r["method"].replace(" (WEST)", "\n(WEST)").replace(", ", ",\n") for r in modes]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    times = [r["time_s"] for r in modes]
+    bars = a.bar(names, times, color=["#888888", "#5b8fd9", "#2ca02c", "#d98b5b", "#9467bd"][:len(modes)])
+    for bar, r in zip(bars, modes):
+        a.annotate(f"{r['speedup']:.2f}x\n(FLOPs: {r['predicted_speedup']:.2f}x)",
+                   (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
+    a.set_ylabel(f"seconds to train {res['num_utts']} utterances")
+    a.set_title(f"Training time per batch mode ({res['env']['device']})")
+    a.set_ylim(0, max(times) * 1.3)
+    x = range(len(modes))
+    w = 0.38
+    b.bar([i - w / 2 for i in x], [100 * r["totals"]["llm_useful"] for r in modes], w, label="LLM tokens")
+    b.bar([i + w / 2 for i in x], [100 * r["totals"]["enc_useful"] for r in modes], w, label="encoder frames")
+    b.set_xticks(list(x))
+    b.set_xticklabels(names)
+    b.set_ylabel("useful (real / computed) %")
+    b.set_ylim(0, 110)
+    b.legend(loc="lower right")
+    b.set_title("Share of computed positions that are real")
+    for ax in (a, b):
+        ax.tick_params(axis="x", labelsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
