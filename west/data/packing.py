@@ -17,11 +17,15 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from west.data import balance_kernels as B
 from west.data import packing_kernels as K
+
+if TYPE_CHECKING:
+    import torch
 
 ALGORITHMS = ("nf", "ffd", "bfd")
 COSTS = ("linear", "square")
@@ -162,9 +166,9 @@ def _plan_steps(lengths: np.ndarray, assign: np.ndarray, n_bins: int, capacity: 
     plans = [_ranked_plan(lengths, costs, assign, n_bins, n_steps, capacity, dp_size)]
     if algorithm != "nf" and capacity <= K.DIRECT_INDEX_MAX_CAPACITY:
         order = K.order_desc(lengths, capacity)
-        grouped, n_groups = K.grouped_best_fit(lengths, order, costs, capacity, dp_size)
+        grouped, n_groups = B.grouped_best_fit(lengths, order, costs, capacity, dp_size)
         plans.append(_polished_plan(lengths, costs, grouped, n_groups, capacity, dp_size))
-        dealt, dealt_bins = K.least_loaded_fit(lengths, order, costs, n_steps * dp_size, capacity, dp_size)
+        dealt, dealt_bins = B.least_loaded_fit(lengths, order, costs, n_steps * dp_size, capacity, dp_size)
         plans.append(_ranked_plan(lengths, costs, dealt, dealt_bins, dealt_bins // dp_size, capacity, dp_size))
     n = lengths.shape[0]
     # a plan whose extra steps would leave ranks without an item is not considered
@@ -203,7 +207,7 @@ def _polished_plan(lengths: np.ndarray, costs: np.ndarray, slot: np.ndarray, n_s
     order = np.argsort(slot, kind="stable")   # items grouped by step
     step_ptr = np.searchsorted(slot[order] // dp_size, np.arange(n_steps + 1))
     local = (slot[order] % dp_size).astype(np.int64)
-    K.balance_steps(step_ptr, local, lengths[order], costs[order], dp_size, capacity, 64 * dp_size)
+    B.balance_steps(step_ptr, local, lengths[order], costs[order], dp_size, capacity, 64 * dp_size)
     slot[order] = (slot[order] // dp_size) * dp_size + local
     _fill_empty_bins(slot, lengths, costs, total, dp_size, capacity)
     return slot, n_steps
@@ -226,7 +230,7 @@ def _fill_empty_bins(slot: np.ndarray, lengths: np.ndarray, costs: np.ndarray, t
         for step in {empty // dp_size, donor // dp_size}:
             idx = np.nonzero(slot // dp_size == step)[0]
             local = (slot[idx] % dp_size).astype(np.int64)
-            K.balance_step(local, lengths[idx], costs[idx], dp_size, capacity, 64 * dp_size)
+            B.balance_step(local, lengths[idx], costs[idx], dp_size, capacity, 64 * dp_size)
             slot[idx] = step * dp_size + local
 
 
