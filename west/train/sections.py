@@ -13,7 +13,8 @@ from dataclasses import fields
 
 from west.data.config import DataConfig
 from west.models.config import SpeechLLMConfig
-from west.train.config import VALIDATORS, Config, ConfigError, register_section, register_validator, require
+from west.train import config as train_config
+from west.train.config import Config, ConfigError, register_section, register_validator, require
 
 LLM_DTYPES = ("float32", "bfloat16", "float16")
 # DataConfig keys that are facts about the model, copied from the model section.
@@ -26,7 +27,7 @@ def register() -> None:
     register_section("data", DataConfig)
     register_section("model", SpeechLLMConfig)
     for fn in (sync_geometry, check_train_data, check_llm, check_attention_device):
-        if fn not in VALIDATORS:
+        if fn not in train_config.VALIDATORS:
             register_validator(fn)
 
 
