@@ -54,15 +54,19 @@
 #   --batch_size N / --max_tokens_in_batch N / --pack_tokens N   size for that batch type []
 #   --max_steps N                 optimizer steps; empty = the config's epochs [400]
 #   --seed N                      training seed (model init, data order) [42]
+#   --train_threads N             torch threads of west-train (OMP_NUM_THREADS), 0 = torch's default;
+#                                 1 + one loader worker keeps both cores busy and is not slowed down
+#                                 by other processes the way two threads are [1]
+#   --num_workers N               data loader worker processes of west-train [1]
 #   --train_opts "..."            more west-train options, e.g. "--train.lr 2e-3" []
 #   --decode_sets "..."           [dev test]
 #   --decode_batch_size N         [32]
-#   --max_new_tokens N            [60]
+#   --max_new_tokens N            [40]
 #   --beam_size N                 [1]
 #   --bench_utts N                benchmark: utterances per mode [200]
 #   --bench_repeats N             timed passes per mode, median reported [3]
 #   --bench_modes LIST            static,dynamic,pack,pack_encoder_padded[,pack_nf] [the four]
-#   --bench_threads N             torch threads for the benchmark, 0 = torch's default [0]
+#   --bench_threads N             torch threads for the benchmark, 0 = torch's default [1]
 #   --bench_opts "..."            more benchmark options []
 #   -h, --help                    this text
 
@@ -99,15 +103,17 @@ max_tokens_in_batch=
 pack_tokens=
 max_steps=400
 seed=42
+train_threads=1
+num_workers=1
 train_opts=
 decode_sets="dev test"
 decode_batch_size=32
-max_new_tokens=60
+max_new_tokens=40
 beam_size=1
 bench_utts=200
 bench_repeats=3
 bench_modes=static,dynamic,pack,pack_encoder_padded
-bench_threads=0
+bench_threads=1
 bench_opts=
 
 . "$repo/tools/parse_options.sh" || exit 1
@@ -238,10 +244,12 @@ if runs 5; then
   for name in batch_type batch_size max_tokens_in_batch pack_tokens max_steps seed; do
     [ -n "${!name}" ] && opts+=("--$name" "${!name}")
   done
+  threads=(); [ "$train_threads" -gt 0 ] && threads=(env OMP_NUM_THREADS="$train_threads")
   log "stage 5: west-train -> $run_dir ${opts[*]} $train_opts"
   # shellcheck disable=SC2086  # train_opts is a list of options
-  "$python" -m west.bin.train --config "$config" --model.llm.path "$llm" --train_data "$train_list" \
-    --output_dir "$run_dir" --data.cmvn "$cmvn" --train.progress_bar false "${opts[@]}" $train_opts
+  "${threads[@]}" "$python" -m west.bin.train --config "$config" --model.llm.path "$llm" \
+    --train_data "$train_list" --output_dir "$run_dir" --data.cmvn "$cmvn" --data.num_workers "$num_workers" \
+    --train.progress_bar false "${opts[@]}" $train_opts
   "$python" - "$run_dir/train_log.jsonl" <<'EOF'
 import json, math, sys
 rows = [json.loads(l) for l in open(sys.argv[1], encoding="utf-8") if l.strip()]
