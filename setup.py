@@ -51,6 +51,7 @@ setup(
         "console_scripts": [
             "west-train=west.bin.train:main",
             "west-decode=west.bin.decode:main",
+            "west-benchmark=west.bin.benchmark:main",
         ]
     },
 )

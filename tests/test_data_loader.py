@@ -53,13 +53,18 @@ def test_every_mode_yields_every_utterance_once(corpus, tokenizer, batch_type, p
         assert b.counters["label_tokens"] == int((b.labels != IGNORE_INDEX).sum())
 
 
-@pytest.mark.parametrize("layout", ["packed", "padded"])
+@pytest.mark.parametrize("layout,multiple", [("packed", 64), ("padded", 64), ("packed", 0)])
 @pytest.mark.parametrize("plan", ["auto", "never"])
-def test_pack_batches_follow_the_contract(corpus, tokenizer, layout, plan):
-    batches, _ = run(corpus["list"], tokenizer, batch_type="pack", plan=plan, encoder_layout=layout)
+def test_pack_batches_follow_the_contract(corpus, tokenizer, layout, multiple, plan):
+    batches, _ = run(corpus["list"], tokenizer, batch_type="pack", plan=plan, encoder_layout=layout,
+                     pack_pad_multiple=multiple)
+    widths = set()
     for b in batches:
-        assert b.input_ids.shape == (1, 400) and b.attention_mask is None
-        assert b.cu_seqlens.dtype == torch.int32 and b.cu_seqlens[0] == 0 and b.cu_seqlens[-1] == 400
+        real_tokens = b.counters["real_llm_tokens"]
+        width = 400 if multiple == 0 else min(400, -(-real_tokens // multiple) * multiple)
+        widths.add(width)
+        assert b.input_ids.shape == (1, width) and b.attention_mask is None
+        assert b.cu_seqlens.dtype == torch.int32 and b.cu_seqlens[0] == 0 and b.cu_seqlens[-1] == width
         segs = segments(b)
         real = segs[:len(b.keys)]
         tail = segs[len(b.keys):]
@@ -70,7 +75,7 @@ def test_pack_batches_follow_the_contract(corpus, tokenizer, layout, plan):
             assert (b.labels[row, s:e] == IGNORE_INDEX).all()
             assert (b.input_ids[row, s:e] == tokenizer.pad_token_id).all()
         assert b.counters["real_llm_tokens"] == sum(e - s for _, s, e in real)
-        assert b.counters["computed_llm_tokens"] == 400
+        assert b.counters["computed_llm_tokens"] == width
         for row, s, e in real:   # no label crosses a sample boundary: last position predicts nothing
             assert b.labels[row, e - 1] == IGNORE_INDEX
         check_speech(b, tokenizer)
@@ -85,6 +90,7 @@ def test_pack_batches_follow_the_contract(corpus, tokenizer, layout, plan):
         else:
             assert b.feat_cu_seqlens is None and b.feats.shape == (len(b.feat_lens), int(b.feat_lens.max()), 80)
             assert b.counters["computed_enc_frames"] == b.feats.shape[0] * b.feats.shape[1]
+    assert (min(widths) < 400) == (multiple > 0)   # the last, partial pack is trimmed
 
 
 @pytest.mark.parametrize("plan", ["auto", "never"])

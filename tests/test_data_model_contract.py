@@ -30,11 +30,12 @@ def model(tokenizer):
                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, attention_dropout=0.0)
     cfg = SpeechLLMConfig(encoder=ConformerConfig.preset("tiny", dropout=0.0),
                           projector=ProjectorConfig(stride=2, hidden_dim=48),
-                          llm=LLMConfig(config=llm), freeze_llm=False)
+                          llm=LLMConfig(config=llm), freeze_llm=False, ctc_weight=0.3)
     return SpeechLLM(cfg).eval()
 
 
 def test_every_mode_gives_the_same_loss(corpus, tokenizer, model):
+    """CE + 0.3 CTC: the CTC targets travel with their speech segments in every mode."""
     totals = {}
     for name, kw in MODES.items():
         loader, _ = build_dataloader(str(corpus["list"]), tokenizer, DataConfig(**kw), training=False)
@@ -43,6 +44,10 @@ def test_every_mode_gives_the_same_loss(corpus, tokenizer, model):
             for batch in loader:
                 out = model(batch)
                 assert int(out["n_tokens"]) == batch.counters["label_tokens"]
+                assert out["ctc_utts"] == len(batch.keys) and out["ctc_infeasible"] == 0
+                texts = [tokenizer(corpus["texts"][k], add_special_tokens=False)["input_ids"] for k in batch.keys]
+                assert batch.ctc_target_lens.tolist() == [len(t) for t in texts]
+                assert batch.ctc_targets.tolist() == [x for t in texts for x in t]
                 loss += float(out["loss_sum"])
                 n += int(out["n_tokens"])
         totals[name] = (loss, n)

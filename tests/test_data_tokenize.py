@@ -33,6 +33,8 @@ def test_asr_sample(tokenizer, rate, stride):
             assert lab == enc.ids[t + 1]
     assert enc.ids[-1] == tokenizer.eos_token_id        # nothing after the end token
     assert pe.lengths([asr("hello world")], [[123]]) == [len(enc.ids)]
+    # the CTC target of the one speech part: the transcript's tokens, no end token
+    assert enc.transcripts == [tokenizer("hello world", add_special_tokens=False)["input_ids"]]
 
 
 def test_prompt_and_system_prompt_are_not_labelled(tokenizer):
@@ -56,6 +58,7 @@ def test_multi_turn_only_assistant_turns_are_labelled(tokenizer):
     assert [n for _, n in enc.spans] == [num_speech_tokens(60), num_speech_tokens(200)]
     assert enc.spans[0][0] < enc.spans[1][0]
     assert labelled_text(tokenizer, enc) == "hello<|im_end|>world today<|im_end|>"
+    assert enc.transcripts == [[], []]     # an assistant turn is not known to be a transcript
     assert pe.lengths([rec, asr("x")], [[60, 200], [80]]) == [len(enc.ids), len(pe.encode(asr("x"), [80]).ids)]
     prompt_ids, spans = pe.encode_prompt(rec, [60, 200])
     assert tokenizer.decode(prompt_ids).endswith("<|im_start|>assistant\n") and len(spans) == 1

@@ -135,3 +135,26 @@ def test_relative_sinusoids_centre_is_length_independent():
 def test_base_preset_size():
     n = sum(p.numel() for p in ConformerEncoder(ConformerConfig.preset("base")).parameters())
     assert 30e6 < n < 45e6
+
+
+@pytest.mark.parametrize("rate", [4, 6, 8])
+@pytest.mark.parametrize("chunk", [1, 5, 16])
+def test_chunked_packed_subsampling_equals_one_tall_image(rate, chunk):
+    """The packed conv buffer is convolved in overlapping chunks: same frames, same gradients."""
+    from west.models.subsampling import Conv2dSubsampling, receptive_field
+
+    lens = [n for n in LENS if n >= min_fbank_frames(rate)]
+    torch.manual_seed(0)
+    sub = Conv2dSubsampling(80, 16, rate, chunk_frames=0)
+    feats = torch.cat(_feats(lens)).requires_grad_(True)
+    results = []
+    for frames in (0, chunk):
+        sub.chunk_frames = frames
+        y, layout = sub.forward_packed(feats, lens)
+        (grad,) = torch.autograd.grad((y * torch.arange(y.numel()).view_as(y).sin()).sum(), feats)
+        results.append((y.detach(), grad, layout.lengths))
+    (y0, g0, l0), (y1, g1, l1) = results
+    assert l0 == l1 == [subsampled_frames(n, rate) for n in lens]
+    assert y0.shape[0] > 2 * chunk                     # really several chunks
+    assert (y0 - y1).abs().max() <= 1e-5 and (g0 - g1).abs().max() <= 1e-5
+    assert receptive_field(rate) == {4: 7, 6: 11, 8: 15}[rate]

@@ -27,6 +27,7 @@ class Sample:
     ids: list            # token ids, placeholders included
     target: list         # bool per position: this token is a label (predicted from the previous one)
     speech: list         # (start, n_slots, feats) per speech segment, in order
+    transcripts: list = None  # CTC target ids per speech segment ([] = unknown); None = no CTC targets
 
 
 def make_sample(pieces, rate=4, stride=2):
@@ -41,7 +42,18 @@ def make_sample(pieces, rate=4, stride=2):
         else:
             ids += list(x)
             target += [kind == "answer"] * len(x)
-    return Sample(ids, target, speech)
+    answers = [list(x) for kind, x in pieces if kind == "answer"]
+    # like west.data: a plain ASR sample (one speech part) has its answer as transcript
+    transcripts = [answers[0] if len(speech) == 1 and answers else [] for _ in speech]
+    return Sample(ids, target, speech, transcripts)
+
+
+def _ctc(samples) -> dict:
+    ts = [t for s in samples for t in (s.transcripts or [])]
+    if not ts:
+        return {}
+    return dict(ctc_targets=torch.tensor([x for t in ts for x in t], dtype=torch.long),
+                ctc_target_lens=torch.tensor([len(t) for t in ts], dtype=torch.long))
 
 
 def _labels(s: Sample) -> list:
@@ -77,7 +89,7 @@ def padded_batch(samples, extra_len=0, extra_frames=0) -> Batch:
         spans += [(r, a, n_slots) for a, n_slots, _ in s.speech]
     return Batch(input_ids=ids, labels=labels, position_ids=torch.arange(L).repeat(R, 1), attention_mask=mask,
                  speech_spans=torch.tensor(spans, dtype=torch.int64).view(-1, 3),
-                 **_feats(samples, "padded", extra_frames))
+                 **_feats(samples, "padded", extra_frames), **_ctc(samples))
 
 
 def packed_batch(samples, pack_tokens, encoder="packed") -> Batch:
@@ -99,7 +111,7 @@ def packed_batch(samples, pack_tokens, encoder="packed") -> Batch:
     cu[1:] = torch.tensor(lens).cumsum(0)
     return Batch(input_ids=torch.tensor([ids]), labels=torch.tensor([labels]), position_ids=torch.tensor([pos]),
                  cu_seqlens=cu, max_seqlen=max(lens), speech_spans=torch.tensor(spans, dtype=torch.int64).view(-1, 3),
-                 **_feats(samples, encoder))
+                 **_feats(samples, encoder), **_ctc(samples))
 
 
 # ----------------------------------------------------------------------------- model
@@ -325,3 +337,44 @@ def test_data_side_dummy_batch_runs(pack_tokens):
     b = collate.dummy_batch(pad_id=PAD, placeholder_id=SPEECH, pack_tokens=pack_tokens)
     loss, n_tok, _, grads = run(model, [b])
     assert loss == 0.0 and n_tok == 0 and len(grads) == sum(1 for _ in model.parameters())
+
+
+def test_ctc_hybrid_loss_is_ce_plus_weighted_ctc_and_agrees_across_modes():
+    import torch.nn.functional as F
+
+    model, ss = tiny_model(ctc_weight=0.5), samples()
+    out = model(padded_batch(ss))
+    # reference CTC: each utterance alone through the encoder and the head
+    ref, n = 0.0, 0
+    for s in ss:
+        for (_, _, f), t in zip(s.speech, s.transcripts):
+            if not t:
+                continue
+            x, lens = model.encoder(f[None], lengths=torch.tensor([len(f)]))
+            logp = F.log_softmax(model.ctc_head(x[0]), -1)[:, None]
+            ref += F.ctc_loss(logp, torch.tensor(t), torch.tensor([x.shape[1]]), torch.tensor([len(t)]),
+                              blank=VOCAB, reduction="sum").item()
+            n += 1
+    assert model.ctc_head.out_features == VOCAB + 1
+    assert out["ctc_utts"] == n == 3 and out["ctc_infeasible"] == 0
+    assert abs(out["ctc_sum"].item() - ref) <= 1e-4 * ref
+    assert abs(out["loss_sum"].item() - (out["ce_sum"].item() + 0.5 * ref)) <= 1e-4 * ref
+    total_tokens = sum(len(s.ids) for s in ss)
+    single = run(model, [padded_batch([s]) for s in ss])
+    assert "ctc_head.weight" in single[3]
+    for name, batches in {"static": [padded_batch(ss, extra_len=2, extra_frames=7)],
+                          "pack": [packed_batch(ss, total_tokens + 6)],
+                          "pack_encoder_padded": [packed_batch(ss, total_tokens, encoder="padded")]}.items():
+        assert_same(run(model, batches), single, name)
+
+
+def test_ctc_counts_unalignable_transcripts_and_stays_finite():
+    model = tiny_model(ctc_weight=1.0)
+    g = torch.Generator().manual_seed(3)
+    short = make_sample([("speech", torch.randn(15, 80, generator=g)), ("answer", [5, 6, 6, 7])])  # 3 frames < 4 + 1
+    fine = make_sample([("speech", torch.randn(60, 80, generator=g)), ("answer", [8, 9])])
+    out = model(packed_batch([short, fine], 64))
+    assert out["ctc_utts"] == 2 and out["ctc_infeasible"] == 1
+    assert torch.isfinite(out["loss_sum"])
+    out["loss_sum"].backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)

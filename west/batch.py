@@ -5,15 +5,18 @@ are laid out:
 
 * ``static`` / ``dynamic``: ``input_ids`` is (B, L) with one sample per row,
   right-padded; ``cu_seqlens`` is None; encoder ``feats`` are padded (N, Tmax, 80).
-* ``pack``: ``input_ids`` is (R, L) rows of exactly ``pack_tokens``, several
-  samples per row. ``cu_seqlens`` (int32) gives segment boundaries over the
+* ``pack``: ``input_ids`` is (R, L) rows of at most ``pack_tokens`` (L = the
+  longest row rounded up to ``pack_pad_multiple``, or exactly ``pack_tokens``),
+  several samples per row. ``cu_seqlens`` (int32) gives segment boundaries over the
   flattened (R*L) tokens, including one dummy tail segment per row if the row
   is not full; ``position_ids`` restart at 0 for every segment. Encoder
   ``feats`` are concatenated (ΣT, 80) with their own ``feat_cu_seqlens``.
 
 ``speech_spans`` row i = (row, start, length) says where speech segment i
 (the i-th entry of ``feats``) is spliced into the LLM input; ``length`` equals
-``west.shapes.num_speech_tokens(feat_lens[i])``.
+``west.shapes.num_speech_tokens(feat_lens[i])``. ``ctc_targets`` holds, in the
+same segment order, the token ids of what each segment says (for the optional
+CTC loss on the encoder); a segment with no known transcript has length 0.
 """
 from __future__ import annotations
 
@@ -48,6 +51,8 @@ class Batch:
     max_seqlen: Optional[int] = None
     feat_cu_seqlens: Optional[torch.Tensor] = None   # (N+1,) int32 over ΣT; packed encoder only
     feat_max_len: Optional[int] = None
+    ctc_targets: Optional[torch.Tensor] = None       # (Σ K,) int64 transcript ids of every speech segment
+    ctc_target_lens: Optional[torch.Tensor] = None   # (N,) int64 K per segment; 0 = no transcript
     keys: list = field(default_factory=list)         # sample keys, in sample order
     counters: dict = field(default_factory=dict)     # COUNTER_NAMES -> int
 

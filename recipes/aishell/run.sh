@@ -52,7 +52,8 @@
 #   --exp_name NAME               run dir exp/NAME [tiny_cpu]
 #   --batch_type static|dynamic|pack   training batches; empty = the config's []
 #   --batch_size N / --max_tokens_in_batch N / --pack_tokens N   size for that batch type []
-#   --max_steps N                 optimizer steps; empty = the config's epochs [400]
+#   --max_steps N                 optimizer steps (240 = ~3 epochs of the default corpus in packs of
+#                                 2048 tokens); empty = the config's max_epochs [240]
 #   --seed N                      training seed (model init, data order) [42]
 #   --train_threads N             torch threads of west-train (OMP_NUM_THREADS), 0 = torch's default;
 #                                 1 + one loader worker keeps both cores busy and is not slowed down
@@ -101,7 +102,7 @@ batch_type=
 batch_size=
 max_tokens_in_batch=
 pack_tokens=
-max_steps=400
+max_steps=240
 seed=42
 train_threads=1
 num_workers=1
@@ -305,6 +306,9 @@ summary = {x: {w: json.load(open(f"{run}/decode_{w}_{x}/cer.json")) for w in ("u
 print("| set | untrained CER (step 0) | trained CER |\n|---|---|---|")
 for x, r in summary.items():
     print(f"| {x} | {100 * r['untrained']['rate']:.2f}% | {100 * r['trained']['rate']:.2f}% |")
+if any(r["trained"]["rate"] >= r["untrained"]["rate"] for r in summary.values()):
+    print("[run.sh] NOTE: the trained model is not better than the untrained one on every set "
+          "(see docs/getting_started.md, 'What the default run costs')")
 json.dump(summary, open(f"{run}/cer_summary.json", "w"), indent=1)
 EOF
 fi

@@ -64,13 +64,13 @@ def _env(device: str) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args, rest = build_arg_parser().parse_known_args(argv)
-    from west.train.cli import _split_overrides
+    from west.train.cli import split_overrides
     from west.train.config import build_config
     from west.train.sections import register, resolved_device
 
     try:
         register()
-        cfg = build_config(args.config, _split_overrides(rest))
+        cfg = build_config(args.config, split_overrides(rest))
         if args.num_utts < 1 or args.repeats < 1 or args.warmup_steps < 0:
             raise ConfigError("--num_utts and --repeats must be >= 1, --warmup_steps >= 0")
         if not Path(args.data).is_file():

@@ -3,7 +3,9 @@
 * ``collate_padded``: static/dynamic; one sample per row, right padded,
   attention_mask, positions 0..L-1 (pads continue counting), encoder feats
   padded (N, Tmax, F).
-* ``collate_packed``: pack; rows of exactly ``pack_tokens``; positions restart
+* ``collate_packed``: pack; rows of at most ``pack_tokens`` (all rows of a batch
+  as wide as its longest row, rounded up to ``pad_multiple``; 0 = exactly
+  ``pack_tokens``, for fixed shapes); positions restart
   per sample; a non-full row ends with ONE dummy segment (pad ids, positions
   0..tail-1, no labels) so flash-attn varlen never sees a run of position-0
   tokens; explicit ``cu_seqlens``/``max_seqlen``; encoder feats concatenated
@@ -41,7 +43,25 @@ def _encoder_inputs(segments: list[np.ndarray], packed: bool, num_mel_bins: int)
             "computed": len(segments) * tmax}
 
 
-def _finish(ids, labels, pos, segments, spans, keys, packed_enc, num_mel_bins, **extra) -> Batch:
+def _transcripts(samples) -> list[list[int]]:
+    """Transcript ids per speech segment, in segment order ([] where unknown)."""
+    out = []
+    for s in samples:
+        t = s["enc"].transcripts
+        out += t if len(t) == len(s["enc"].spans) else [[] for _ in s["enc"].spans]
+    return out
+
+
+def _ctc_inputs(transcripts: list[list[int]]) -> dict:
+    if not transcripts:
+        return {}
+    flat = [t for ts in transcripts for t in ts]
+    return {"ctc_targets": torch.tensor(flat, dtype=torch.long),
+            "ctc_target_lens": torch.tensor([len(t) for t in transcripts], dtype=torch.long)}
+
+
+def _finish(ids, labels, pos, segments, spans, keys, packed_enc, num_mel_bins, transcripts=(),
+            **extra) -> Batch:
     enc = _encoder_inputs(segments, packed_enc, num_mel_bins)
     computed_enc = enc.pop("computed")
     counters = {
@@ -58,7 +78,7 @@ def _finish(ids, labels, pos, segments, spans, keys, packed_enc, num_mel_bins, *
     span_t = torch.tensor(spans, dtype=torch.long).reshape(-1, 3) if spans else None
     return Batch(input_ids=torch.from_numpy(ids), labels=torch.from_numpy(labels),
                  position_ids=torch.from_numpy(pos), speech_spans=span_t,
-                 keys=list(keys), counters=counters, **enc, **extra)
+                 keys=list(keys), counters=counters, **enc, **_ctc_inputs(list(transcripts)), **extra)
 
 
 def collate_padded(samples: Sequence[dict], pad_id: int, num_mel_bins: int = 80) -> Batch:
@@ -79,13 +99,25 @@ def collate_padded(samples: Sequence[dict], pad_id: int, num_mel_bins: int = 80)
             spans.append((r, start, length))
     pos = np.tile(np.arange(width, dtype=np.int64), (b, 1))
     return _finish(ids, labels, pos, segments, spans, [s["key"] for s in samples], False, num_mel_bins,
-                   attention_mask=mask, real_tokens=sum(lens))
+                   _transcripts(samples), attention_mask=mask, real_tokens=sum(lens))
+
+
+def pack_width(used: Sequence[int], pack_tokens: int, pad_multiple: int = 0) -> int:
+    """Row width of a pack batch whose rows hold ``used`` tokens.
+
+    A last, partial pack of an epoch would otherwise compute thousands of pad
+    tokens; rounding to a multiple keeps the number of distinct shapes small."""
+    if pad_multiple <= 0:
+        return pack_tokens
+    longest = max(used, default=0)
+    return min(pack_tokens, max(pad_multiple, -(-longest // pad_multiple) * pad_multiple))
 
 
 def collate_packed(rows: Sequence[Sequence[dict]], pack_tokens: int, pad_id: int,
-                   encoder_layout: str = "packed", num_mel_bins: int = 80) -> Batch:
-    """Pack batch: each row exactly ``pack_tokens`` (one row unless a plan overflowed)."""
+                   encoder_layout: str = "packed", num_mel_bins: int = 80, pad_multiple: int = 0) -> Batch:
+    """Pack batch (one row unless a plan overflowed), each row ``pack_width`` tokens wide."""
     n_rows = len(rows)
+    pack_tokens = pack_width([sum(len(s["enc"].ids) for s in row) for row in rows], pack_tokens, pad_multiple)
     ids = np.full((n_rows, pack_tokens), pad_id, np.int64)
     labels = np.full((n_rows, pack_tokens), IGNORE_INDEX, np.int64)
     pos = np.zeros((n_rows, pack_tokens), np.int64)
@@ -111,12 +143,12 @@ def collate_packed(rows: Sequence[Sequence[dict]], pack_tokens: int, pad_id: int
             cu.append((r + 1) * pack_tokens)
     cu_t = torch.tensor(cu, dtype=torch.int32)
     return _finish(ids, labels, pos, segments, spans, keys, encoder_layout == "packed", num_mel_bins,
-                   cu_seqlens=cu_t, max_seqlen=int((cu_t[1:] - cu_t[:-1]).max()), real_tokens=real)
+                   _transcripts([s for row in rows for s in row]), cu_seqlens=cu_t, max_seqlen=int((cu_t[1:] - cu_t[:-1]).max()), real_tokens=real)
 
 
 def dummy_batch(pad_id: int, placeholder_id: int, num_mel_bins: int = 80, subsampling_rate: int = 4,
                 projector_stride: int = 2, pack_tokens: Optional[int] = None,
-                encoder_layout: str = "packed") -> Batch:
+                encoder_layout: str = "packed", pad_multiple: int = 0) -> Batch:
     """One tiny sample (min-length all-zero speech + 2 pad tokens), all labels IGNORE,
     all counters 0, keys []: lets a rank with nothing left run forward/backward."""
     frames = min_fbank_frames(subsampling_rate)
@@ -124,7 +156,7 @@ def dummy_batch(pad_id: int, placeholder_id: int, num_mel_bins: int = 80, subsam
     enc = Encoded(ids=[placeholder_id] * n + [pad_id] * 2, labels=[IGNORE_INDEX] * (n + 2), spans=[(0, n)])
     sample = {"key": "", "enc": enc, "feats": [np.zeros((frames, num_mel_bins), np.float32)]}
     if pack_tokens is not None:
-        batch = collate_packed([[sample]], pack_tokens, pad_id, encoder_layout, num_mel_bins)
+        batch = collate_packed([[sample]], pack_tokens, pad_id, encoder_layout, num_mel_bins, pad_multiple)
     else:
         batch = collate_padded([sample], pad_id, num_mel_bins)
     batch.keys = []

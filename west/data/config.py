@@ -35,7 +35,8 @@ class DataConfig:
     batch_type: str = "static"          # static | dynamic | pack
     batch_size: int = 32                # static: samples per batch
     max_tokens_in_batch: int = 4096     # dynamic: longest * n_samples <= this (padded LLM tokens)
-    pack_tokens: int = 8192             # pack: every row is exactly this many LLM tokens
+    pack_tokens: int = 8192             # pack: LLM tokens a row holds at most
+    pack_pad_multiple: int = 64         # pack: width = longest row rounded up to this (0 = always pack_tokens)
     pack_buffer: int = 2000             # pack: samples handed to the packer at once
     pack_algorithm: str = "bfd"         # nf (streaming next-fit baseline) | ffd | bfd
     pack_cost: str = "linear"           # linear | square: what balances ranks' packs in a step
@@ -111,7 +112,7 @@ class DataConfig:
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise bad(key, "must be an integer >= 1")
-        for key in ("num_workers", "max_warnings", "spec_aug_num_t_mask", "spec_aug_num_f_mask",
+        for key in ("num_workers", "max_warnings", "pack_pad_multiple", "spec_aug_num_t_mask", "spec_aug_num_f_mask",
                     "spec_aug_max_t", "spec_aug_max_f"):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:

@@ -241,12 +241,13 @@ class SpeechDataset(IterableDataset):
                         f"decoded lengths {sum(lengths)} exceed pack_tokens; batch gets an extra row "
                         "(list durations are wrong: run tools/compute_lengths.py)")
             rows = [[samples[i] for i in b] for b in next_fit_rows(lengths, c.pack_tokens)]
-        return collate_packed(rows, c.pack_tokens, pad, c.encoder_layout, c.num_mel_bins)
+        return collate_packed(rows, c.pack_tokens, pad, c.encoder_layout, c.num_mel_bins, c.pack_pad_multiple)
 
     def dummy_batch(self) -> Batch:
         c = self.conf
         return dummy_batch(self.encoder.pad_id, self.encoder.placeholder_id, c.num_mel_bins, c.subsampling_rate,
-                           c.projector_stride, c.pack_tokens if c.batch_type == "pack" else None, c.encoder_layout)
+                           c.projector_stride, c.pack_tokens if c.batch_type == "pack" else None, c.encoder_layout,
+                           c.pack_pad_multiple)
 
 
 class WestDataLoader(DataLoader):

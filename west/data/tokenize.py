@@ -15,7 +15,7 @@ predict at position t, IGNORE_INDEX at the last position.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from west.batch import IGNORE_INDEX
@@ -33,6 +33,9 @@ class Encoded:
     ids: list[int]
     labels: list[int]                 # shifted; IGNORE_INDEX where nothing is predicted
     spans: list[tuple[int, int]]      # (start, length) per audio part, in record order
+    # transcript token ids per audio part (the CTC target); [] where the record does not say
+    # what was spoken (conversations: an assistant turn need not be a transcript)
+    transcripts: list[list[int]] = field(default_factory=list)
 
 
 class PromptEncoder:
@@ -151,7 +154,10 @@ class PromptEncoder:
         """Ids, shifted labels and speech spans; ``frames[i]`` = fbank frames of audio i."""
         pieces, label_texts = self._record_pieces(record)
         label_ids = self._ids(label_texts)
-        return self._assemble(pieces, label_ids, frames)
+        enc = self._assemble(pieces, label_ids, frames)
+        plain_asr = record.get("messages") is None
+        enc.transcripts = [list(label_ids[0])] if plain_asr else [[] for _ in enc.spans]
+        return enc
 
     def lengths(self, records: Sequence[dict], frames: Sequence[Sequence[int]]) -> list[int]:
         """``len(encode(r, f).ids)`` for many records at once (transcripts tokenized in a batch);

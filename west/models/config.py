@@ -82,8 +82,14 @@ class SpeechLLMConfig:
     freeze_encoder: bool = False
     freeze_llm: bool = True        # WEST default: train encoder + projector, LLM frozen
     lora: Optional[LoraSettings] = None
+    # Hybrid CTC/LLM training: loss = CE + ctc_weight * CTC of the encoder output against the
+    # transcript tokens (a linear head over the LLM vocabulary + blank). It gives the encoder
+    # a direct, alignment-free signal early on (Kim et al., 2017); 0 = no head.
+    ctc_weight: float = 0.0
 
     def __post_init__(self):
+        if not isinstance(self.ctc_weight, (int, float)) or self.ctc_weight < 0:
+            raise ValueError(f"model.ctc_weight must be a number >= 0, got {self.ctc_weight!r}")
         # Nested YAML mappings arrive as dicts (e.g. via the trainer's section schema).
         for name, klass in (("encoder", ConformerConfig), ("projector", ProjectorConfig),
                             ("llm", LLMConfig), ("lora", LoraSettings)):

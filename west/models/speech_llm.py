@@ -8,6 +8,9 @@ One forward for every batch mode (see west/batch.py):
   or rely on position-id detection (stock eager/sdpa). Always ``use_cache=False``.
 * loss: labels are pre-shifted, so CE(logits[t], labels[t]) with no shift; only
   label positions are projected to the vocabulary (``logits_to_keep`` mask).
+  With ``ctc_weight > 0`` a CTC head on the encoder output adds
+  ``ctc_weight * CTC`` (summed over utterances, like the CE over tokens), so the
+  step's per-token normalisation and the mode equivalence are unchanged.
 """
 from __future__ import annotations
 
@@ -77,6 +80,10 @@ class SpeechLLM(nn.Module):
         if cfg.llm.gradient_checkpointing:
             llm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.llm = apply_lora(llm, cfg.lora) if cfg.lora is not None else llm
+        self.ctc_head: Optional[nn.Linear] = None
+        if cfg.ctc_weight > 0:   # classes: the LLM vocabulary, then the blank
+            vocab = llm.config.get_text_config().vocab_size
+            self.ctc_head = nn.Linear(cfg.encoder.d_model, vocab + 1)
 
     def gradient_checkpointing_enable(self) -> None:
         """Recompute activations in backward: Conformer blocks and LLM layers (trainer hook)."""
@@ -98,6 +105,11 @@ class SpeechLLM(nn.Module):
     # ------------------------------------------------------------------ inputs
     def encode_speech(self, batch: Batch) -> Optional[torch.Tensor]:
         """(Σ slots, H) projected speech embeddings in ``batch.feats`` order (None if no speech)."""
+        out = self._encode(batch)
+        return None if out is None else out[0]
+
+    def _encode(self, batch: Batch):
+        """(projected embeddings, encoder frames (Σ T', D), their lengths) or None."""
         if batch.feats is None or batch.speech_spans is None or batch.speech_spans.shape[0] == 0:
             return None
         if batch.encoder_packed:
@@ -115,14 +127,19 @@ class SpeechLLM(nn.Module):
             raise ValueError(
                 f"speech_spans lengths {spans[:, 2].tolist()} != encoder+projector output {expected} "
                 f"(subsampling_rate={self.subsampling_rate}, stride={self.projector_stride}); keys={batch.keys}")
-        return self.projector(x, layout.lengths)
+        return self.projector(x, layout.lengths), x, layout.lengths
 
     def embed(self, batch: Batch) -> torch.Tensor:
         """LLM input embeddings (R, L, H) with speech spliced in at ``speech_spans``."""
+        return self._embed(batch)[0]
+
+    def _embed(self, batch: Batch):
+        """(embeddings, encoder output as in :meth:`_encode` or None)."""
         embeds = self.llm.get_input_embeddings()(batch.input_ids)
-        speech = self.encode_speech(batch)
-        if speech is None:
-            return embeds
+        encoded = self._encode(batch)
+        if encoded is None:
+            return embeds, None
+        speech = encoded[0]
         spans = batch.speech_spans.to(embeds.device)
         lens = spans[:, 2]
         rows = torch.repeat_interleave(spans[:, 0], lens)
@@ -130,7 +147,7 @@ class SpeechLLM(nn.Module):
         cols = first + torch.arange(rows.numel(), device=embeds.device)
         if rows.numel() and (int(cols.max()) >= embeds.shape[1] or int(rows.max()) >= embeds.shape[0]):
             raise ValueError(f"speech_spans point outside input_ids {tuple(batch.input_ids.shape)}; keys={batch.keys}")
-        return embeds.index_put((rows, cols), speech.to(embeds.dtype))
+        return embeds.index_put((rows, cols), speech.to(embeds.dtype)), encoded
 
     def _llm_kwargs(self, batch: Batch) -> dict:
         if not batch.is_packed:
@@ -147,8 +164,9 @@ class SpeechLLM(nn.Module):
 
     # ------------------------------------------------------------------ training
     def forward(self, batch: Batch) -> dict:
-        """-> dict(loss_sum=summed CE over label tokens, n_tokens=int, n_correct=int)."""
-        embeds = self.embed(batch)
+        """-> dict(loss_sum=summed CE over label tokens [+ ctc_weight * summed CTC], n_tokens=int,
+        n_correct=int, ce_sum, and with a CTC head ctc_sum / ctc_utts / ctc_infeasible)."""
+        embeds, encoded = self._embed(batch)
         labels = batch.labels.to(embeds.device)
         keep = labels != IGNORE_INDEX
         out = self.llm(inputs_embeds=embeds, position_ids=batch.position_ids, use_cache=False,
@@ -157,9 +175,46 @@ class SpeechLLM(nn.Module):
         target = labels[keep]
         if logits.shape[0] != target.shape[0]:
             raise RuntimeError("LLM ignored the boolean logits_to_keep mask (transformers >= 5 needed)")
-        loss_sum = F.cross_entropy(logits, target, reduction="sum")
+        ce_sum = F.cross_entropy(logits, target, reduction="sum")
         n_correct = int((logits.detach().argmax(-1) == target).sum())
-        return dict(loss_sum=loss_sum, n_tokens=int(target.numel()), n_correct=n_correct)
+        out = dict(loss_sum=ce_sum, ce_sum=ce_sum.detach(), n_tokens=int(target.numel()), n_correct=n_correct)
+        if self.ctc_head is not None:
+            ctc = self.ctc_loss(batch, encoded)
+            out.update(loss_sum=ce_sum + self.cfg.ctc_weight * ctc["ctc_sum"],
+                       ctc_sum=ctc["ctc_sum"].detach(), ctc_utts=ctc["ctc_utts"],
+                       ctc_infeasible=ctc["ctc_infeasible"])
+        return out
+
+    def ctc_loss(self, batch: Batch, encoded) -> dict:
+        """Summed CTC of every speech segment that has a transcript (blank = last class).
+
+        A transcript of K tokens with R adjacent repeats needs K + R encoder frames;
+        a segment with fewer cannot be aligned, adds 0 and is counted in ``ctc_infeasible``."""
+        zero = self.ctc_head.weight.sum() * 0.0   # keeps the head in the graph (DDP) on any batch
+        lens = batch.ctc_target_lens
+        if encoded is None or lens is None or int(lens.sum()) == 0:
+            return dict(ctc_sum=zero, ctc_utts=0, ctc_infeasible=0)
+        _, x, frames = encoded
+        if lens.shape[0] != len(frames):
+            raise ValueError(f"{lens.shape[0]} CTC targets for {len(frames)} speech segments; keys={batch.keys}")
+        lens_l, targets = lens.tolist(), batch.ctc_targets.tolist()
+        keep, tgt, need, offset = [], [], [], 0
+        for i, k in enumerate(lens_l):
+            t = targets[offset:offset + k]
+            offset += k
+            if k:
+                keep.append(i)
+                tgt += t
+                need.append(k + sum(a == b for a, b in zip(t, t[1:])))
+        logp = F.log_softmax(self.ctc_head(x).float(), dim=-1)
+        per_seg = torch.nn.utils.rnn.pad_sequence(list(logp.split(frames)))          # (T, N, V+1)
+        dev = x.device
+        losses = F.ctc_loss(per_seg[:, keep], torch.tensor(tgt, device=dev),
+                            torch.tensor([frames[i] for i in keep], device=dev),
+                            torch.tensor([lens_l[i] for i in keep], device=dev),
+                            blank=logp.shape[-1] - 1, reduction="none", zero_infinity=True)
+        infeasible = sum(frames[i] < n for i, n in zip(keep, need))
+        return dict(ctc_sum=losses.sum() + zero, ctc_utts=len(keep), ctc_infeasible=infeasible)
 
     # ------------------------------------------------------------------ decoding
     @torch.no_grad()

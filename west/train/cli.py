@@ -105,7 +105,8 @@ def build_arg_parser(prog: str = "west-train") -> argparse.ArgumentParser:
     return p
 
 
-def _split_overrides(rest: Sequence[str]) -> list[tuple[str, str]]:
+def split_overrides(rest: Sequence[str]) -> list[tuple[str, str]]:
+    """``--section.key VALUE`` / ``--section.key=VALUE`` pairs -> [(dotted, value)], in order."""
     out, i = [], 0
     while i < len(rest):
         tok = rest[i]
@@ -133,5 +134,5 @@ def parse_cli(argv: Sequence[str] | None = None, prog: str = "west-train") -> Co
         value = getattr(args, flag)
         if value is not None:
             overrides.append((dotted, str(value)))
-    overrides += _split_overrides(rest)  # explicit --section.key wins over short flags
+    overrides += split_overrides(rest)  # explicit --section.key wins over short flags
     return build_config(args.config, overrides)

@@ -53,6 +53,11 @@ def step_record(step: int, epoch: int, result: Any, wall_s: float, peak_mem_mb: 
         "peak_mem_mb": peak_mem_mb,
         "time": time.time(),
     }
+    aux = getattr(result, "aux", None) or {}
+    if aux.get("ctc_utts"):   # hybrid CTC training: the two parts of the loss
+        rec["ce"] = aux["ce_sum"] / result.n_tokens if result.n_tokens else math.nan
+        rec["ctc_per_utt"] = aux["ctc_sum"] / aux["ctc_utts"]
+        rec["ctc_infeasible"] = int(aux.get("ctc_infeasible", 0))
     rec.update(hw or {})
     return rec
 
@@ -129,7 +134,8 @@ class MetricsLogger:
             self._bar.set_postfix(loss=f"{rec['loss']:.4f}", utts_s=f"{rec['utts_per_s']:.1f}",
                                   refresh=False)
         elif step % self.log_every == 0:
-            print(f"step {step} epoch {rec['epoch']} loss {rec['loss']:.4f} lr {rec['lr']:.3g} "
+            parts = f" (ce {rec['ce']:.4f}, ctc/utt {rec['ctc_per_utt']:.2f})" if "ce" in rec else ""
+            print(f"step {step} epoch {rec['epoch']} loss {rec['loss']:.4f}{parts} lr {rec['lr']:.3g} "
                   f"grad_norm {rec['grad_norm']:.3g} utts/s {rec['utts_per_s']:.1f} "
                   f"tokens/s {rec['tokens_per_s']:.0f}", flush=True)
 

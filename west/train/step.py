@@ -30,10 +30,16 @@ class StepResult:
     grad_norm: float         # before clipping; nan when skipped
     lr: float                # the lr this step used
     counters: dict = field(default_factory=dict)  # COUNTER_NAMES summed over micro-batches and ranks
+    aux: dict = field(default_factory=dict)       # AUX_KEYS summed over micro-batches and ranks
 
     @property
     def applied(self) -> bool:
         return self.status == "ok"
+
+
+# Optional extra sums a model may return next to loss_sum (SpeechLLM with a CTC head):
+# the CE part of loss_sum, the CTC sum, utterances with a CTC target, unalignable ones.
+AUX_KEYS = ("ce_sum", "ctc_sum", "ctc_utts", "ctc_infeasible")
 
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
@@ -74,6 +80,7 @@ def train_step(model: nn.Module, micro_batches: Sequence[Batch], plan: StepPlan,
     scale = plan.loss_scale(world_size)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     n_correct = model_tokens = 0
+    aux = [0.0] * len(AUX_KEYS)
     last = len(micro_batches) - 1
     for i, mb in enumerate(micro_batches):
         with grad_sync(model, enabled=(i == last)):
@@ -83,28 +90,35 @@ def train_step(model: nn.Module, micro_batches: Sequence[Batch], plan: StepPlan,
             loss_sum += out["loss_sum"].detach().double()
             n_correct += int(out["n_correct"])
             model_tokens += int(out["n_tokens"])
+            for j, key in enumerate(AUX_KEYS):
+                aux[j] += float(out.get(key, 0.0))
             del out
     loss_local = float(loss_sum)
     mismatch = model_tokens != plan.local_tokens
     local = [loss_local, n_correct, 0.0 if math.isfinite(loss_local) else 1.0, float(mismatch),
-             *local_counters]
+             *local_counters, *aux]
     total = all_reduce_sum(local)  # flags travel with the stats: every rank decides alike
     g_loss, g_correct, g_bad = total[0], int(total[1]), total[2] > 0
     if total[3] > 0:
         raise RuntimeError(f"model counted {model_tokens} label tokens, the batches hold "
                            f"{plan.local_tokens} labels != IGNORE_INDEX (on this or another rank): "
                            "the model must use Batch.labels as given (already shifted)")
-    counters = dict(zip(COUNTER_NAMES, (int(c) for c in total[4:])))
+    n_counters = len(COUNTER_NAMES)
+    counters = dict(zip(COUNTER_NAMES, (int(c) for c in total[4:4 + n_counters])))
+    g_aux = dict(zip(AUX_KEYS, total[4 + n_counters:]))
     mean = g_loss / plan.global_tokens
+
+    def result(status: str, norm: float) -> StepResult:
+        return StepResult(status, mean, g_loss, plan.global_tokens, g_correct, norm, lr, counters, g_aux)
 
     if g_bad:
         optimizer.zero_grad(set_to_none=True)
-        return StepResult("nonfinite", mean, g_loss, plan.global_tokens, g_correct, math.nan, lr, counters)
+        return result("nonfinite", math.nan)
     norm = _grad_norm(model, grad_clip)
     if not math.isfinite(norm):  # finite loss, overflowing gradient: same on every rank
         optimizer.zero_grad(set_to_none=True)
-        return StepResult("nonfinite", mean, g_loss, plan.global_tokens, g_correct, norm, lr, counters)
+        return result("nonfinite", norm)
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    return StepResult("ok", mean, g_loss, plan.global_tokens, g_correct, norm, lr, counters)
+    return result("ok", norm)
