@@ -339,10 +339,15 @@ def test_data_side_dummy_batch_runs(pack_tokens):
     assert loss == 0.0 and n_tok == 0 and len(grads) == sum(1 for _ in model.parameters())
 
 
-def test_ctc_hybrid_loss_is_ce_plus_weighted_ctc_and_agrees_across_modes():
+@pytest.mark.parametrize("projector,blank", [("mlp", None), ("ctc_posterior", None), ("ctc_posterior", PAD)])
+def test_ctc_hybrid_loss_is_ce_plus_weighted_ctc_and_agrees_across_modes(projector, blank):
     import torch.nn.functional as F
 
-    model, ss = tiny_model(ctc_weight=0.5), samples()
+    torch.manual_seed(0)
+    cfg = tiny_config(ctc_weight=0.5, ctc_blank=blank)
+    cfg.projector.type = projector
+    model, ss = SpeechLLM(cfg).eval(), samples()
+    blank_id = VOCAB if blank is None else blank
     out = model(padded_batch(ss))
     # reference CTC: each utterance alone through the encoder and the head
     ref, n = 0.0, 0
@@ -353,9 +358,9 @@ def test_ctc_hybrid_loss_is_ce_plus_weighted_ctc_and_agrees_across_modes():
             x, lens = model.encoder(f[None], lengths=torch.tensor([len(f)]))
             logp = F.log_softmax(model.ctc_head(x[0]), -1)[:, None]
             ref += F.ctc_loss(logp, torch.tensor(t), torch.tensor([x.shape[1]]), torch.tensor([len(t)]),
-                              blank=VOCAB, reduction="sum").item()
+                              blank=blank_id, reduction="sum").item()
             n += 1
-    assert model.ctc_head.out_features == VOCAB + 1
+    assert model.ctc_head.out_features == VOCAB + (blank is None) and model.ctc_blank_id == blank_id
     assert out["ctc_utts"] == n == 3 and out["ctc_infeasible"] == 0
     assert abs(out["ctc_sum"].item() - ref) <= 1e-4 * ref
     assert abs(out["loss_sum"].item() - (out["ce_sum"].item() + 0.5 * ref)) <= 1e-4 * ref
@@ -378,3 +383,22 @@ def test_ctc_counts_unalignable_transcripts_and_stays_finite():
     assert torch.isfinite(out["loss_sum"])
     out["loss_sum"].backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_posterior_projector_gives_averaged_soft_token_embeddings():
+    """ctc_posterior: each slot is the mean over its (<= stride) frames of softmax(head) @ E."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    cfg = tiny_config(ctc_weight=1.0, ctc_blank=PAD)
+    cfg.projector.type = "ctc_posterior"
+    model = SpeechLLM(cfg).eval()
+    f = torch.randn(41, 80)
+    x, _ = model.encoder(f[None], lengths=torch.tensor([41]))
+    soft = F.softmax(model.ctc_head(x[0]), -1) @ model.llm.get_input_embeddings().weight
+    want = torch.stack([soft[i:i + 2].mean(0) for i in range(0, soft.shape[0], 2)])   # odd count: last alone
+    got = model.encode_speech(padded_batch([make_sample([("speech", f), ("answer", [5])])]))
+    assert soft.shape[0] % 2 == 1 and got.shape == want.shape
+    assert (got - want).abs().max() <= 1e-5
+    with pytest.raises(ValueError, match="ctc_weight"):
+        SpeechLLMConfig.from_dict({"projector": {"type": "ctc_posterior"}})

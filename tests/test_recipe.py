@@ -138,7 +138,7 @@ def test_missing_aishell_dir_fails(tmp_path):
 
 # ----------------------------------------------------------------------------- every stage, tiny
 TINY = ["--num_train", 8, "--num_dev", 2, "--num_test", 2, "--num_speakers", 6, "--nj", 1,
-        "--synth_opts", "--mean_duration 1.2", "--cmvn_utts", 4, "--llm_vocab_size", 300,
+        "--synth_opts", "--mean_duration 1.2", "--cmvn_utts", 4, "--llm_vocab_size", 300, "--llm_pretrain_steps", 5,
         "--max_steps", 2, "--train_opts", "--train.warmup_steps 1 --train.tensorboard false",
         "--decode_sets", "test", "--decode_batch_size", 2, "--max_new_tokens", 6,
         "--bench_utts", 6, "--bench_repeats", 1, "--bench_threads", 1,
@@ -176,6 +176,7 @@ def test_stage1_lists(tiny_run):
 def test_stage4_5_llm_and_checkpoint(tiny_run):
     work, out = tiny_run
     assert (work / "exp/tiny_llm/config.json").is_file() and (work / "exp/tiny_llm/tokenizer.json").is_file()
+    assert "tiny LLM pretraining: answer loss" in out
     run = work / "exp/tiny_cpu"
     steps = [json.loads(x) for x in (run / "train_log.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2]

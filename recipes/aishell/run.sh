@@ -18,7 +18,9 @@
 #      stage 5 then trains on the shards (streamed epochs).
 #   3  CMVN: tools/compute_cmvn.py on --cmvn_utts train utterances -> data/train/global_cmvn.json.
 #   4  LLM: --llm_path DIR if given (any Hugging Face causal LM dir, e.g. Qwen2-1.5B), else a tiny
-#      byte-level BPE tokenizer + random Qwen2 built from the train transcripts -> exp/tiny_llm.
+#      tokenizer (one token per Han character) + random Qwen2 built from the train transcripts,
+#      then pretrained on those transcripts (text only, --llm_pretrain_steps) to copy a CTC-like
+#      token stream into its answer: the stand-in for a pretrained LLM -> exp/tiny_llm.
 #   5  train: west-train --config CONFIG -> exp/EXP_NAME (checkpoints, train_log.jsonl);
 #      prints how the loss fell. Batch options below are passed through when given.
 #   6  decode DECODE_SETS with west-decode, with the trained model and with the UNTRAINED
@@ -48,6 +50,7 @@
 #   --cmvn_utts N                 utterances for CMVN statistics, 0 = all [500]
 #   --llm_path DIR                existing LLM dir (tokenizer + weights); empty = build a tiny one []
 #   --llm_vocab_size N            tiny LLM tokenizer vocabulary [1000]
+#   --llm_pretrain_steps N        text-only pretraining steps of the tiny LLM, 0 = keep it random [1500]
 #   --config FILE                 west-train config, relative to recipes/aishell [conf/tiny_cpu.yaml]
 #   --exp_name NAME               run dir exp/NAME [tiny_cpu]
 #   --batch_type static|dynamic|pack   training batches; empty = the config's []
@@ -96,6 +99,7 @@ num_utts_per_shard=1000
 cmvn_utts=500
 llm_path=
 llm_vocab_size=1000
+llm_pretrain_steps=1500
 config=conf/tiny_cpu.yaml
 exp_name=tiny_cpu
 batch_type=
@@ -229,13 +233,17 @@ if runs 4; then
     [ -f "$llm_path/config.json" ] || { echo "run.sh: --llm_path $llm_path has no config.json" >&2; exit 1; }
     log "stage 4: using the LLM in $llm_path"
   else
-    log "stage 4: tiny tokenizer (vocab $llm_vocab_size) + random Qwen2 from the train transcripts -> $llm"
-    "$python" - "$data/train/text" "$llm" "$llm_vocab_size" <<'EOF'
+    log "stage 4: tiny tokenizer (vocab $llm_vocab_size) + Qwen2 pretrained for $llm_pretrain_steps steps on the train transcripts -> $llm"
+    "$python" - "$data/train/text" "$llm" "$llm_vocab_size" "$llm_pretrain_steps" <<'EOF'
 import sys
-from west.models.tiny_llm import build_tiny_llm
+from west.models.tiny_llm import build_tiny_llm, pretrain_transcriber
 with open(sys.argv[1], encoding="utf-8") as f:
     texts = [p[1] for p in (line.rstrip("\n").split(maxsplit=1) for line in f) if len(p) == 2]
-build_tiny_llm(texts, sys.argv[2], vocab_size=int(sys.argv[3]))
+build_tiny_llm(texts + ["Transcribe the speech."], sys.argv[2], vocab_size=int(sys.argv[3]))
+if int(sys.argv[4]) > 0:
+    r = pretrain_transcriber(sys.argv[2], texts, steps=int(sys.argv[4]))
+    print(f"[run.sh] tiny LLM pretraining: answer loss {r['first_loss']:.2f} -> {r['loss']:.2f}, "
+          f"token accuracy {r['first_acc']:.1%} -> {r['acc']:.1%}")
 EOF
   fi
 fi

@@ -45,15 +45,23 @@ class ConformerConfig:
         return cls(**{**presets[name], **overrides})
 
 
+PROJECTOR_TYPES = ("mlp", "ctc_posterior")
+
+
 @dataclass
 class ProjectorConfig:
     stride: int = 2               # encoder frames stacked per LLM slot (ceil, zero-filled tail)
     hidden_dim: int = 2048        # MLP hidden size
+    # mlp: stacked frames -> MLP. ctc_posterior: the CTC head's posteriors times the LLM's
+    # input embeddings (needs model.ctc_weight > 0; west/models/projector.py)
+    type: str = "mlp"
     dropout: float = 0.0
 
     def __post_init__(self):
         if self.stride < 1:
             raise ValueError(f"projector.stride must be >= 1, got {self.stride}")
+        if self.type not in PROJECTOR_TYPES:
+            raise ValueError(f"projector.type must be one of {PROJECTOR_TYPES}, got {self.type!r}")
 
 
 @dataclass
@@ -86,16 +94,26 @@ class SpeechLLMConfig:
     # transcript tokens (a linear head over the LLM vocabulary + blank). It gives the encoder
     # a direct, alignment-free signal early on (Kim et al., 2017); 0 = no head.
     ctc_weight: float = 0.0
+    # The CTC blank: None = an extra class after the vocabulary (with its own learned
+    # embedding for the ctc_posterior projector), or a token id (e.g. the pad token)
+    # whose embedding then stands for blank frames.
+    ctc_blank: Optional[int] = None
 
     def __post_init__(self):
         if not isinstance(self.ctc_weight, (int, float)) or self.ctc_weight < 0:
             raise ValueError(f"model.ctc_weight must be a number >= 0, got {self.ctc_weight!r}")
+        if self.ctc_blank is not None and (isinstance(self.ctc_blank, bool) or not isinstance(self.ctc_blank, int)
+                                           or self.ctc_blank < 0):
+            raise ValueError(f"model.ctc_blank must be a token id >= 0 or null, got {self.ctc_blank!r}")
         # Nested YAML mappings arrive as dicts (e.g. via the trainer's section schema).
         for name, klass in (("encoder", ConformerConfig), ("projector", ProjectorConfig),
                             ("llm", LLMConfig), ("lora", LoraSettings)):
             v = getattr(self, name)
             if isinstance(v, dict):
                 setattr(self, name, _build(klass, v, f"model.{name}"))
+        if self.projector.type == "ctc_posterior" and not self.ctc_weight > 0:
+            raise ValueError("model.projector.type ctc_posterior needs model.ctc_weight > 0 "
+                             "(the CTC head it reads posteriors from is trained by the CTC loss)")
 
     def to_dict(self) -> dict:
         return asdict(self)

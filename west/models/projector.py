@@ -1,19 +1,44 @@
-"""Encoder frames -> LLM embeddings: stack ``stride`` frames, then an MLP.
+"""Encoder frames -> LLM embeddings.
 
-Each utterance's frames are stacked on their own, the last partial group is
-zero-filled (never dropped, never borrowed from the next utterance), so an
-utterance of n encoder frames yields ``west.shapes.projected_frames(n, stride)``
-embeddings: the count the data pipeline reserved as placeholder slots.
+Each utterance's frames are grouped ``stride`` at a time on their own, the last
+partial group zero-filled (never dropped, never borrowed from the next
+utterance), so an utterance of n encoder frames yields
+``west.shapes.projected_frames(n, stride)`` embeddings: the count the data
+pipeline reserved as placeholder slots. Two projectors share that grouping:
+
+* :class:`Projector` (``type: mlp``): stack the group's frames, then an MLP;
+* :class:`PosteriorProjector` (``type: ctc_posterior``): the CTC head's posterior
+  over the LLM vocabulary (+ blank) times the LLM's own input embeddings,
+  averaged over the group. Speech then enters the LLM as "soft tokens" in the
+  space it was pretrained on, which a small or frozen LLM reads far sooner
+  than an MLP's output (the idea of LegoSLM, Ma et al., 2025).
 """
 from __future__ import annotations
 
 from typing import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from west.models.config import ProjectorConfig
 from west.shapes import projected_frames
+
+
+def group_frames(x: torch.Tensor, lengths: Sequence[int], stride: int) -> torch.Tensor:
+    """(Σ n, D) utterances end to end -> (Σ ceil(n/stride), stride, D), zero-filled per utterance."""
+    lengths = [int(n) for n in lengths]
+    if sum(lengths) != x.shape[0]:
+        raise ValueError(f"lengths cover {sum(lengths)} frames, x has {x.shape[0]}")
+    s = stride
+    slots = [-(-n // s) * s for n in lengths]
+    if sum(slots) != x.shape[0]:  # some utterance needs zero fill
+        seg = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+        starts = torch.tensor([0] + lengths[:-1]).cumsum(0)
+        offsets = torch.tensor([0] + slots[:-1]).cumsum(0)
+        dst = (torch.arange(x.shape[0]) - starts[seg] + offsets[seg]).to(x.device)
+        x = x.new_zeros(sum(slots), x.shape[1]).index_copy(0, dst, x)
+    return x.view(-1, s, x.shape[1])
 
 
 class Projector(nn.Module):
@@ -32,17 +57,24 @@ class Projector(nn.Module):
 
     def forward(self, x: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
         """x (Σ n, D) utterances end to end -> (Σ ceil(n/stride), H) in the same order."""
-        lengths = [int(n) for n in lengths]
-        if sum(lengths) != x.shape[0]:
-            raise ValueError(f"lengths cover {sum(lengths)} frames, x has {x.shape[0]}")
-        s = self.stride
-        if s > 1:
-            slots = [-(-n // s) * s for n in lengths]
-            if sum(slots) != x.shape[0]:  # some utterance needs zero fill
-                seg = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
-                starts = torch.tensor([0] + lengths[:-1]).cumsum(0)
-                offsets = torch.tensor([0] + slots[:-1]).cumsum(0)
-                dst = (torch.arange(x.shape[0]) - starts[seg] + offsets[seg]).to(x.device)
-                x = x.new_zeros(sum(slots), x.shape[1]).index_copy(0, dst, x)
-            x = x.reshape(-1, s * x.shape[1])
-        return self.net(x)
+        g = group_frames(x, lengths, self.stride)
+        return self.net(g.reshape(g.shape[0], -1))
+
+
+class PosteriorProjector(nn.Module):
+    """CTC logits (Σ n, C) -> mean over each group of softmax(logits) @ ``table`` (C, H)."""
+
+    def __init__(self, cfg: ProjectorConfig):
+        super().__init__()
+        self.stride = cfg.stride
+
+    def output_lengths(self, lengths: Sequence[int]) -> list[int]:
+        return [projected_frames(n, self.stride) for n in lengths]
+
+    def forward(self, logits: torch.Tensor, lengths: Sequence[int], table: torch.Tensor) -> torch.Tensor:
+        soft = F.softmax(logits.float(), dim=-1).to(table.dtype) @ table          # (Σ n, H)
+        g = group_frames(soft, lengths, self.stride)
+        counts = torch.cat([torch.full((projected_frames(n, self.stride),), self.stride) for n in lengths])
+        last = torch.tensor([projected_frames(n, self.stride) for n in lengths]).cumsum(0) - 1
+        counts[last] = torch.tensor([n - (projected_frames(n, self.stride) - 1) * self.stride for n in lengths])
+        return g.sum(1) / counts.to(g.device, g.dtype)[:, None]

@@ -26,7 +26,7 @@ from west.batch import IGNORE_INDEX, Batch
 from west.models.config import LLMConfig, LoraSettings, SpeechLLMConfig
 from west.models.conformer import ConformerEncoder
 from west.models.hf_attention import ATTN_NAME, packed_kwargs, register
-from west.models.projector import Projector
+from west.models.projector import PosteriorProjector, Projector
 from west.shapes import num_speech_tokens
 
 CONFIG_FILE = "west_model.json"
@@ -72,7 +72,11 @@ class SpeechLLM(nn.Module):
         self.cfg = cfg
         self.encoder = ConformerEncoder(cfg.encoder)
         llm = llm if llm is not None else load_llm(cfg.llm)
-        self.projector = Projector(cfg.encoder.d_model, llm.config.get_text_config().hidden_size, cfg.projector)
+        hidden = llm.config.get_text_config().hidden_size
+        if cfg.projector.type == "ctc_posterior":
+            self.projector = PosteriorProjector(cfg.projector)
+        else:
+            self.projector = Projector(cfg.encoder.d_model, hidden, cfg.projector)
         if cfg.freeze_encoder:
             self.encoder.requires_grad_(False)
         if cfg.freeze_llm or cfg.lora is not None:
@@ -81,9 +85,15 @@ class SpeechLLM(nn.Module):
             llm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.llm = apply_lora(llm, cfg.lora) if cfg.lora is not None else llm
         self.ctc_head: Optional[nn.Linear] = None
-        if cfg.ctc_weight > 0:   # classes: the LLM vocabulary, then the blank
+        self.blank_embedding: Optional[nn.Parameter] = None
+        if cfg.ctc_weight > 0:   # classes: the LLM vocabulary [, then an extra blank]
             vocab = llm.config.get_text_config().vocab_size
-            self.ctc_head = nn.Linear(cfg.encoder.d_model, vocab + 1)
+            if cfg.ctc_blank is not None and cfg.ctc_blank >= vocab:
+                raise ValueError(f"model.ctc_blank {cfg.ctc_blank} is outside the LLM vocabulary ({vocab})")
+            extra = cfg.ctc_blank is None
+            self.ctc_head = nn.Linear(cfg.encoder.d_model, vocab + extra)
+            if extra and cfg.projector.type == "ctc_posterior":
+                self.blank_embedding = nn.Parameter(torch.zeros(hidden))
 
     def gradient_checkpointing_enable(self) -> None:
         """Recompute activations in backward: Conformer blocks and LLM layers (trainer hook)."""
@@ -109,7 +119,7 @@ class SpeechLLM(nn.Module):
         return None if out is None else out[0]
 
     def _encode(self, batch: Batch):
-        """(projected embeddings, encoder frames (Σ T', D), their lengths) or None."""
+        """(projected embeddings, encoder frames (Σ T', D), their lengths, CTC logits or None) or None."""
         if batch.feats is None or batch.speech_spans is None or batch.speech_spans.shape[0] == 0:
             return None
         if batch.encoder_packed:
@@ -127,8 +137,22 @@ class SpeechLLM(nn.Module):
             raise ValueError(
                 f"speech_spans lengths {spans[:, 2].tolist()} != encoder+projector output {expected} "
                 f"(subsampling_rate={self.subsampling_rate}, stride={self.projector_stride}); keys={batch.keys}")
-        return self.projector(x, layout.lengths), x, layout.lengths
+        if isinstance(self.projector, PosteriorProjector):
+            logits = self.ctc_head(x)
+            return self.projector(logits, layout.lengths, self._ctc_class_embeddings()), x, layout.lengths, logits
+        return self.projector(x, layout.lengths), x, layout.lengths, None
 
+    @property
+    def ctc_blank_id(self) -> int:
+        """Class index of the CTC blank (the extra last class unless model.ctc_blank names a token)."""
+        return self.cfg.ctc_blank if self.cfg.ctc_blank is not None else self.ctc_head.out_features - 1
+
+    def _ctc_class_embeddings(self) -> torch.Tensor:
+        """(CTC classes, H): the LLM's input embedding of every class (blank: its own vector)."""
+        table = self.llm.get_input_embeddings().weight
+        if self.blank_embedding is not None:
+            table = torch.cat([table, self.blank_embedding[None].to(table.dtype)])
+        return table[: self.ctc_head.out_features]
     def embed(self, batch: Batch) -> torch.Tensor:
         """LLM input embeddings (R, L, H) with speech spliced in at ``speech_spans``."""
         return self._embed(batch)[0]
@@ -186,7 +210,8 @@ class SpeechLLM(nn.Module):
         return out
 
     def ctc_loss(self, batch: Batch, encoded) -> dict:
-        """Summed CTC of every speech segment that has a transcript (blank = last class).
+        """Summed CTC of every speech segment that has a transcript (blank: :attr:`ctc_blank_id`,
+        which must be a token transcripts never contain, e.g. the pad token).
 
         A transcript of K tokens with R adjacent repeats needs K + R encoder frames;
         a segment with fewer cannot be aligned, adds 0 and is counted in ``ctc_infeasible``."""
@@ -194,7 +219,7 @@ class SpeechLLM(nn.Module):
         lens = batch.ctc_target_lens
         if encoded is None or lens is None or int(lens.sum()) == 0:
             return dict(ctc_sum=zero, ctc_utts=0, ctc_infeasible=0)
-        _, x, frames = encoded
+        _, x, frames, logits = encoded
         if lens.shape[0] != len(frames):
             raise ValueError(f"{lens.shape[0]} CTC targets for {len(frames)} speech segments; keys={batch.keys}")
         lens_l, targets = lens.tolist(), batch.ctc_targets.tolist()
@@ -206,13 +231,13 @@ class SpeechLLM(nn.Module):
                 keep.append(i)
                 tgt += t
                 need.append(k + sum(a == b for a, b in zip(t, t[1:])))
-        logp = F.log_softmax(self.ctc_head(x).float(), dim=-1)
+        logp = F.log_softmax((logits if logits is not None else self.ctc_head(x)).float(), dim=-1)
         per_seg = torch.nn.utils.rnn.pad_sequence(list(logp.split(frames)))          # (T, N, V+1)
         dev = x.device
         losses = F.ctc_loss(per_seg[:, keep], torch.tensor(tgt, device=dev),
                             torch.tensor([frames[i] for i in keep], device=dev),
                             torch.tensor([lens_l[i] for i in keep], device=dev),
-                            blank=logp.shape[-1] - 1, reduction="none", zero_infinity=True)
+                            blank=self.ctc_blank_id, reduction="none", zero_infinity=True)
         infeasible = sum(frames[i] < n for i, n in zip(keep, need))
         return dict(ctc_sum=losses.sum() + zero, ctc_utts=len(keep), ctc_infeasible=infeasible)
 
