@@ -90,9 +90,9 @@ def test_counters_match_batch_shapes(result):
         t = m[name]["totals"]
         bs = m[name]["batches"]
         assert t["computed_llm_tokens"] == sum(b["rows"] * b["width"] for b in bs)
-        # rows hold at most PACK tokens; a batch is as wide as its longest row rounded up to 64
+        # rows hold at most PACK tokens; a batch is as wide as its longest row rounded up to 8
         assert all(b["real_llm_tokens"] <= b["rows"] * b["width"] and b["width"] <= PACK for b in bs)
-        assert all(b["width"] == min(PACK, -(-b["real_llm_tokens"] // 64) * 64) for b in bs if b["rows"] == 1)
+        assert all(b["width"] == min(PACK, -(-b["real_llm_tokens"] // 8) * 8) for b in bs if b["rows"] == 1)
         assert t["real_llm_tokens"] <= t["computed_llm_tokens"]
         # packed segments (with the dummy tail) never cost more than the dense row
         assert t["llm_attn_real"] <= t["llm_attn_computed"] <= t["llm_attn_dense_segments"] * (1 + 1 / 8) ** 2

@@ -41,7 +41,8 @@
 #   --aishell_url URL             download source [https://www.openslr.org/resources/33/data_aishell.tgz]
 #   --num_train N / --num_dev N / --num_test N   synthetic utterances per split [1500 / 100 / 100]
 #   --num_speakers N              synthetic speakers [40]
-#   --vocab_size N                synthetic corpus: most frequent jieba words used [300]
+#   --vocab_size N                synthetic corpus: most frequent jieba words used (60: ~100 distinct
+#                                 characters, each heard ~200 times in 1500 utterances) [60]
 #   --synth_seed N                synthetic corpus seed [0]
 #   --nj N                        worker processes for synthesis [2]
 #   --synth_opts "..."            more tools/synthesize_corpus.py options, e.g. "--mean_duration 3" []
@@ -55,8 +56,8 @@
 #   --exp_name NAME               run dir exp/NAME [tiny_cpu]
 #   --batch_type static|dynamic|pack   training batches; empty = the config's []
 #   --batch_size N / --max_tokens_in_batch N / --pack_tokens N   size for that batch type []
-#   --max_steps N                 optimizer steps (240 = ~3 epochs of the default corpus in packs of
-#                                 2048 tokens); empty = the config's max_epochs [240]
+#   --max_steps N                 optimizer steps (450 = ~4.5 epochs of the default corpus in packs of
+#                                 2048 tokens); empty = the config's max_epochs [450]
 #   --seed N                      training seed (model init, data order) [42]
 #   --train_threads N             torch threads of west-train (OMP_NUM_THREADS), 0 = torch's default;
 #                                 1 + one loader worker keeps both cores busy and is not slowed down
@@ -90,7 +91,7 @@ num_train=1500
 num_dev=100
 num_test=100
 num_speakers=40
-vocab_size=300
+vocab_size=60
 synth_seed=0
 nj=2
 synth_opts=
@@ -106,7 +107,7 @@ batch_type=
 batch_size=
 max_tokens_in_batch=
 pack_tokens=
-max_steps=240
+max_steps=450
 seed=42
 train_threads=1
 num_workers=1

@@ -36,7 +36,7 @@ class DataConfig:
     batch_size: int = 32                # static: samples per batch
     max_tokens_in_batch: int = 4096     # dynamic: longest * n_samples <= this (padded LLM tokens)
     pack_tokens: int = 8192             # pack: LLM tokens a row holds at most
-    pack_pad_multiple: int = 64         # pack: width = longest row rounded up to this (0 = always pack_tokens)
+    pack_pad_multiple: int = 8          # pack: width = longest row rounded up to this (0 = always pack_tokens)
     pack_buffer: int = 2000             # pack: samples handed to the packer at once
     pack_algorithm: str = "bfd"         # nf (streaming next-fit baseline) | ffd | bfd
     pack_cost: str = "linear"           # linear | square: what balances ranks' packs in a step

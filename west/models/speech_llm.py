@@ -231,11 +231,22 @@ class SpeechLLM(nn.Module):
                 keep.append(i)
                 tgt += t
                 need.append(k + sum(a == b for a, b in zip(t, t[1:])))
-        logp = F.log_softmax((logits if logits is not None else self.ctc_head(x)).float(), dim=-1)
-        per_seg = torch.nn.utils.rnn.pad_sequence(list(logp.split(frames)))          # (T, N, V+1)
         dev = x.device
-        losses = F.ctc_loss(per_seg[:, keep], torch.tensor(tgt, device=dev),
-                            torch.tensor([frames[i] for i in keep], device=dev),
+        logits = logits if logits is not None else self.ctc_head(x)
+        kept = [frames[i] for i in keep]
+        if len(keep) < len(frames):   # only the frames of segments with a transcript
+            starts = torch.tensor([0] + frames[:-1]).cumsum(0)
+            rows = torch.cat([torch.arange(int(starts[i]), int(starts[i]) + frames[i]) for i in keep]).to(dev)
+            logits = logits.index_select(0, rows)
+        logp = F.log_softmax(logits.float(), dim=-1)
+        # (T, N, C) zero-padded in one index_copy (a per-segment slice copy costs an autograd node each)
+        t_max, n = max(kept), len(kept)
+        seg = torch.repeat_interleave(torch.arange(n), torch.tensor(kept))
+        pos = torch.arange(sum(kept)) - torch.repeat_interleave(torch.tensor([0] + kept[:-1]).cumsum(0), torch.tensor(kept))
+        per_seg = logp.new_zeros(t_max * n, logp.shape[1]).index_copy(0, (pos * n + seg).to(dev), logp)
+        per_seg = per_seg.view(t_max, n, logp.shape[1])
+        losses = F.ctc_loss(per_seg, torch.tensor(tgt, device=dev),
+                            torch.tensor(kept, device=dev),
                             torch.tensor([lens_l[i] for i in keep], device=dev),
                             blank=self.ctc_blank_id, reduction="none", zero_infinity=True)
         infeasible = sum(frames[i] < n for i, n in zip(keep, need))

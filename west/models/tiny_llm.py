@@ -157,7 +157,7 @@ def pretrain_transcriber(llm_dir: str | Path, texts: Sequence[str], steps: int =
     bar = range(steps)
     if progress:
         from tqdm import tqdm
-        bar = tqdm(bar, desc="pretrain tiny LLM", unit="step")
+        bar = tqdm(bar, desc="pretrain tiny LLM", unit="step", disable=None, mininterval=2.0)
     for _ in bar:
         pairs = [example(corpus[rng.randrange(len(corpus))]) for _ in range(batch_size)]
         width = max(len(x) for x, _ in pairs)
