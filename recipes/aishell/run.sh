@@ -51,7 +51,7 @@
 #   --cmvn_utts N                 utterances for CMVN statistics, 0 = all [500]
 #   --llm_path DIR                existing LLM dir (tokenizer + weights); empty = build a tiny one []
 #   --llm_vocab_size N            tiny LLM tokenizer vocabulary [1000]
-#   --llm_pretrain_steps N        text-only pretraining steps of the tiny LLM, 0 = keep it random [1500]
+#   --llm_pretrain_steps N        text-only pretraining steps of the tiny LLM, 0 = keep it random [1000]
 #   --config FILE                 west-train config, relative to recipes/aishell [conf/tiny_cpu.yaml]
 #   --exp_name NAME               run dir exp/NAME [tiny_cpu]
 #   --batch_type static|dynamic|pack   training batches; empty = the config's []
@@ -69,7 +69,7 @@
 #   --max_new_tokens N            [40]
 #   --beam_size N                 [1]
 #   --bench_utts N                benchmark: utterances per mode [200]
-#   --bench_repeats N             timed passes per mode, median reported [3]
+#   --bench_repeats N             timed passes per mode, median reported (of 2: their mean) [2]
 #   --bench_modes LIST            static,dynamic,pack,pack_encoder_padded[,pack_nf] [the four]
 #   --bench_threads N             torch threads for the benchmark, 0 = torch's default [1]
 #   --bench_opts "..."            more benchmark options []
@@ -100,7 +100,7 @@ num_utts_per_shard=1000
 cmvn_utts=500
 llm_path=
 llm_vocab_size=1000
-llm_pretrain_steps=1500
+llm_pretrain_steps=1000
 config=conf/tiny_cpu.yaml
 exp_name=tiny_cpu
 batch_type=
@@ -117,7 +117,7 @@ decode_batch_size=32
 max_new_tokens=40
 beam_size=1
 bench_utts=200
-bench_repeats=3
+bench_repeats=2
 bench_modes=static,dynamic,pack,pack_encoder_padded
 bench_threads=1
 bench_opts=

@@ -151,7 +151,7 @@ def pretrain_transcriber(llm_dir: str | Path, texts: Sequence[str], steps: int =
 
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / steps))))
+        opt, lambda s: min(1.0, (s + 1) / 50) * (0.5 + 0.5 * 0.5 * (1 + math.cos(math.pi * s / steps))))
     model.train()
     hist: list[tuple[float, float]] = []
     bar = range(steps)
