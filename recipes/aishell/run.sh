@@ -41,8 +41,8 @@
 #   --aishell_url URL             download source [https://www.openslr.org/resources/33/data_aishell.tgz]
 #   --num_train N / --num_dev N / --num_test N   synthetic utterances per split [1500 / 100 / 100]
 #   --num_speakers N              synthetic speakers [40]
-#   --vocab_size N                synthetic corpus: most frequent jieba words used (60: ~100 distinct
-#                                 characters, each heard ~200 times in 1500 utterances) [60]
+#   --vocab_size N                synthetic corpus: most frequent jieba words used (60: 98 distinct
+#                                 characters, each heard ~240 times in 1500 utterances) [60]
 #   --synth_seed N                synthetic corpus seed [0]
 #   --nj N                        worker processes for synthesis [2]
 #   --synth_opts "..."            more tools/synthesize_corpus.py options, e.g. "--mean_duration 3" []
