@@ -95,9 +95,11 @@ def test_dummy_batch_shape(tokenizer, corpus, batch_type):
     _, ds = build_dataloader(str(corpus["list"]), tokenizer, conf)
     b = ds.dummy_batch()
     assert b.speech_spans.tolist() == [[0, 0, 1]] and b.feat_lens.tolist() == [7]
-    if batch_type == "pack":
-        assert b.input_ids.shape == (1, 64) and b.cu_seqlens.tolist() == [0, 3, 64]
-        assert b.position_ids[0, 3:].tolist() == list(range(61))
+    if batch_type == "pack":   # 3 tokens, trimmed to pack_pad_multiple (8): one 5-token dummy tail
+        assert b.input_ids.shape == (1, 8) and b.cu_seqlens.tolist() == [0, 3, 8]
+        assert b.position_ids[0, 3:].tolist() == list(range(5))
+        fixed = build_dataloader(str(corpus["list"]), tokenizer, conf.replace(pack_pad_multiple=0))[1].dummy_batch()
+        assert fixed.input_ids.shape == (1, 64) and fixed.cu_seqlens.tolist() == [0, 3, 64]
     else:
         assert b.input_ids.shape == (1, 3) and b.attention_mask.tolist() == [[1, 1, 1]]
 
@@ -111,4 +113,6 @@ def test_wrong_durations_never_overflow_a_pack(tmp_path, tokenizer):
     batches = list(loader)
     assert sorted(k for b in batches for k in b.keys) == [f"u{i}" for i in range(6)]
     assert ds.stats.counts["plan_overflow"] >= 1
-    assert all(b.input_ids.shape[1] == 128 for b in batches) and any(b.input_ids.shape[0] > 1 for b in batches)
+    assert all(b.input_ids.shape[1] <= 128 for b in batches) and any(b.input_ids.shape[0] > 1 for b in batches)
+    for b in batches:   # every row fits the batch width: nothing truncated
+        assert b.counters["real_llm_tokens"] <= b.input_ids.numel()
