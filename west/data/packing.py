@@ -23,6 +23,7 @@ import numpy as np
 
 from west.data import balance_kernels as B
 from west.data import packing_kernels as K
+from west.data.refine_kernels import refine_fill
 
 if TYPE_CHECKING:
     import torch
@@ -104,7 +105,7 @@ def _refine(lengths: np.ndarray, assign: np.ndarray, capacity: int, max_passes: 
         # a pool of ~1% of the bins has enough variety of lengths to close
         # nearly every gap in one pass; it must at least hold the excess bins
         pool = min(max(n_bins - lower + 1, n_bins // 100), n_bins)
-        candidate = K.refine_fill(lengths, assign, n_bins, pool, capacity)
+        candidate = refine_fill(lengths, assign, n_bins, pool, capacity)
         got = int(candidate.max()) + 1
         if got >= n_bins:
             break
