@@ -73,8 +73,6 @@ class PosteriorProjector(nn.Module):
 
     def forward(self, logits: torch.Tensor, lengths: Sequence[int], table: torch.Tensor) -> torch.Tensor:
         soft = F.softmax(logits.float(), dim=-1).to(table.dtype) @ table          # (Σ n, H)
-        g = group_frames(soft, lengths, self.stride)
-        counts = torch.cat([torch.full((projected_frames(n, self.stride),), self.stride) for n in lengths])
-        last = torch.tensor([projected_frames(n, self.stride) for n in lengths]).cumsum(0) - 1
-        counts[last] = torch.tensor([n - (projected_frames(n, self.stride) - 1) * self.stride for n in lengths])
-        return g.sum(1) / counts.to(g.device, g.dtype)[:, None]
+        # the same grouping over a column of ones counts the real frames of every group
+        real = group_frames(soft.new_ones(soft.shape[0], 1), lengths, self.stride).sum(1)
+        return group_frames(soft, lengths, self.stride).sum(1) / real

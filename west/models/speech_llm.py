@@ -26,7 +26,7 @@ from west.batch import IGNORE_INDEX, Batch
 from west.models.config import LLMConfig, LoraSettings, SpeechLLMConfig
 from west.models.conformer import ConformerEncoder
 from west.models.hf_attention import ATTN_NAME, packed_kwargs, register
-from west.models.projector import PosteriorProjector, Projector
+from west.models.projector import PosteriorProjector, Projector, group_frames
 from west.shapes import num_speech_tokens
 
 CONFIG_FILE = "west_model.json"
@@ -239,17 +239,14 @@ class SpeechLLM(nn.Module):
             rows = torch.cat([torch.arange(int(starts[i]), int(starts[i]) + frames[i]) for i in keep]).to(dev)
             logits = logits.index_select(0, rows)
         logp = F.log_softmax(logits.float(), dim=-1)
-        # (T, N, C) zero-padded in one index_copy (a per-segment slice copy costs an autograd node each)
-        t_max, n = max(kept), len(kept)
-        seg = torch.repeat_interleave(torch.arange(n), torch.tensor(kept))
-        pos = torch.arange(sum(kept)) - torch.repeat_interleave(torch.tensor([0] + kept[:-1]).cumsum(0), torch.tensor(kept))
-        per_seg = logp.new_zeros(t_max * n, logp.shape[1]).index_copy(0, (pos * n + seg).to(dev), logp)
-        per_seg = per_seg.view(t_max, n, logp.shape[1])
+        # (T, N, C) zero-padded: grouping by the longest segment gives one zero-filled row per
+        # segment, in one index_copy (a per-segment slice copy costs an autograd node each)
+        per_seg = group_frames(logp, kept, max(kept)).transpose(0, 1)
         losses = F.ctc_loss(per_seg, torch.tensor(tgt, device=dev),
                             torch.tensor(kept, device=dev),
                             torch.tensor([lens_l[i] for i in keep], device=dev),
                             blank=self.ctc_blank_id, reduction="none", zero_infinity=True)
-        infeasible = sum(frames[i] < n for i, n in zip(keep, need))
+        infeasible = sum(frames[i] < k for i, k in zip(keep, need))
         return dict(ctc_sum=losses.sum() + zero, ctc_utts=len(keep), ctc_infeasible=infeasible)
 
     # ------------------------------------------------------------------ decoding
