@@ -143,7 +143,8 @@ def collate_packed(rows: Sequence[Sequence[dict]], pack_tokens: int, pad_id: int
             cu.append((r + 1) * pack_tokens)
     cu_t = torch.tensor(cu, dtype=torch.int32)
     return _finish(ids, labels, pos, segments, spans, keys, encoder_layout == "packed", num_mel_bins,
-                   _transcripts([s for row in rows for s in row]), cu_seqlens=cu_t, max_seqlen=int((cu_t[1:] - cu_t[:-1]).max()), real_tokens=real)
+                   _transcripts([s for row in rows for s in row]), cu_seqlens=cu_t,
+                   max_seqlen=int((cu_t[1:] - cu_t[:-1]).max()), real_tokens=real)
 
 
 def dummy_batch(pad_id: int, placeholder_id: int, num_mel_bins: int = 80, subsampling_rate: int = 4,
