@@ -6,6 +6,12 @@ embeddings. Both sides import these functions, so they cannot disagree.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+# The text that stands for one speech segment in a prompt; the data pipeline replaces it
+# with ``SpeechShape.slots(T)`` placeholder ids, the model splices embeddings there.
+SPEECH_MARKER = "<|speech|>"
+
 # Conv2d subsampling stacks as (kernel, stride) per layer, WeNet-style, no padding.
 SUBSAMPLING_LAYERS: dict[int, tuple[tuple[int, int], ...]] = {
     4: ((3, 2), (3, 2)),
@@ -45,3 +51,21 @@ def projected_frames(n_encoder_frames: int, stride: int = 2) -> int:
 def num_speech_tokens(n_frames: int, subsampling_rate: int = 4, projector_stride: int = 2) -> int:
     """LLM placeholder slots for a speech segment of ``n_frames`` fbank frames."""
     return projected_frames(subsampled_frames(n_frames, subsampling_rate), projector_stride)
+
+
+@dataclass(frozen=True)
+class SpeechShape:
+    """The model geometry the data side needs, derived once from the model config
+    (``SpeechLLMConfig.speech_shape()``) and handed to the loader; never copied into
+    the data config."""
+
+    subsampling_rate: int = 4
+    projector_stride: int = 2
+
+    def slots(self, n_frames: int) -> int:
+        """LLM placeholder slots for ``n_frames`` feature frames."""
+        return num_speech_tokens(n_frames, self.subsampling_rate, self.projector_stride)
+
+    def min_frames(self) -> int:
+        """Fewest feature frames that still give one slot."""
+        return min_fbank_frames(self.subsampling_rate)

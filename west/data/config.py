@@ -21,7 +21,7 @@ BATCH_TYPES = ("static", "dynamic", "pack")
 ENCODER_LAYOUTS = ("packed", "padded")
 DATA_TYPES = ("auto", "raw", "shard", "kaldi")
 PLAN_MODES = ("auto", "always", "never")
-SPEECH_MARKER = "<|speech|>"
+from west.shapes import SPEECH_MARKER  # noqa: F401  (re-exported)
 # Options that change which samples form which batch (a resume must not change them).
 _BATCHING_KEYS = ("batch_type", "batch_size", "max_tokens_in_batch", "pack_tokens", "pack_buffer",
                   "pack_algorithm", "pack_cost", "data_type", "plan", "shuffle", "shuffle_buffer",

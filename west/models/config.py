@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Optional
 
-from west.shapes import SUBSAMPLING_LAYERS
+from west.shapes import SUBSAMPLING_LAYERS, SpeechShape
 
 
 @dataclass
@@ -114,6 +114,10 @@ class SpeechLLMConfig:
         if self.projector.type == "ctc_posterior" and not self.ctc_weight > 0:
             raise ValueError("model.projector.type ctc_posterior needs model.ctc_weight > 0 "
                              "(the CTC head it reads posteriors from is trained by the CTC loss)")
+
+    def speech_shape(self) -> SpeechShape:
+        """The geometry the data side needs (how many LLM slots T frames take)."""
+        return SpeechShape(self.encoder.subsampling_rate, self.projector.stride)
 
     def to_dict(self) -> dict:
         return asdict(self)

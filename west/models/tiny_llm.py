@@ -124,7 +124,7 @@ def pretrain_transcriber(llm_dir: str | Path, texts: Sequence[str], steps: int =
     import torch.nn.functional as F
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from west.data.config import SPEECH_MARKER
+    from west.shapes import SPEECH_MARKER
 
     tok = AutoTokenizer.from_pretrained(str(llm_dir))
     model = AutoModelForCausalLM.from_pretrained(str(llm_dir), dtype=torch.float32)
