@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from west.bin import benchmark as cli
-from west.train.benchmark import ALL_MODES, _cpu_sdpa_flops, standard_modes
+from west.bench.benchmark import ALL_MODES, _cpu_sdpa_flops, standard_modes
 
 CONFIG = """\
 train: {lr: 0.001, warmup_steps: 2, max_steps: 10, device: cpu, grad_clip: 1.0}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from west.train.scoring import detect_mode, error_rate, read_transcripts, score_files, tokenize
+from west.infer.scoring import detect_mode, error_rate, read_transcripts, score_files, tokenize
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
-from west.train.scoring import ErrorRate, score_files  # noqa: E402
+from west.infer.scoring import ErrorRate, score_files  # noqa: E402
 
 
 def compute_cer(ref: str, hyp: str, mode: str = "auto") -> dict:

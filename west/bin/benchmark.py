@@ -2,7 +2,7 @@
 
 Trains the same initial model on the same N utterances in every batch mode and prints
 the seed's table plus the compute each mode performs; writes OUT_DIR/benchmark.{json,md,png}.
-See west/train/benchmark.py for what is measured and docs/benchmarks.md for results.
+See west/bench/benchmark.py for what is measured and docs/benchmarks.md for results.
 
     python -m west.bin.benchmark --config recipes/aishell/conf/tiny_cpu.yaml \\
         --model.llm.path exp/tiny_llm --data data/train/data.list --num_utts 200 --out_dir exp/benchmark
@@ -23,7 +23,7 @@ from west.train.config import ConfigError
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
-    from west.train.benchmark import ALL_MODES, DEFAULT_MODES
+    from west.bench.benchmark import ALL_MODES, DEFAULT_MODES
 
     p = argparse.ArgumentParser(prog="west-benchmark", description=__doc__.split("\n\n")[0],
                                 epilog="Any config key can be overridden as --section.key VALUE "
@@ -75,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError("--num_utts and --repeats must be >= 1, --warmup_steps >= 0")
         if not Path(args.data).is_file():
             raise ConfigError(f"--data: no such file: {args.data}")
-        from west.train.benchmark import standard_modes
+        from west.bench.benchmark import standard_modes
 
         modes = standard_modes([m.strip() for m in args.modes.split(",") if m.strip()], args.batch_size,
                                args.max_tokens_in_batch, args.pack_tokens)
@@ -83,8 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"west-benchmark: error: {e}", file=sys.stderr)
         return 2
 
-    from west.train.bench_report import plot, profile_diff, profile_report, report
-    from west.train.benchmark import run_benchmark, select_utterances
+    from west.bench.report import plot, profile_diff, profile_report, report
+    from west.bench.benchmark import run_benchmark, select_utterances
     from west.train.build import build_model, load_tokenizer
 
     if args.threads > 0:

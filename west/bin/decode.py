@@ -31,8 +31,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
 
 
 def resolve_checkpoint(path: str) -> Path:
-    """See west.train.decode.resolve_checkpoint (imported lazily: ``--help`` stays fast)."""
-    from west.train.decode import resolve_checkpoint as resolve
+    """See west.infer.decode.resolve_checkpoint (imported lazily: ``--help`` stays fast)."""
+    from west.infer.decode import resolve_checkpoint as resolve
 
     return resolve(path)
 
@@ -54,13 +54,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             prepare_output_dir(Path(args.result).resolve().parent)
         except ConfigError as e:
             raise OSError(str(e).replace("run.output_dir", "--result")) from None
-        from west.train.decode import load_for_decoding
+        from west.infer.decode import load_for_decoding
 
         model, tokenizer, conf = load_for_decoding(args.checkpoint, args.config, args.device)
     except (OSError, ValueError) as e:
         print(f"west-decode: error: {e}", file=sys.stderr)
         return 2
-    from west.train.decode import decode_list
+    from west.infer.decode import decode_list
 
     s = decode_list(model, tokenizer, conf, args.data, args.result, beam_size=args.beam_size,
                     batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, ref=args.ref,

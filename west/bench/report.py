@@ -1,4 +1,4 @@
-"""Tables (markdown) and a bar chart (PNG) for west.train.benchmark results."""
+"""Tables (markdown) and a bar chart (PNG) for west.bench.benchmark results."""
 from __future__ import annotations
 
 import math

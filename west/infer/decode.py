@@ -27,7 +27,7 @@ from west.models.config import SpeechLLMConfig
 from west.models.speech_llm import CONFIG_FILE, LLM_DIR, SpeechLLM, load_llm
 from west.train.checkpoint import _load_tensors, find_latest
 from west.train.distributed import pick_device
-from west.train.scoring import ErrorRate, error_rate, read_transcripts
+from west.infer.scoring import ErrorRate, error_rate, read_transcripts
 
 
 @dataclass
