@@ -25,7 +25,7 @@ from west.data.stats import DataStats
 from west.data.tokenize import pad_token_id
 from west.models.config import SpeechLLMConfig
 from west.models.speech_llm import CONFIG_FILE, LLM_DIR, SpeechLLM, load_llm
-from west.train.checkpoint import _load_tensors, find_latest
+from west.train.checkpoint import find_latest, load_tensors
 from west.train.distributed import pick_device
 from west.infer.scoring import ErrorRate, error_rate, read_transcripts
 
@@ -94,7 +94,7 @@ def load_for_decoding(checkpoint: str, config: Optional[str] = None,
         # Architecture from the LLM dir, every weight (frozen LLM included) from the checkpoint.
         llm = load_llm(model_cfg.llm, hf_config=AutoConfig.from_pretrained(model_cfg.llm.path))
         model = SpeechLLM(model_cfg, llm=llm)
-        model.load_state_dict(_load_tensors(ckpt / "model.safetensors"), strict=True)
+        model.load_state_dict(load_tensors(ckpt / "model.safetensors"), strict=True)
         tok_dir = model_cfg.llm.path
     tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
     data = dict(raw.get("data") or {})

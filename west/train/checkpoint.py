@@ -90,7 +90,8 @@ def _save_tensors(state: dict[str, torch.Tensor], path: Path) -> None:
     _fsync_path(path)
 
 
-def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
+def load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """A state dict written by the checkpoint saver, with its shared (tied) tensors re-aliased."""
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt") as f:
@@ -266,7 +267,7 @@ def load_checkpoint(path: str | os.PathLike, *, model: nn.Module, optimizer: tor
     distributed = world > 1
     opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=distributed)
     if rank == 0 or not distributed:
-        model_sd = _load_tensors(path / "model.safetensors")
+        model_sd = load_tensors(path / "model.safetensors")
         optim_sd = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
     else:  # rank 0 broadcasts
         model_sd, optim_sd = {}, {}
