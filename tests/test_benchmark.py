@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from west.bin import benchmark as cli
-from west.bench.benchmark import ALL_MODES, _cpu_sdpa_flops, standard_modes
+from west.bench.costs import cpu_sdpa_flops
+from west.bench.modes import ALL_MODES, standard_modes
 
 CONFIG = """\
 train: {lr: 0.001, warmup_steps: 2, max_steps: 10, device: cpu, grad_clip: 1.0}
@@ -133,7 +134,7 @@ def test_cpu_sdpa_flop_formula():
     b, h, hkv, n, d = 2, 4, 2, 10, 8
     q = torch.randn(b, h, n, d, requires_grad=True)
     k, v = (torch.randn(b, hkv, n, d, requires_grad=True) for _ in range(2))
-    with FlopCounterMode(display=False, custom_mapping=_cpu_sdpa_flops()) as fc:
+    with FlopCounterMode(display=False, custom_mapping=cpu_sdpa_flops()) as fc:
         F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).sum().backward()
     fwd = 4 * b * h * n * n * d   # QK^T and PV
     assert fc.get_total_flops() == fwd + 2.5 * fwd   # backward: recomputed scores + 4 matmuls

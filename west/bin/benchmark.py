@@ -23,7 +23,7 @@ from west.train.config import ConfigError
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
-    from west.bench.benchmark import ALL_MODES, DEFAULT_MODES
+    from west.bench.modes import ALL_MODES, DEFAULT_MODES
 
     p = argparse.ArgumentParser(prog="west-benchmark", description=__doc__.split("\n\n")[0],
                                 epilog="Any config key can be overridden as --section.key VALUE "
@@ -75,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError("--num_utts and --repeats must be >= 1, --warmup_steps >= 0")
         if not Path(args.data).is_file():
             raise ConfigError(f"--data: no such file: {args.data}")
-        from west.bench.benchmark import standard_modes
+        from west.bench.modes import standard_modes
 
         modes = standard_modes([m.strip() for m in args.modes.split(",") if m.strip()], args.batch_size,
                                args.max_tokens_in_batch, args.pack_tokens)
@@ -83,8 +83,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"west-benchmark: error: {e}", file=sys.stderr)
         return 2
 
+    from west.bench.benchmark import run_benchmark
+    from west.bench.modes import select_utterances
     from west.bench.report import plot, profile_diff, profile_report, report
-    from west.bench.benchmark import run_benchmark, select_utterances
     from west.train.build import build_model, load_tokenizer
 
     if args.threads > 0:

@@ -1,0 +1,127 @@
+"""What a batch costs: real vs computed tokens, frames and attention terms, and counted FLOPs.
+
+Attention terms Σ len² (real) are set against what the kernels run (padded B·Lmax²;
+packed Σ over segments, incl. a row's dummy tail, bucketed as west's segment SDPA groups
+them). FLOPs are counted by ``torch.utils.flop_counter`` on the exact batches, with the
+CPU SDPA kernels registered here.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from west.batch import IGNORE_INDEX, Batch
+from west.models.attention import SegmentPlan
+from west.models.config import ConformerConfig
+from west.shapes import subsampled_frames
+
+# west.models.hf_attention.packed_kwargs groups packed LLM segments with 8 buckets per octave.
+LLM_BUCKETS_PER_OCTAVE = 8
+
+
+def _plan_cost(lengths: Sequence[int], buckets: Optional[int]) -> int:
+    """Σ n² over the groups segment SDPA runs (each segment padded to its bucket length)."""
+    plan = SegmentPlan.from_lengths(lengths, "cpu", buckets)
+    return sum(int(g.index.shape[0]) * g.length ** 2 for g in plan.groups)
+
+
+def batch_shapes(b: Batch, enc: ConformerConfig) -> dict:
+    """What one batch holds (real) and what the model computes for it."""
+    rows, width = (int(x) for x in b.input_ids.shape)
+    out = {"rows": rows, "width": width, **{k: int(v) for k, v in b.counters.items()}}
+    if b.is_packed:
+        cu = b.cu_seqlens.long().tolist()
+        segs = [e - s for s, e in zip(cu, cu[1:])]
+        labels = b.labels.reshape(-1)
+        lens = [e - s for s, e in zip(cu, cu[1:]) if bool((labels[s:e] != IGNORE_INDEX).any())]
+        out["llm_attn_computed"] = _plan_cost(segs, LLM_BUCKETS_PER_OCTAVE)
+        out["llm_attn_dense_segments"] = sum(n * n for n in segs)
+    else:
+        lens = b.attention_mask.sum(1).tolist()
+        out["llm_attn_computed"] = out["llm_attn_dense_segments"] = rows * width * width
+    out["llm_attn_real"] = sum(int(n) ** 2 for n in lens)
+    feat_lens = b.feat_lens.tolist() if b.feat_lens is not None else []
+    sub = [subsampled_frames(int(t), enc.subsampling_rate) for t in feat_lens]
+    out["enc_sub_frames_real"] = sum(sub)
+    out["enc_attn_real"] = sum(n * n for n in sub)
+    if b.encoder_packed or not sub:
+        out["enc_sub_frames_computed"] = sum(sub)
+        out["enc_attn_computed"] = _plan_cost(sub, enc.buckets_per_octave)
+    else:
+        t = subsampled_frames(int(b.feats.shape[1]), enc.subsampling_rate)
+        out["enc_sub_frames_computed"] = len(sub) * t
+        out["enc_attn_computed"] = len(sub) * t * t
+    return out
+
+
+def summarize(shapes: Sequence[dict]) -> dict:
+    """Sum per-batch shapes into per-mode totals and ratios."""
+    keys = [k for k in shapes[0] if k != "width"] if shapes else []
+    tot = {k: sum(s[k] for s in shapes) for k in keys}
+    tot["batches"] = len(shapes)
+    ratio = lambda a, b: tot[a] / tot[b] if tot.get(b) else float("nan")  # noqa: E731
+    tot["llm_useful"] = ratio("real_llm_tokens", "computed_llm_tokens")
+    tot["enc_useful"] = ratio("real_enc_frames", "computed_enc_frames")
+    tot["llm_attn_useful"] = ratio("llm_attn_real", "llm_attn_computed")
+    tot["enc_attn_useful"] = ratio("enc_attn_real", "enc_attn_computed")
+    if len(shapes) > 1:  # steady state: without the least-filled batch (an epoch's last, partial pack)
+        worst = min(range(len(shapes)), key=lambda i: shapes[i]["real_llm_tokens"] / shapes[i]["computed_llm_tokens"])
+        rest = [s for i, s in enumerate(shapes) if i != worst]
+        tot["llm_useful_wo_least_filled"] = (sum(s["real_llm_tokens"] for s in rest)
+                                             / sum(s["computed_llm_tokens"] for s in rest))
+    return tot
+
+
+def cpu_sdpa_flops() -> dict:
+    """FLOP formulas for the CPU SDPA kernels, which torch.utils.flop_counter does not count."""
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    aten = torch.ops.aten
+
+    def fwd(q, k, v, *args, out_shape=None, **kwargs):
+        return sdpa_flop_count(q, k, v)
+
+    def bwd(grad_out, q, k, v, *args, out_shape=None, **kwargs):
+        return sdpa_backward_flop_count(grad_out, q, k, v)
+
+    return {aten._scaled_dot_product_flash_attention_for_cpu: fwd,
+            aten._scaled_dot_product_flash_attention_for_cpu_backward: bwd}
+
+
+def count_flops(model: torch.nn.Module, batches: Sequence[Batch], device: torch.device) -> dict:
+    """Forward+backward FLOPs over ``batches``: ``total``, ``forward``, ``backward`` and the
+    forward FLOPs of each top-level part (``fwd_<child>``; the encoder is what the root's
+    forward does outside its called children). Weights are not updated; this pass doubles
+    as the warm-up that sees every batch shape once. (Per-module numbers come from forward
+    hooks only: torch's attribution of backward ops to modules is approximate.)"""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model.train()
+    root = type(model).__name__
+    children = [name for name, _ in model.named_children()]
+    out = {"total": 0, "forward": 0, "backward": 0, **{f"fwd_{c}": 0 for c in children}}
+    for b in batches:
+        fwd = FlopCounterMode(display=False, custom_mapping=cpu_sdpa_flops())
+        bwd = FlopCounterMode(display=False, custom_mapping=cpu_sdpa_flops())
+        with fwd:
+            loss = model(b.to(device))["loss_sum"]
+        with bwd:
+            loss.backward()
+        model.zero_grad(set_to_none=True)
+        counts = fwd.get_flop_counts()
+        called = 0
+        for c in children:
+            n = int(sum(counts.get(f"{root}.{c}", {}).values()))
+            out[f"fwd_{c}"] += n
+            called += n
+        out["forward"] += int(fwd.get_total_flops())
+        out["backward"] += int(bwd.get_total_flops())
+        # a child the root calls through a method (not __call__) has no hook: its FLOPs are the rest
+        rest = int(sum(counts.get(root, {}).values())) - called
+        for c in children:
+            if getattr(model, c) is not None and f"{root}.{c}" not in counts:
+                out[f"fwd_{c}"] += rest
+                break
+    out["total"] = out["forward"] + out["backward"]
+    return out

@@ -1,0 +1,58 @@
+"""The batch modes a benchmark compares, and the utterances every mode trains on."""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+DEFAULT_MODES = ("static", "dynamic", "pack", "pack_encoder_padded")
+ALL_MODES = DEFAULT_MODES + ("pack_nf",)
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    method: str          # first column of the seed table
+    configuration: str   # second column
+    data: dict = field(default_factory=dict)   # DataConfig overrides
+
+
+def standard_modes(names: Sequence[str] = DEFAULT_MODES, batch_size: int = 32, max_tokens: int = 4096,
+                   pack_tokens: int = 8192) -> list[Mode]:
+    """The seed table's modes plus the ablations, sized like the seed experiment by default."""
+    pack = dict(batch_type="pack", pack_tokens=pack_tokens, pack_algorithm="bfd", encoder_layout="packed")
+    table = {
+        "static": Mode("static", "static batch", f"batch size {batch_size}",
+                       dict(batch_type="static", batch_size=batch_size)),
+        "dynamic": Mode("dynamic", "dynamic batch", f"max token in batch {max_tokens}",
+                        dict(batch_type="dynamic", max_tokens_in_batch=max_tokens)),
+        "pack": Mode("pack", "sequence pack", f"pack token {pack_tokens}, encoder packed", pack),
+        "pack_encoder_padded": Mode("pack_encoder_padded", "pack, encoder padded (WEST)",
+                                    f"pack token {pack_tokens}, encoder padded",
+                                    {**pack, "encoder_layout": "padded"}),
+        "pack_nf": Mode("pack_nf", "sequence pack, next-fit", f"pack token {pack_tokens}, next-fit",
+                        {**pack, "pack_algorithm": "nf"}),
+    }
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        raise ValueError(f"unknown benchmark mode(s) {unknown}; choose from {list(table)}")
+    return [table[n] for n in names]
+
+
+def select_utterances(data_list: str, n: int, out_path: Path, seed: int = 0) -> list[str]:
+    """Write a jsonl list of ``n`` utterances drawn (seeded) from ``data_list``; returns their keys."""
+    lines = [ln for ln in Path(data_list).read_text(encoding="utf-8").splitlines() if ln.strip()]
+    keys = []
+    for i, ln in enumerate(lines):
+        try:
+            keys.append(json.loads(ln)["key"])
+        except (ValueError, KeyError, TypeError):
+            raise ValueError(f"{data_list}:{i + 1}: the benchmark needs a jsonl list with a 'key' "
+                             "per line (tools/prepare_aishell.py --jsonl writes one)") from None
+    if n <= 0 or n > len(lines):
+        raise ValueError(f"--num_utts {n}: {data_list} has {len(lines)} utterances")
+    chosen = sorted(random.Random(seed).sample(range(len(lines)), n))
+    out_path.write_text("".join(lines[i] + "\n" for i in chosen), encoding="utf-8")
+    return [keys[i] for i in chosen]

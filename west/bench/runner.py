@@ -1,0 +1,80 @@
+"""Timed training passes through the production step, each from the same initial weights."""
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from typing import Sequence
+
+import torch
+
+from west.batch import Batch
+from west.train.config import TrainConfig
+from west.train.gpu_monitor import build_monitor
+from west.train.loss import plan_step
+from west.train.schedule import build_optimizer, build_scheduler
+from west.train.step import train_step
+
+
+class PassRunner:
+    """Timed training passes from one fixed initial state."""
+
+    def __init__(self, model: torch.nn.Module, train: TrainConfig, device: torch.device, seed: int):
+        self.model, self.train, self.device, self.seed = model, train, device, seed
+        self.init = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    def _fresh(self, n_steps: int):
+        self.model.load_state_dict(self.init)
+        self.model.train()
+        torch.manual_seed(self.seed)
+        t = self.train
+        opt = build_optimizer(self.model, t.lr, t.weight_decay, t.betas, t.eps)
+        return opt, build_scheduler(opt, t.warmup_steps, n_steps, t.min_lr_ratio)
+
+    def step(self, b: Batch, opt, sched):
+        return train_step(self.model, [b], plan_step([b], 1), opt, sched, device=self.device, world_size=1,
+                          grad_clip=self.train.grad_clip, precision=self.train.precision)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def run(self, batches: Sequence[Batch], warmup_steps: int) -> dict:
+        opt, sched = self._fresh(len(batches))
+        for b in batches[:warmup_steps]:
+            self.step(b, opt, sched)
+        opt, sched = self._fresh(len(batches))
+        gc.collect()
+        monitor = build_monitor(self.device.type, self.device.index or 0)
+        monitor.start()
+        self._sync()
+        t0, c0 = time.perf_counter(), time.process_time()
+        steps, losses = [], []
+        for b in batches:
+            ts = time.perf_counter()
+            losses.append(self.step(b, opt, sched).loss)
+            self._sync()
+            steps.append(time.perf_counter() - ts)
+        total, cpu = time.perf_counter() - t0, time.process_time() - c0
+        hw = monitor.read()
+        monitor.stop()
+        util = hw.get("gpu_busy_pct")
+        if util is None:  # CPU sampler: 100 = one core; report the share of all cores
+            util = hw.get("cpu_util_pct", float("nan")) / max(hw.get("cpu_count", 1.0), 1.0)
+        return {"time_s": total, "cpu_s": cpu, "step_s": steps, "util_pct": util,
+                "mean_loss": statistics.fmean(losses)}
+
+    def profile_pass(self, batches: Sequence[Batch], rows: int = 20) -> tuple[dict, str]:
+        """torch.profiler over one whole training pass: ({op: self ms}, table by input shape)."""
+        from torch.profiler import ProfilerActivity, profile
+
+        opt, sched = self._fresh(len(batches))
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        with profile(activities=acts, record_shapes=True) as prof:
+            for b in batches:
+                self.step(b, opt, sched)
+            self._sync()
+        ops = {e.key: e.self_cpu_time_total / 1000.0 for e in prof.key_averages()}
+        table = prof.key_averages(group_by_input_shape=True).table(
+            sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=45, max_shapes_column_width=90)
+        return ops, table
