@@ -31,8 +31,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
 
 
 def resolve_checkpoint(path: str) -> Path:
-    """See west.infer.decode.resolve_checkpoint (imported lazily: ``--help`` stays fast)."""
-    from west.infer.decode import resolve_checkpoint as resolve
+    """See west.infer.load.resolve_checkpoint (imported lazily: ``--help`` stays fast)."""
+    from west.infer.load import resolve_checkpoint as resolve
 
     return resolve(path)
 
@@ -54,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             prepare_output_dir(Path(args.result).resolve().parent)
         except ConfigError as e:
             raise OSError(str(e).replace("run.output_dir", "--result")) from None
-        from west.infer.decode import load_for_decoding
+        from west.infer.load import load_for_decoding
 
         model, tokenizer, conf = load_for_decoding(args.checkpoint, args.config, args.device)
     except (OSError, ValueError) as e:

@@ -1,0 +1,84 @@
+"""Restore a trained model for decoding: checkpoint, run config, tokenizer.
+
+A checkpoint is either a training checkpoint (``DIR/checkpoints/step_N``, or a
+run DIR meaning its latest one), read with the run's ``DIR/config.yaml``, or a
+``SpeechLLM.save_pretrained`` export (``west_model.json``).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+import torch
+import yaml
+
+from west.data.config import DataConfig
+from west.models.config import SpeechLLMConfig
+from west.models.speech_llm import CONFIG_FILE, LLM_DIR, SpeechLLM, load_llm
+from west.train.checkpoint import find_latest, load_tensors
+from west.train.distributed import pick_device
+
+
+def resolve_checkpoint(path: str | os.PathLike) -> Path:
+    """A step dir or an export as given, or the latest checkpoint of a run dir."""
+    p = Path(path)
+    if (p / "meta.json").is_file() or (p / CONFIG_FILE).is_file():
+        return p
+    latest = find_latest(p / "checkpoints")
+    if latest is None:
+        raise FileNotFoundError(f"--checkpoint {path}: neither a checkpoint, an export, nor a run dir with one")
+    return latest
+
+
+def read_run_config(ckpt: Path, config: Optional[str] = None) -> dict:
+    """The run's resolved config.yaml: given, next to an export, or two levels above a step dir."""
+    candidates = [Path(config)] if config else [ckpt / "config.yaml", ckpt.parent.parent / "config.yaml"]
+    for c in candidates:
+        if c.is_file():
+            with open(c, encoding="utf-8") as f:
+                raw = yaml.safe_load(f) or {}
+            if not isinstance(raw, dict):
+                raise ValueError(f"{c}: not a west config (top level must be a mapping of sections)")
+            return raw
+    if config:
+        raise FileNotFoundError(f"--config: no such file: {config}")
+    return {}
+
+
+def decode_device(requested: str = "auto") -> torch.device:
+    """``pick_device`` with the error worded for west-decode's ``--device`` flag."""
+    try:
+        return pick_device(requested)
+    except RuntimeError:
+        raise ValueError("--device cuda: CUDA is not available") from None
+
+
+def load_for_decoding(checkpoint: str, config: Optional[str] = None,
+                      device: str = "auto") -> tuple[SpeechLLM, object, DataConfig]:
+    """(model in eval mode on ``device``, tokenizer, DataConfig of training).
+
+    Prompts must be built exactly as in training, so the data section comes from the run."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    ckpt = resolve_checkpoint(checkpoint)
+    raw = read_run_config(ckpt, config)
+    dev = decode_device(device)
+    if (ckpt / CONFIG_FILE).is_file():  # save_pretrained export
+        model = SpeechLLM.from_pretrained(ckpt)
+        tok_dir = ckpt / LLM_DIR if (ckpt / LLM_DIR / "tokenizer_config.json").is_file() else model.cfg.llm.path
+    else:
+        if "model" not in raw:
+            raise FileNotFoundError(f"{ckpt}: no config.yaml with a model section next to the run "
+                                    "(give --config DIR/config.yaml)")
+        model_cfg = SpeechLLMConfig.from_dict(raw["model"])
+        if not model_cfg.llm.path:
+            raise ValueError("model.llm.path is empty in the run config: the tokenizer cannot be loaded")
+        # Architecture from the LLM dir, every weight (frozen LLM included) from the checkpoint.
+        llm = load_llm(model_cfg.llm, hf_config=AutoConfig.from_pretrained(model_cfg.llm.path))
+        model = SpeechLLM(model_cfg, llm=llm)
+        model.load_state_dict(load_tensors(ckpt / "model.safetensors"), strict=True)
+        tok_dir = model_cfg.llm.path
+    tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
+    # The data section alone: the speech geometry is the model's (model.cfg.speech_shape()).
+    return model.to(dev).eval(), tokenizer, DataConfig.from_dict(dict(raw.get("data") or {}))
