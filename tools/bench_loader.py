@@ -18,13 +18,13 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import numpy as np
+import soundfile as sf
 
-import numpy as np  # noqa: E402
-import soundfile as sf  # noqa: E402
-
-from west.data.config import DataConfig  # noqa: E402
-from west.data.dataset import build_dataloader  # noqa: E402
+from west.data.config import DataConfig
+from west.data.dataset import build_dataloader
+from west.models.config import SpeechLLMConfig
+from west.shapes import SpeechShape
 
 WORDS = "the of speech model data pack batch token audio train hello world today weather".split()
 
@@ -50,9 +50,9 @@ def _cpu_seconds() -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
-def run(list_path: str, tokenizer, conf: DataConfig) -> dict:
+def run(list_path: str, tokenizer, conf: DataConfig, shape: SpeechShape) -> dict:
     t0 = time.perf_counter()
-    loader, ds = build_dataloader(list_path, tokenizer, conf, seed=0, epoch=0)
+    loader, ds = build_dataloader(list_path, tokenizer, conf, shape, seed=0, epoch=0)
     t1, c1 = time.perf_counter(), _cpu_seconds()
     utts = batches = 0
     for b in loader:
@@ -71,7 +71,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num_utts", type=int, default=400)
     p.add_argument("--batch_type", nargs="+", default=["static", "dynamic", "pack"])
     p.add_argument("--workers", type=int, nargs="+", default=[0, 2])
-    p.add_argument("--plan", default="auto", choices=["auto", "always", "never"])
     p.add_argument("--json", default="bench_loader.json")
     a = p.parse_args(argv)
     from transformers import AutoTokenizer
@@ -85,11 +84,12 @@ def main(argv: list[str] | None = None) -> int:
 
         tok = build_tokenizer([" ".join(WORDS)] * 20 + ["Transcribe the speech."], os.path.join(tmp.name, "tok"), 300)
     sizes = {"static": {"batch_size": 32}, "dynamic": {"max_tokens_in_batch": 4096}, "pack": {"pack_tokens": 8192}}
+    shape = SpeechLLMConfig().speech_shape()   # the default model's geometry sizes the prompts
     results = []
     for bt in a.batch_type:
         for w in a.workers:
-            conf = DataConfig(batch_type=bt, num_workers=w, plan=a.plan, **sizes[bt])
-            r = run(list_path, tok, conf)
+            conf = DataConfig(batch_type=bt, num_workers=w, **sizes[bt])
+            r = run(list_path, tok, conf, shape)
             r.update(batch_type=bt, num_workers=w)
             results.append(r)
     print("| batch_type | workers | planned | batches | utterances | epoch s | utts/s | CPU ms/utt | load avg |")

@@ -21,9 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from west.data.packing import pack  # noqa: E402
-from west.data.workloads import aishell_like_tokens, uniform_tokens  # noqa: E402
+from west.data.packing import pack
+from west.data.workloads import aishell_like_tokens, uniform_tokens
 
 WORKLOADS = {
     "aishell-like": (lambda n: aishell_like_tokens(n, seed=0), 8192),

@@ -13,9 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
-
-from west.infer.scoring import ErrorRate, score_files  # noqa: E402
+from west.infer.scoring import ErrorRate, score_files
 
 
 def compute_cer(ref: str, hyp: str, mode: str = "auto") -> dict:

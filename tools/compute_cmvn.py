@@ -12,17 +12,14 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from west.data.config import DataConfig  # noqa: E402
-from west.data.lists import iter_records  # noqa: E402
-from west.data.processors import DecodeContext, fbank, load_audio  # noqa: E402
-from west.data.stats import DataStats  # noqa: E402
+from west.data.config import DataConfig
+from west.data.lists import iter_records
+from west.data.processors import DecodeContext, fbank, load_audio
+from west.data.stats import DataStats
 
 
 def compute_cmvn(data_list: str, conf: DataConfig, num_utts: int = 0) -> tuple[dict, DataStats]:

@@ -10,7 +10,8 @@ Like WeNet's AIShell recipe, the text keeps the transcript with its word spaces 
 (Mandarin is modelled per character). Files are sorted by utterance id, wav paths absolute.
 Utterances without a transcript line are skipped and counted; with durations on (the
 default), so are audio files whose header cannot be read. ``--jsonl`` also writes
-``data.list`` lines ``{"key", "wav", "txt", "duration"}`` with tools/make_data_list.py.
+``data.list`` lines ``{"key", "wav", "txt", "duration"}`` with west.prep.data_list (the
+writer behind tools/make_data_list.py).
 
 The real corpus ships one archive per speaker (wav/S0002.tar.gz ...); ``--untar`` extracts
 them in place first (skipped when already done).
@@ -18,12 +19,11 @@ them in place first (skipped when already done).
 from __future__ import annotations
 
 import argparse
-import sys
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # make_data_list, next to this file
+from west.prep.data_list import write_data_list
 
 SPLITS = ("train", "dev", "test")
 TRANSCRIPT = "transcript/aishell_transcript_v0.8.txt"
@@ -117,11 +117,9 @@ def write_lists(out_dir: Path, rows: list[tuple[str, Path, str, float | None]],
                 f.write(f"{uid} {dur:.4f}\n")
     else:
         (out_dir / "utt2dur").unlink(missing_ok=True)  # an earlier one would not match wav.scp
-    if jsonl:  # one writer of the list format: tools/make_data_list.py
-        import make_data_list
-
-        make_data_list.main(["--wav_scp", str(out_dir / "wav.scp"), "--text", str(out_dir / "text"),
-                             "--utt2dur", str(out_dir / "utt2dur"), str(out_dir / "data.list")])
+    if jsonl:  # one writer of the list format: west.prep.data_list (tools/make_data_list.py)
+        write_data_list(str(out_dir / "data.list"), str(out_dir / "wav.scp"), str(out_dir / "text"),
+                        utt2dur=str(out_dir / "utt2dur"))
 
 
 def prepare_split(wav_dir: Path, split: str, texts: dict[str, str], out_dir: Path,
