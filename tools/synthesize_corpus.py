@@ -39,6 +39,7 @@ PREFIX = "BAC009"  # AIShell-1's recording-session prefix of every utterance id
 FIRST_SPEAKER = 2  # AIShell-1's speaker ids start at S0002
 TRANSCRIPT = "transcript/aishell_transcript_v0.8.txt"
 MARKER = "synthesis.json"  # marks a folder this tool made; "complete" once it finished
+NOT_CORPUS_OPTIONS = ("out", "num_workers", "force", "check")  # they do not change the corpus
 SAMPLE_RATE = 16000
 VOICE = "cmn"
 VARIANTS = ("", "f1", "f2", "f3", "f4", "f5", "m1", "m2", "m3", "m4", "m5", "m6", "m7")
@@ -317,6 +318,14 @@ def synthesize(args: argparse.Namespace) -> dict:
     return stats
 
 
+def already_synthesized(args: argparse.Namespace) -> bool:
+    """OUT/data_aishell holds a complete corpus made with these options (so the recipe
+    can reuse it); raises OSError / ValueError when there is no readable marker."""
+    done = json.loads((Path(args.out) / "data_aishell" / MARKER).read_text(encoding="utf-8"))
+    return bool(done.get("complete")) and all(done["args"].get(k) == v for k, v in vars(args).items()
+                                              if k not in NOT_CORPUS_OPTIONS)
+
+
 def get_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -334,11 +343,18 @@ def get_parser() -> argparse.ArgumentParser:
                    help="jieba-format 'word freq [tag]' file; unset = jieba's dict.txt")
     p.add_argument("--num_workers", type=int, default=2, help="worker processes")
     p.add_argument("--force", action="store_true", help="replace an earlier synthesized corpus")
+    p.add_argument("--check", action="store_true",
+                   help="synthesize nothing: print True when OUT already holds a complete corpus made "
+                        "with these options, else False (fails when OUT has none)")
     return p
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = get_parser().parse_args(argv)
+    if args.check:
+        same = already_synthesized(args)
+        print(same)
+        return {"same": same}
     for name in ("num_train", "num_dev", "num_test"):
         if getattr(args, name) < 0:
             raise SystemExit(f"--{name} must be >= 0")

@@ -183,16 +183,7 @@ if runs 0; then
     synth_args=(--out "$synth_root" --num_train "$num_train" --num_dev "$num_dev" --num_test "$num_test"
                 --num_speakers "$num_speakers" --vocab_size "$vocab_size" --seed "$synth_seed"
                 --num_workers "$nj" $synth_opts)
-    same=$("$python" - "$repo/tools" "$synth_root/data_aishell/synthesis.json" "${synth_args[@]}" <<'EOF' 2>/dev/null || true
-import json, sys
-sys.path.insert(0, sys.argv[1])
-from synthesize_corpus import get_parser
-want = vars(get_parser().parse_args(sys.argv[3:]))
-done = json.load(open(sys.argv[2]))
-ignore = {"out", "num_workers", "force"}  # they do not change the corpus
-print(bool(done.get("complete")) and all(done["args"].get(k) == v for k, v in want.items() if k not in ignore))
-EOF
-)
+    same=$("$python" "$repo/tools/synthesize_corpus.py" "${synth_args[@]}" --check 2>/dev/null || true)
     if [ "$same" = True ]; then
       log "stage 0: synthesized corpus with these options already in $synth_root/data_aishell"
     else
@@ -235,17 +226,7 @@ if runs 4; then
     log "stage 4: using the LLM in $llm_path"
   else
     log "stage 4: tiny tokenizer (vocab $llm_vocab_size) + Qwen2 pretrained for $llm_pretrain_steps steps on the train transcripts -> $llm"
-    "$python" - "$data/train/text" "$llm" "$llm_vocab_size" "$llm_pretrain_steps" <<'EOF'
-import sys
-from west.models.tiny_llm import build_tiny_llm, pretrain_transcriber
-with open(sys.argv[1], encoding="utf-8") as f:
-    texts = [p[1] for p in (line.rstrip("\n").split(maxsplit=1) for line in f) if len(p) == 2]
-build_tiny_llm(texts + ["Transcribe the speech."], sys.argv[2], vocab_size=int(sys.argv[3]))
-if int(sys.argv[4]) > 0:
-    r = pretrain_transcriber(sys.argv[2], texts, steps=int(sys.argv[4]))
-    print(f"[run.sh] tiny LLM pretraining: answer loss {r['first_loss']:.2f} -> {r['loss']:.2f}, "
-          f"token accuracy {r['first_acc']:.1%} -> {r['acc']:.1%}")
-EOF
+    "$python" "$recipe_dir/local/make_tiny_llm.py" "$data/train/text" "$llm" "$llm_vocab_size" "$llm_pretrain_steps"
   fi
 fi
 
@@ -260,35 +241,14 @@ if runs 5; then
   "${threads[@]}" "$python" -m west.bin.train --config "$config" --model.llm.path "$llm" \
     --train_data "$train_list" --output_dir "$run_dir" --data.cmvn "$cmvn" --data.num_workers "$num_workers" \
     --train.progress_bar false "${opts[@]}" $train_opts
-  "$python" - "$run_dir/train_log.jsonl" <<'EOF'
-import json, math, sys
-rows = [json.loads(l) for l in open(sys.argv[1], encoding="utf-8") if l.strip()]
-loss = [(r["step"], r["loss"]) for r in rows if r.get("loss") is not None and math.isfinite(r["loss"])]
-if loss:
-    k = max(1, len(loss) // 10)
-    marks = [loss[i] for i in range(0, len(loss), k)] + ([loss[-1]] if (len(loss) - 1) % k else [])
-    print("[run.sh] training loss by step: " + ", ".join(f"{s}: {l:.2f}" for s, l in marks))
-    first = sum(l for _, l in loss[:k]) / k
-    last = sum(l for _, l in loss[-k:]) / k
-    print(f"[run.sh] mean loss of the first {k} steps {first:.3f} -> last {k} steps {last:.3f}")
-EOF
+  "$python" "$recipe_dir/local/loss_summary.py" "$run_dir/train_log.jsonl"
 fi
 
 if runs 6; then
   init=$run_dir/untrained_init
   if [ ! -f "$init/west_model.json" ]; then
     log "stage 6: exporting the untrained (step-0) model -> $init"
-    "$python" - "$run_dir/config.yaml" "$init" <<'EOF'
-import shutil, sys
-from west.train.build import build_model, load_tokenizer
-from west.train.config import build_config
-from west.train.sections import register
-register()
-cfg = build_config(sys.argv[1])
-model = build_model(cfg.model, cfg.train.seed)   # what west-train starts from (same function, same seed)
-model.save_pretrained(sys.argv[2], tokenizer=load_tokenizer(cfg.model))
-shutil.copy(sys.argv[1], f"{sys.argv[2]}/config.yaml")
-EOF
+    "$python" "$recipe_dir/local/export_untrained.py" "$run_dir/config.yaml" "$init"
   fi
   for x in $decode_sets; do
     for which in trained untrained; do
@@ -308,18 +268,8 @@ if runs 7; then
       "$python" "$repo/tools/compute_cer.py" "$data/$x/text" "$d/result.jsonl" --json "$d/cer.json" > "$d/cer.txt"
     done
   done
-  "$python" - "$run_dir" $decode_sets <<'EOF'
-import json, sys
-run, sets = sys.argv[1], sys.argv[2:]
-summary = {x: {w: json.load(open(f"{run}/decode_{w}_{x}/cer.json")) for w in ("untrained", "trained")} for x in sets}
-print("| set | untrained CER (step 0) | trained CER |\n|---|---|---|")
-for x, r in summary.items():
-    print(f"| {x} | {100 * r['untrained']['rate']:.2f}% | {100 * r['trained']['rate']:.2f}% |")
-if any(r["trained"]["rate"] >= r["untrained"]["rate"] for r in summary.values()):
-    print("[run.sh] NOTE: the trained model is not better than the untrained one on every set "
-          "(see docs/getting_started.md, 'What the default run costs')")
-json.dump(summary, open(f"{run}/cer_summary.json", "w"), indent=1)
-EOF
+  # shellcheck disable=SC2086  # decode_sets is a list of set names
+  "$python" "$recipe_dir/local/cer_summary.py" "$run_dir" $decode_sets
 fi
 
 if runs 8; then

@@ -1,0 +1,31 @@
+#!/usr/bin/env python3
+"""Stage 6: save the untrained (step-0) model of a run, the baseline its CER is compared with.
+
+It is what west-train starts from: the same config, the same build function, the same seed.
+The run's config.yaml is copied next to the export so west-decode prompts it the same way.
+
+    python local/export_untrained.py exp/tiny_cpu/config.yaml exp/tiny_cpu/untrained_init
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+from west.config import load_config
+from west.train.build import build_model, load_tokenizer
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("config", help="the run's resolved DIR/config.yaml")
+    p.add_argument("out", help="export dir (SpeechLLM.save_pretrained)")
+    a = p.parse_args(argv)
+    cfg = load_config(a.config)
+    model = build_model(cfg.model, cfg.train.seed)
+    model.save_pretrained(a.out, tokenizer=load_tokenizer(cfg.model))
+    shutil.copy(a.config, Path(a.out) / "config.yaml")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+#!/usr/bin/env python3
+"""Stage 4: a tiny tokenizer + random Qwen2 built from the train transcripts, then (with
+STEPS > 0) pretrained on them, text only, as the stand-in for a pretrained LLM.
+
+    python local/make_tiny_llm.py data/train/text exp/tiny_llm VOCAB_SIZE STEPS
+"""
+from __future__ import annotations
+
+import argparse
+
+from west.models.tiny_llm import build_tiny_llm, pretrain_transcriber
+
+PROMPT = "Transcribe the speech."  # the recipe's prompt: its characters need tokens too
+
+
+def read_texts(path: str) -> list[str]:
+    """Transcripts of a Kaldi ``text`` file; keys without text are left out."""
+    with open(path, encoding="utf-8") as f:
+        return [p[1] for p in (line.rstrip("\n").split(maxsplit=1) for line in f) if len(p) == 2]
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("text", help="Kaldi text file (key transcript)")
+    p.add_argument("out", help="LLM dir to write (tokenizer + weights)")
+    p.add_argument("vocab_size", type=int)
+    p.add_argument("steps", type=int, help="text-only pretraining steps, 0 = keep it random")
+    a = p.parse_args(argv)
+    texts = read_texts(a.text)
+    build_tiny_llm(texts + [PROMPT], a.out, vocab_size=a.vocab_size)
+    if a.steps > 0:
+        r = pretrain_transcriber(a.out, texts, steps=a.steps)
+        print(f"[run.sh] tiny LLM pretraining: answer loss {r['first_loss']:.2f} -> {r['loss']:.2f}, "
+              f"token accuracy {r['first_acc']:.1%} -> {r['acc']:.1%}")
+
+
+if __name__ == "__main__":
+    main()
