@@ -89,6 +89,17 @@ def test_deterministic_for_a_seed_whatever_the_workers(corpus, tmp_path):
 
 
 @needs_tts
+def test_check_reuses_a_corpus_made_with_the_same_options(corpus, capsys):
+    """What the recipe asks before synthesizing again: only options that change the corpus count."""
+    out = str(corpus.parent)
+    assert sc.main(["--out", out, "--seed", "3", "--num_workers", "7", "--force", *TINY, "--check"]) == {"same": True}
+    assert sc.main(["--out", out, "--seed", "4", *TINY, "--check"]) == {"same": False}
+    assert capsys.readouterr().out.split() == ["True", "False"]
+    with pytest.raises(OSError):
+        sc.main(["--out", out + "_nothing_here", *TINY, "--check"])
+
+
+@needs_tts
 def test_duration_grows_with_text(tmp_path):
     vocab = sc.load_vocab(50)
     spk = sc.Speaker("S0002", "train", "", 175, 50, 50, 0.8, -60.0)
