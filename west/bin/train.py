@@ -9,15 +9,12 @@ import os
 import sys
 from typing import Sequence
 
-from west.train.cli import check_paths, parse_cli, save_config
-from west.train.config import Config, ConfigError
-from west.train.sections import register as register_sections
+from west.config import Config, ConfigError, check_paths, parse_train_args, save_config
 
 
 def prepare(argv: Sequence[str] | None = None) -> Config:
     """Parse + validate + check paths; rank 0 writes DIR/config.yaml."""
-    register_sections()
-    cfg = parse_cli(argv)
+    cfg = parse_train_args(argv)
     check_paths(cfg)
     if int(os.environ.get("RANK", "0")) == 0:
         save_config(cfg, cfg.run.output_dir)

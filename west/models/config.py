@@ -1,37 +1,35 @@
 """Model configuration: plain dataclasses that round-trip through dict/YAML/JSON.
 
-The data side needs exactly two numbers from here, ``encoder.subsampling_rate``
-and ``projector.stride`` (fed to ``west.shapes.num_speech_tokens``).
+Each limit sits next to its field and is checked on construction (west.schema), so a
+model built in code and the ``model`` section loaded by west.config fail the same way,
+naming the dotted key. The data side needs only ``speech_shape()``.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, field
 from typing import Any, Optional
 
+from west.schema import build, section, setting
 from west.shapes import SUBSAMPLING_LAYERS, SpeechShape
 
+PROJECTOR_TYPES = ("mlp", "ctc_posterior")
+LLM_DTYPES = ("float32", "bfloat16", "float16")
 
-@dataclass
+
+@section("model.encoder")
 class ConformerConfig:
-    input_dim: int = 80
-    d_model: int = 256
-    num_heads: int = 4
-    ffn_dim: int = 2048
-    num_blocks: int = 12
-    conv_kernel: int = 15          # depthwise kernel, odd
-    subsampling_rate: int = 4      # 4, 6 or 8 (west.shapes.SUBSAMPLING_LAYERS)
-    dropout: float = 0.1           # residual / FFN / subsampling output dropout
-    attn_dropout: float = 0.0      # dropout on attention probabilities
-    buckets_per_octave: Optional[int] = 8  # packed attention grouping (None = exact lengths)
+    input_dim: int = setting(80, min=1)
+    d_model: int = setting(256, min=1, rule=(lambda v, c: v % c.num_heads == 0,
+                                             "must be divisible by model.encoder.num_heads"))
+    num_heads: int = setting(4, min=1)
+    ffn_dim: int = setting(2048, min=1)
+    num_blocks: int = setting(12, min=1)
+    conv_kernel: int = setting(15, rule=(lambda v, _: v % 2 == 1, "must be odd"))  # depthwise kernel
+    subsampling_rate: int = setting(4, choices=tuple(SUBSAMPLING_LAYERS))  # west.shapes.SUBSAMPLING_LAYERS
+    dropout: float = setting(0.1, min=0)           # residual / FFN / subsampling output dropout
+    attn_dropout: float = setting(0.0, min=0)      # dropout on attention probabilities
+    buckets_per_octave: Optional[int] = 8          # packed attention grouping (None = exact lengths)
     gradient_checkpointing: bool = False
-
-    def __post_init__(self):
-        if self.subsampling_rate not in SUBSAMPLING_LAYERS:
-            raise ValueError(f"encoder.subsampling_rate must be one of {sorted(SUBSAMPLING_LAYERS)}")
-        if self.conv_kernel % 2 != 1:
-            raise ValueError(f"encoder.conv_kernel must be odd, got {self.conv_kernel}")
-        if self.d_model % self.num_heads:
-            raise ValueError(f"encoder.d_model {self.d_model} not divisible by num_heads {self.num_heads}")
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "ConformerConfig":
@@ -45,44 +43,35 @@ class ConformerConfig:
         return cls(**{**presets[name], **overrides})
 
 
-PROJECTOR_TYPES = ("mlp", "ctc_posterior")
-
-
-@dataclass
+@section("model.projector")
 class ProjectorConfig:
-    stride: int = 2               # encoder frames stacked per LLM slot (ceil, zero-filled tail)
-    hidden_dim: int = 2048        # MLP hidden size
+    stride: int = setting(2, min=1)         # encoder frames stacked per LLM slot (ceil, zero-filled tail)
+    hidden_dim: int = setting(2048, min=1)  # MLP hidden size
     # mlp: stacked frames -> MLP. ctc_posterior: the CTC head's posteriors times the LLM's
     # input embeddings (needs model.ctc_weight > 0; west/models/projector.py)
-    type: str = "mlp"
-    dropout: float = 0.0
-
-    def __post_init__(self):
-        if self.stride < 1:
-            raise ValueError(f"projector.stride must be >= 1, got {self.stride}")
-        if self.type not in PROJECTOR_TYPES:
-            raise ValueError(f"projector.type must be one of {PROJECTOR_TYPES}, got {self.type!r}")
+    type: str = setting("mlp", choices=PROJECTOR_TYPES)
+    dropout: float = setting(0.0, min=0)
 
 
-@dataclass
+@section("model.llm")
 class LLMConfig:
     path: Optional[str] = None              # local dir for from_pretrained (weights + config)
     config: Optional[dict] = None           # HF config dict for from_config (random init) if no path
     attn_implementation: str = "west_varlen"  # or any stock name: sdpa, eager, flash_attention_2
     attn_backend: str = "auto"              # west_varlen packed backend: auto|sdpa_segments|flash|flex
-    dtype: str = "float32"                  # float32 | bfloat16 | float16
+    dtype: str = setting("float32", choices=LLM_DTYPES)
     gradient_checkpointing: bool = False
 
 
-@dataclass
+@section("model.lora")
 class LoraSettings:
-    r: int = 8
+    r: int = setting(8, min=1)
     alpha: int = 16
-    dropout: float = 0.05
-    target_modules: list = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    dropout: float = setting(0.05, min=0)
+    target_modules: list[str] = setting(["q_proj", "k_proj", "v_proj", "o_proj"])
 
 
-@dataclass
+@section("model")
 class SpeechLLMConfig:
     encoder: ConformerConfig = field(default_factory=ConformerConfig)
     projector: ProjectorConfig = field(default_factory=ProjectorConfig)
@@ -93,27 +82,14 @@ class SpeechLLMConfig:
     # Hybrid CTC/LLM training: loss = CE + ctc_weight * CTC of the encoder output against the
     # transcript tokens (a linear head over the LLM vocabulary + blank). It gives the encoder
     # a direct, alignment-free signal early on (Kim et al., 2017); 0 = no head.
-    ctc_weight: float = 0.0
+    ctc_weight: float = setting(0.0, min=0, rule=(
+        lambda v, m: v > 0 or m.projector.type != "ctc_posterior",
+        "must be > 0 with model.projector.type ctc_posterior (the CTC head it reads posteriors from "
+        "is trained by the CTC loss)"))
     # The CTC blank: None = an extra class after the vocabulary (with its own learned
     # embedding for the ctc_posterior projector), or a token id (e.g. the pad token)
     # whose embedding then stands for blank frames.
-    ctc_blank: Optional[int] = None
-
-    def __post_init__(self):
-        if not isinstance(self.ctc_weight, (int, float)) or self.ctc_weight < 0:
-            raise ValueError(f"model.ctc_weight must be a number >= 0, got {self.ctc_weight!r}")
-        if self.ctc_blank is not None and (isinstance(self.ctc_blank, bool) or not isinstance(self.ctc_blank, int)
-                                           or self.ctc_blank < 0):
-            raise ValueError(f"model.ctc_blank must be a token id >= 0 or null, got {self.ctc_blank!r}")
-        # Nested YAML mappings arrive as dicts (e.g. via the trainer's section schema).
-        for name, klass in (("encoder", ConformerConfig), ("projector", ProjectorConfig),
-                            ("llm", LLMConfig), ("lora", LoraSettings)):
-            v = getattr(self, name)
-            if isinstance(v, dict):
-                setattr(self, name, _build(klass, v, f"model.{name}"))
-        if self.projector.type == "ctc_posterior" and not self.ctc_weight > 0:
-            raise ValueError("model.projector.type ctc_posterior needs model.ctc_weight > 0 "
-                             "(the CTC head it reads posteriors from is trained by the CTC loss)")
+    ctc_blank: Optional[int] = setting(None, min=0)
 
     def speech_shape(self) -> SpeechShape:
         """The geometry the data side needs (how many LLM slots T frames take)."""
@@ -125,12 +101,4 @@ class SpeechLLMConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "SpeechLLMConfig":
         """Build from a nested dict (YAML ``model`` section). Unknown keys raise, naming the key."""
-        return _build(cls, dict(d or {}), "model")
-
-
-def _build(klass, values: dict, where: str):
-    names = {f.name for f in fields(klass)}
-    unknown = set(values) - names
-    if unknown:
-        raise ValueError(f"unknown keys in {where}: {sorted(f'{where}.{k}' for k in unknown)}")
-    return klass(**values)
+        return build(cls, dict(d or {}), "model")

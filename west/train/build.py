@@ -11,11 +11,10 @@ from typing import Iterator
 import torch
 
 from west.batch import Batch
-from west.data.config import DataConfig
+from west.config import Config
 from west.data.dataset import SpeechDataset, WestDataLoader, build_dataloader
 from west.models.config import SpeechLLMConfig
 from west.models.speech_llm import SpeechLLM
-from west.train.config import Config
 from west.train.distributed import DistInfo, cleanup, init_distributed
 from west.train.loop import Trainer
 
@@ -41,7 +40,7 @@ class LoaderData:
         return iter(self.loader)
 
     def __len__(self) -> int:
-        return len(self.dataset)  # TypeError for streamed data: the loop then keeps lr constant
+        return len(self.dataset)  # every epoch is planned: known before it is read
 
     def state_dict(self) -> dict:
         return self.dataset.state_dict()
@@ -78,20 +77,15 @@ def setup_logging(rank: int) -> None:
 
 def build_trainer(cfg: Config, info: DistInfo) -> Trainer:
     """Tokenizer, model and this rank's share of the data; nothing is trained yet."""
-    data_conf: DataConfig = cfg.data
     tokenizer = load_tokenizer(cfg.model)
     model = build_model(cfg.model, cfg.train.seed)
-    loader, dataset = build_dataloader(cfg.run.train_data, tokenizer, data_conf, info.rank, info.world_size,
-                                       seed=cfg.train.seed, epoch=0, training=True)
+    loader, dataset = build_dataloader(cfg.run.train_data, tokenizer, cfg.data, cfg.model.speech_shape(), info.rank,
+                                       info.world_size, seed=cfg.train.seed, epoch=0, training=True)
     if info.is_main:
         total, trainable = count_params(model)
-        try:
-            per_rank = f"{len(dataset)} batches per epoch per rank (planned)"
-        except TypeError:
-            per_rank = "streamed epoch (batch count unknown until read)"
         print(f"model: {total / 1e6:.2f} M parameters, {trainable / 1e6:.2f} M trainable; "
-              f"data: {data_conf.batch_type} batches, {per_rank}; {info.world_size} rank(s) on "
-              f"{info.device.type}", flush=True)
+              f"data: {cfg.data.batch_type} batches, {len(dataset)} batches per epoch per rank (planned); "
+              f"{info.world_size} rank(s) on {info.device.type}", flush=True)
     return Trainer(cfg.train, cfg.run, model, LoaderData(loader, dataset, cfg.train.seed), info,
                    dataset.dummy_batch)
 

@@ -45,6 +45,16 @@ def pick_device(requested: str = "auto", local_rank: int = 0) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
+def resolved_device(requested: str) -> str:
+    """What ``train.device`` will be, cpu or cuda, checked while the config is: an error names the key."""
+    from west.schema import ConfigError
+
+    try:
+        return pick_device(requested).type
+    except RuntimeError:
+        raise ConfigError(f"train.device: {requested} requested but CUDA is not available") from None
+
+
 def init_distributed(device: str = "auto", timeout_s: float = 1800) -> DistInfo:
     """Join the torchrun process group (gloo on CPU, nccl on CUDA) or run alone."""
     world = int(os.environ.get("WORLD_SIZE", "1"))

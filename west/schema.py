@@ -1,0 +1,126 @@
+"""Config sections that type and check themselves: the one walker behind every config key.
+
+A field declares its limits next to its default (``batch_size: int = setting(32, min=1)``)
+and ``@section("data")`` makes the class a dataclass whose construction coerces every field
+to its annotation (CLI strings, YAML values, nested mappings) and checks those limits. So a
+section built in code and one loaded by ``west.config.load_config`` fail the same way: a
+:class:`ConfigError` whose message starts with the dotted key to change. A leaf module
+(west.data and west.models import it; it imports neither).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import operator
+import types
+import typing
+from typing import Any, Callable
+
+import yaml
+
+BOOLS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
+NONE = ("none", "null", "~", "")
+LIMITS = {"choices": (lambda v, c: v in c, "must be one of {}"), "min": (operator.ge, "must be >= {}"),
+          "gt": (operator.gt, "must be > {}"), "max": (operator.le, "must be <= {}")}
+
+
+class ConfigError(ValueError):
+    """A config problem found before any data is read; the message starts with the dotted key."""
+
+
+def require(cond: Any, key: str, msg: str) -> None:
+    """Raise ConfigError naming ``key`` unless ``cond``."""
+    if not cond:
+        raise ConfigError(f"{key}: {msg}")
+
+
+def join(where: str, name: str) -> str:
+    return f"{where}.{name}" if where else name
+
+
+def setting(default: Any, *, rule: tuple[Callable[[Any, Any], bool], str] | None = None, **limits: Any) -> Any:
+    """A field with its limits: ``min``, ``gt``, ``max``, ``choices``, and a ``rule``
+    ``(predicate(value, owner), message)`` for a condition that reads sibling fields."""
+    meta = {**limits, **({"rule": rule} if rule else {})}
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+@typing.dataclass_transform(field_specifiers=(dataclasses.field, setting))
+def section(where: str) -> Callable[[type], type]:
+    """``@section("model.encoder")``: a dataclass that types and checks its fields when built."""
+    def wrap(klass: type) -> type:
+        klass.__post_init__ = lambda self: check(self, where)
+        return dataclasses.dataclass(klass)
+    return wrap
+
+
+@functools.cache
+def hints(klass: type) -> dict[str, Any]:
+    return typing.get_type_hints(klass)
+
+
+def coerce(value: Any, typ: Any, key: str) -> Any:
+    """``value`` (a command-line string, a YAML value, or already typed) as ``typ``, or ConfigError."""
+    if typing.get_origin(typ) in (typing.Union, types.UnionType):  # Optional[X]
+        if value is None or isinstance(value, str) and value.strip().lower() in NONE:
+            return None
+        typ = next(a for a in typing.get_args(typ) if a is not type(None))
+    if dataclasses.is_dataclass(typ):  # a whole block: YAML mapping, or --model.lora "{r: 8}"
+        value = yaml.safe_load(value) if isinstance(value, str) else value
+        if isinstance(value, typ):
+            return value
+        require(isinstance(value, dict), key, f"expected a mapping of {typ.__name__} keys, got {value!r}")
+        return build(typ, value, key)
+    origin = typing.get_origin(typ) or typ
+    try:
+        if typ is bool:
+            return value if isinstance(value, bool) else BOOLS[str(value).strip().lower()]
+        if typ in (int, float):
+            if isinstance(value, bool) or typ is int and isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return typ(value)
+        if typ is str:
+            if isinstance(value, (dict, list)):
+                raise ValueError
+            return str(value)
+        if origin is list:  # "0.9,0.95", "[0.9, 0.95]" or a YAML list
+            if isinstance(value, str):
+                value = yaml.safe_load(value) if value.strip().startswith("[") else value.split(",")
+            if not isinstance(value, (list, tuple)):
+                raise ValueError
+            item = (typing.get_args(typ) or (Any,))[0]
+            return [coerce(v.strip() if isinstance(v, str) else v, item, key) for v in value]
+        if origin is dict:
+            value = yaml.safe_load(value) if isinstance(value, str) else value
+            if not isinstance(value, dict):
+                raise ValueError
+            return value
+    except (ValueError, TypeError, KeyError, yaml.YAMLError):
+        raise ConfigError(f"{key}: cannot read {value!r} as {getattr(typ, '__name__', typ)}") from None
+    return yaml.safe_load(value) if isinstance(value, str) else value  # untyped
+
+
+def build(klass: type, values: dict, where: str) -> Any:
+    """An instance of dataclass ``klass`` from a mapping; an unknown key fails naming it."""
+    names = [f.name for f in dataclasses.fields(klass)]
+    for k in values:
+        require(k in names, join(where, str(k)), f"unknown key {k!r} (known in {where}: {', '.join(names)})")
+    return klass(**values)
+
+
+def check(obj: Any, where: str) -> None:
+    """Coerce every field of dataclass ``obj`` to its annotation, then check the declared limits."""
+    fields = dataclasses.fields(obj)
+    for f in fields:
+        setattr(obj, f.name, coerce(getattr(obj, f.name), hints(type(obj))[f.name], join(where, f.name)))
+    for f in fields:  # limits after coercion: a rule may read sibling fields
+        v, m, key = getattr(obj, f.name), f.metadata, join(where, f.name)
+        if v is None:
+            continue
+        for name, (ok, text) in LIMITS.items():
+            if name in m:
+                require(ok(v, m[name]), key, f"{text.format(m[name])}, got {v!r}")
+        if "rule" in m:
+            require(m["rule"][0](v, obj), key, f"{m['rule'][1]}, got {v!r}")
