@@ -131,6 +131,8 @@ def test_detect_data_type(tmp_path):
 
 
 def test_config_validation_names_the_key():
+    from west.models.config import ConformerConfig
+
     with pytest.raises(ValueError, match="batch_type"):
         DataConfig(batch_type="bucket")
     with pytest.raises(ValueError, match="pack_tokens"):
@@ -139,6 +141,8 @@ def test_config_validation_names_the_key():
         DataConfig.from_dict({"packtokens": 8192})
     with pytest.raises(ValueError, match="prompt"):
         DataConfig(prompt="no marker here")
+    with pytest.raises(ValueError, match="subsampling_rate"):  # geometry is the model's, not a data key
+        DataConfig.from_dict({"subsampling_rate": 4})
     with pytest.raises(ValueError, match="subsampling_rate"):
-        DataConfig(subsampling_rate=5)
+        ConformerConfig(subsampling_rate=5)
     assert DataConfig.from_dict({"batch_type": "pack", "pack_tokens": 512}).pack_tokens == 512
