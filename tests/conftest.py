@@ -73,6 +73,30 @@ def corpus(tmp_path_factory):
     return {"list": with_dur, "list_nodur": no_dur, "texts": texts, "rows": rows, "dir": d}
 
 
+@pytest.fixture(scope="session")
+def list_kinds(corpus, tmp_path_factory):
+    """The corpus in every list format the loader reads: {"raw": jsonl, "shard": shard list
+    (with its index), "kaldi": Kaldi dir (fbank feats.scp + text + utt2num_frames)}."""
+    import kaldiio
+    from west.data.config import DataConfig
+    from west.data.features import compute_fbank
+    from west.prep.shards import make_shards
+
+    d = tmp_path_factory.mktemp("kinds")
+    shard_list, n, problems = make_shards(str(corpus["list"]), str(d / "shards"), 5)
+    assert n == len(corpus["rows"]) and not problems
+    kaldi = d / "kaldi"
+    kaldi.mkdir()
+    conf = DataConfig()
+    with kaldiio.WriteHelper(f"ark,scp:{kaldi}/feats.ark,{kaldi}/feats.scp") as w:
+        for r in corpus["rows"]:
+            w(r["key"], compute_fbank(sf.read(r["wav"], dtype="float32")[0], conf))
+    (kaldi / "text").write_text("".join(f"{k} {t}\n" for k, t in corpus["texts"].items()), encoding="utf-8")
+    lens = {k: m.shape[0] for k, m in kaldiio.load_scp(str(kaldi / "feats.scp")).items()}
+    (kaldi / "utt2num_frames").write_text("".join(f"{k} {n}\n" for k, n in lens.items()))
+    return {"raw": corpus["list"], "shard": Path(shard_list), "kaldi": kaldi}
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """Tiny shapes: one intra-op thread is faster and immune to a busy shared CPU."""

@@ -10,9 +10,14 @@ import soundfile as sf
 from conftest import make_wav, write_jsonl
 from west.batch import COUNTER_NAMES
 from west.data.config import DataConfig
-from west.data.dataset import build_dataloader
+from west.data.dataset import build_dataloader as _build
+from west.shapes import SpeechShape
 
 SIZES = dict(batch_size=4, max_tokens_in_batch=100, pack_tokens=100)
+
+
+def build_dataloader(data, tokenizer, conf, **kw):
+    return _build(str(data), tokenizer, conf, SpeechShape(), **kw)
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +43,8 @@ def messy(tmp_path_factory):
     (d / "corrupt.wav").write_bytes(b"RIFF\x24\x00\x00\x00WAVEfmt " + b"\x07" * 40)
     add("corrupt", d / "corrupt.wav", ok=False)
     sf.write(d / "empty.wav", np.zeros(0, np.float32), 16000)
-    add("empty", d / "empty.wav", ok=False)
+    add("empty", d / "empty.wav", ok=False)                                    # the list says 1 s
+    add("empty0", d / "empty.wav", duration=0.0, ok=False)                     # the list says 0 s
     add("tiny", make_wav(d / "tiny.wav", 0.02), duration=0.02, ok=False)         # < one encoder frame
     add("notext", make_wav(d / "nt.wav", 0.5), txt="", ok=False)
     add("blank", make_wav(d / "bl.wav", 0.5), txt="  \t", ok=False)
@@ -47,16 +53,17 @@ def messy(tmp_path_factory):
     with open(path, "ab") as f:
         f.write(b'{"key": "latin1", "wav": "x.wav", "txt": "caf\xe9"}\n')
         f.write(b'{"key": "broken", "wav": "x.wav", "txt": \n')
-    skips = {"missing_file": 1, "corrupt_audio": 1, "empty_audio": 1, "too_short": 1, "empty_text": 2,
+    # a zero-length wav is empty_audio whether the list knows it (empty0) or decoding finds it (empty)
+    skips = {"missing_file": 1, "corrupt_audio": 1, "empty_audio": 2, "too_short": 1, "empty_text": 2,
              "too_long": 1, "bad_encoding": 1, "malformed_line": 1}
     return path, good, skips
 
 
-@pytest.mark.parametrize("plan", ["auto", "never"])
+@pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("batch_type", ["static", "dynamic", "pack"])
-def test_bad_input_is_skipped_and_counted(messy, tokenizer, caplog, batch_type, plan):
+def test_bad_input_is_skipped_and_counted(messy, tokenizer, caplog, batch_type, num_workers):
     path, good, skips = messy
-    conf = DataConfig(batch_type=batch_type, plan=plan, **SIZES)
+    conf = DataConfig(batch_type=batch_type, num_workers=num_workers, **SIZES)
     if batch_type == "static":
         conf = conf.replace(max_duration=8.0)    # static has no token budget: the duration filter drops 'long'
     with caplog.at_level(logging.WARNING, logger="west.data"):
@@ -65,10 +72,28 @@ def test_bad_input_is_skipped_and_counted(messy, tokenizer, caplog, batch_type, 
     assert sorted(k for b in batches for k in b.keys) == sorted(good)
     assert {k: v for k, v in ds.stats.as_dict().items() if k in skips} == skips
     assert ds.stats.skipped == sum(skips.values())
-    # one warning per bad entry naming its list line; the epoch summary at the end
-    for lineno in range(9, 18):
+    # one warning per bad entry naming its list line (worker processes log on their own stderr)
+    for lineno in range(9, 19) if num_workers == 0 else ():
         assert caplog.text.count(f"{path}:{lineno} ") + caplog.text.count(f"{path}:{lineno}\n") >= 1, lineno
     assert f"skipped {sum(skips.values())} utterance(s)" in caplog.text
+
+
+def test_bad_lines_are_counted_per_list(messy, corpus, tokenizer, caplog):
+    path, good, skips = messy
+    conf = DataConfig(batch_type="pack", weights=[1, 1], **SIZES)
+    with caplog.at_level(logging.WARNING, logger="west.data"):
+        loader, ds = build_dataloader(f"{corpus['list']},{path}", tokenizer, conf)
+    per_list = {p: st.as_dict() for p, st in ds.list_skips}
+    assert per_list[str(corpus["list"])] == {}
+    # what the list itself shows: unparsable lines, empty text, lengths out of range
+    assert per_list[str(path)] == {"bad_encoding": 1, "malformed_line": 1, "empty_text": 2, "too_short": 1,
+                                   "too_long": 1, "empty_audio": 1}
+    assert f"list {path}: skipped 7 utterance(s)" in caplog.text
+
+
+def test_a_list_without_lengths_is_refused_naming_the_tool(corpus, tokenizer):
+    with pytest.raises(ValueError, match=r"data_nodur.list:1: .*compute_lengths.py"):
+        build_dataloader(corpus["list_nodur"], tokenizer, DataConfig(batch_type="pack", **SIZES))
 
 
 def test_all_bad_planned_batch_becomes_a_dummy(tmp_path, tokenizer):

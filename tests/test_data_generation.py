@@ -11,6 +11,7 @@ from west.data.config import DataConfig
 from west.data.generation import prompt_batches
 from west.data.stats import DataStats
 from west.data.tokenize import PromptEncoder
+from west.shapes import SpeechShape
 
 
 def test_prompts_are_the_training_prefix(corpus, tokenizer):
@@ -18,11 +19,11 @@ def test_prompts_are_the_training_prefix(corpus, tokenizer):
     stats = DataStats()
     rows = corpus["rows"][:7]
     lst = write_jsonl(corpus["dir"] / "gen7.list", rows)
-    batches = list(prompt_batches(str(lst), tokenizer, conf, 3, stats))
+    batches = list(prompt_batches(str(lst), tokenizer, conf, SpeechShape(), 3, stats))
     assert [len(b.keys) for b, _ in batches] == [3, 3, 1]
     assert [k for b, _ in batches for k in b.keys] == [r["key"] for r in rows]
     assert [t for _, refs in batches for t in refs] == [r["txt"] for r in rows]
-    enc = PromptEncoder(tokenizer, conf)
+    enc = PromptEncoder(tokenizer, conf, SpeechShape())
     for b, _ in batches:
         assert (b.labels == IGNORE_INDEX).all() and b.cu_seqlens is None
         lens = b.attention_mask.sum(1)
@@ -51,11 +52,11 @@ def test_no_dither_and_bad_input_counted(corpus, tokenizer, tmp_path):
     lst = write_jsonl(tmp_path / "mixed.list", rows)
     stats = DataStats()
     conf = DataConfig(dither=1.0)
-    out = list(prompt_batches(str(lst), tokenizer, conf, 8, stats))
+    out = list(prompt_batches(str(lst), tokenizer, conf, SpeechShape(), 8, stats))
     (batch, refs), = out
     assert batch.keys == [good[0]["key"], good[1]["key"], "chat"] and refs[-1] == "hello world"
     assert stats.counts["missing_file"] == 1 and stats.counts["too_short"] == 1
-    no_dither, = list(prompt_batches(str(lst), tokenizer, DataConfig(dither=0.0), 8, DataStats()))
+    no_dither, = list(prompt_batches(str(lst), tokenizer, DataConfig(dither=0.0), SpeechShape(), 8, DataStats()))
     assert np.array_equal(no_dither[0].feats.numpy(), batch.feats.numpy())  # decoding never dithers
     with pytest.raises(ValueError, match="batch_size"):
-        next(prompt_batches(str(lst), tokenizer, conf, 0, DataStats()))
+        next(prompt_batches(str(lst), tokenizer, conf, SpeechShape(), 0, DataStats()))

@@ -9,14 +9,16 @@ import torch
 from west.batch import COUNTER_NAMES, IGNORE_INDEX
 from west.data.config import DataConfig
 from west.data.dataset import build_dataloader
-from west.shapes import num_speech_tokens
+from west.shapes import SpeechShape, num_speech_tokens
 
-SIZES = dict(batch_size=5, max_tokens_in_batch=300, pack_tokens=400, pack_buffer=8, sort_buffer=10)
+SIZES = dict(batch_size=5, max_tokens_in_batch=300, pack_tokens=400, sort_buffer=10, plan_window=10)
+SHAPE = SpeechShape()
+KINDS = ["raw", "shard", "kaldi"]
 
 
 def run(data_list, tok, rank=0, world_size=1, seed=0, epoch=0, training=True, **kw):
     conf = DataConfig(**{**SIZES, **kw})
-    loader, ds = build_dataloader(str(data_list), tok, conf, rank, world_size, seed, epoch, training)
+    loader, ds = build_dataloader(str(data_list), tok, conf, SHAPE, rank, world_size, seed, epoch, training)
     return list(loader), ds
 
 
@@ -40,11 +42,11 @@ def check_speech(batch, tok):
     assert int((batch.input_ids == ph).sum()) == int(batch.speech_spans[:, 2].sum())
 
 
-@pytest.mark.parametrize("plan", ["auto", "never"])
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("batch_type", ["static", "dynamic", "pack"])
-def test_every_mode_yields_every_utterance_once(corpus, tokenizer, batch_type, plan):
-    batches, ds = run(corpus["list"], tokenizer, batch_type=batch_type, plan=plan)
-    assert ds.planned == (plan == "auto")
+def test_every_mode_yields_every_utterance_once(corpus, list_kinds, tokenizer, batch_type, kind):
+    batches, ds = run(list_kinds[kind], tokenizer, batch_type=batch_type)
+    assert len(batches) == len(ds)
     assert Counter(keys(batches)) == Counter(list(corpus["texts"]))
     assert ds.stats.skipped == 0
     for b in batches:
@@ -54,10 +56,10 @@ def test_every_mode_yields_every_utterance_once(corpus, tokenizer, batch_type, p
 
 
 @pytest.mark.parametrize("layout,multiple", [("packed", 64), ("padded", 64), ("packed", 0)])
-@pytest.mark.parametrize("plan", ["auto", "never"])
-def test_pack_batches_follow_the_contract(corpus, tokenizer, layout, multiple, plan):
-    batches, _ = run(corpus["list"], tokenizer, batch_type="pack", plan=plan, encoder_layout=layout,
-                     pack_pad_multiple=multiple)
+@pytest.mark.parametrize("kind", ["raw", "shard"])
+def test_pack_batches_follow_the_contract(list_kinds, tokenizer, layout, multiple, kind):
+    batches, _ = run(list_kinds[kind], tokenizer, batch_type="pack", encoder_layout=layout,
+                     pack_pad_multiple=multiple, plan_window=100)
     widths = set()
     for b in batches:
         real_tokens = b.counters["real_llm_tokens"]
@@ -93,10 +95,10 @@ def test_pack_batches_follow_the_contract(corpus, tokenizer, layout, multiple, p
     assert (min(widths) < 400) == (multiple > 0)   # the last, partial pack is trimmed
 
 
-@pytest.mark.parametrize("plan", ["auto", "never"])
+@pytest.mark.parametrize("kind", ["raw", "shard"])
 @pytest.mark.parametrize("batch_type", ["static", "dynamic"])
-def test_padded_batches_follow_the_contract(corpus, tokenizer, batch_type, plan):
-    batches, _ = run(corpus["list"], tokenizer, batch_type=batch_type, plan=plan)
+def test_padded_batches_follow_the_contract(list_kinds, tokenizer, batch_type, kind):
+    batches, _ = run(list_kinds[kind], tokenizer, batch_type=batch_type)
     for b in batches:
         n, width = b.input_ids.shape
         lens = b.attention_mask.sum(1)
@@ -133,41 +135,49 @@ def test_labels_are_transcript_and_end_token(corpus, tokenizer, batch_type):
 
 def test_dynamic_budget_is_respected_with_a_sort_buffer(corpus, tokenizer):
     for budget in (120, 200, 700):
-        batches, _ = run(corpus["list"], tokenizer, batch_type="dynamic", max_tokens_in_batch=budget, plan="never")
+        batches, _ = run(corpus["list"], tokenizer, batch_type="dynamic", max_tokens_in_batch=budget)
         assert all(b.input_ids.numel() <= budget for b in batches)
         assert Counter(keys(batches)) == Counter(list(corpus["texts"]))
 
 
-@pytest.mark.parametrize("plan", ["auto", "never"])
+@pytest.mark.parametrize("kind", ["raw", "shard"])
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_rank_and_worker_shares_are_disjoint_and_cover(corpus, tokenizer, plan, num_workers):
-    per_rank = [run(corpus["list"], tokenizer, rank=r, world_size=2, batch_type="pack", plan=plan,
+def test_rank_and_worker_shares_are_disjoint_and_cover(corpus, list_kinds, tokenizer, kind, num_workers):
+    per_rank = [run(list_kinds[kind], tokenizer, rank=r, world_size=2, batch_type="pack",
                     num_workers=num_workers) for r in range(2)]
     k0, k1 = (keys(b) for b, _ in per_rank)
     assert not set(k0) & set(k1)
     assert Counter(k0 + k1) == Counter(list(corpus["texts"]))
-    if plan == "auto":   # planned: every rank gets exactly the same number of steps
-        assert len(per_rank[0][0]) == len(per_rank[1][0]) == len(per_rank[0][1])
+    # every rank gets exactly the same number of steps
+    assert len(per_rank[0][0]) == len(per_rank[1][0]) == len(per_rank[0][1])
 
 
-@pytest.mark.parametrize("plan", ["auto", "never"])
-def test_a_rank_decodes_only_its_own_audio(corpus, tokenizer, plan, monkeypatch):
+@pytest.mark.parametrize("kind", ["raw", "shard"])
+def test_a_rank_decodes_only_its_own_audio(list_kinds, tokenizer, kind, monkeypatch):
     import west.data.processors as P
 
     decoded = []
     real = P._load_audio
-    monkeypatch.setattr(P, "_load_audio", lambda spec, sr: decoded.append(spec["path"]) or real(spec, sr))
+    monkeypatch.setattr(P, "_load_audio", lambda spec, sr: decoded.append(spec) or real(spec, sr))
     for rank in range(3):
         decoded.clear()
-        batches, _ = run(corpus["list"], tokenizer, rank=rank, world_size=3, batch_type="dynamic", plan=plan)
-        assert sorted(p.split("/")[-1][:-4] for p in decoded) == sorted(keys(batches))
+        batches, ds = run(list_kinds[kind], tokenizer, rank=rank, world_size=3, batch_type="dynamic")
+        if kind == "raw":
+            got = [spec["path"].split("/")[-1][:-4] for spec in decoded]
+        else:   # shards: the members read, by offset, are exactly this rank's utterances
+            member = {(a["tar"], a["offset"]): ds.record(i)["key"] for i in range(len(ds.lengths))
+                      for a in ds.record(i)["audio"]}
+            got = [member[(spec["tar"], spec["offset"])] for spec in decoded]
+        assert sorted(got) == sorted(keys(batches))
 
 
-def test_num_workers_do_not_change_a_planned_epoch(corpus, tokenizer):
-    ref, _ = run(corpus["list"], tokenizer, batch_type="pack", num_workers=0, spec_aug=True)
-    two, _ = run(corpus["list"], tokenizer, batch_type="pack", num_workers=2, spec_aug=True)
-    assert [b.keys for b in ref] == [b.keys for b in two]
-    assert all(torch.equal(a.feats, b.feats) for a, b in zip(ref, two))
+@pytest.mark.parametrize("kind", KINDS)
+def test_num_workers_do_not_change_an_epoch(list_kinds, tokenizer, kind):
+    ref, _ = run(list_kinds[kind], tokenizer, batch_type="pack", num_workers=0, spec_aug=True)
+    for workers in (1, 2):
+        other, _ = run(list_kinds[kind], tokenizer, batch_type="pack", num_workers=workers, spec_aug=True)
+        assert [b.keys for b in ref] == [b.keys for b in other]
+        assert all(torch.equal(a.feats, b.feats) for a, b in zip(ref, other))
 
 
 def test_order_depends_only_on_seed_and_epoch(corpus, tokenizer):
@@ -183,17 +193,18 @@ def test_order_depends_only_on_seed_and_epoch(corpus, tokenizer):
 
 
 def _resume_case(corpus, tokenizer, k, workers_before, workers_after, **kw):
+    data = str(kw.pop("data", corpus["list"]))
     conf = DataConfig(**{**SIZES, **kw, "num_workers": workers_before})
-    loader, ds = build_dataloader(str(corpus["list"]), tokenizer, conf, seed=5, epoch=2)
+    loader, ds = build_dataloader(data, tokenizer, conf, SHAPE, seed=5, epoch=2)
     full = list(loader)
-    loader, ds = build_dataloader(str(corpus["list"]), tokenizer, conf, seed=5, epoch=2)
+    loader, ds = build_dataloader(data, tokenizer, conf, SHAPE, seed=5, epoch=2)
     it = iter(loader)
     for _ in range(k):
         next(it)
     state = ds.state_dict()
     del it
     conf2 = conf.replace(num_workers=workers_after)
-    loader2, ds2 = build_dataloader(str(corpus["list"]), tokenizer, conf2, seed=5, epoch=0)
+    loader2, ds2 = build_dataloader(data, tokenizer, conf2, SHAPE, seed=5, epoch=0)
     ds2.load_state_dict(state)
     rest = list(loader2)
     assert [b.keys for b in rest] == [b.keys for b in full[k:]]
@@ -202,31 +213,33 @@ def _resume_case(corpus, tokenizer, k, workers_before, workers_after, **kw):
     return full
 
 
-@pytest.mark.parametrize("batch_type,plan,workers,k", [
-    ("pack", "auto", 0, 1), ("dynamic", "auto", 2, 1), ("static", "auto", 2, 2),
-    ("static", "never", 0, 2), ("pack", "never", 2, 1), ("dynamic", "never", 2, 3),
+@pytest.mark.parametrize("batch_type,kind,workers,k", [
+    ("pack", "raw", 0, 1), ("dynamic", "raw", 2, 1), ("static", "raw", 2, 2),
+    ("static", "shard", 0, 2), ("pack", "shard", 2, 1), ("dynamic", "kaldi", 2, 3),
 ])
-def test_resume_reproduces_the_rest_of_the_epoch(corpus, tokenizer, batch_type, plan, workers, k):
-    full = _resume_case(corpus, tokenizer, k, workers, workers, batch_type=batch_type, plan=plan,
+def test_resume_reproduces_the_rest_of_the_epoch(corpus, list_kinds, tokenizer, batch_type, kind, workers, k):
+    full = _resume_case(corpus, tokenizer, k, workers, workers, batch_type=batch_type, data=list_kinds[kind],
                         spec_aug=True, batch_size=3, max_tokens_in_batch=200, pack_tokens=250)
     assert len(full) > k
 
 
-def test_planned_resume_may_change_num_workers(corpus, tokenizer):
-    _resume_case(corpus, tokenizer, 3, 2, 0, batch_type="static", batch_size=3)
+@pytest.mark.parametrize("kind", ["raw", "shard"])
+def test_resume_may_change_num_workers(corpus, list_kinds, tokenizer, kind):
+    _resume_case(corpus, tokenizer, 3, 2, 0, batch_type="static", batch_size=3, data=list_kinds[kind])
+    _resume_case(corpus, tokenizer, 2, 0, 2, batch_type="pack", pack_tokens=250, data=list_kinds[kind])
 
 
 def test_state_at_an_epoch_boundary(corpus, tokenizer):
     conf = DataConfig(**{**SIZES, "batch_type": "static"})
-    loader, ds = build_dataloader(str(corpus["list"]), tokenizer, conf, seed=1)
+    loader, ds = build_dataloader(str(corpus["list"]), tokenizer, conf, SHAPE, seed=1)
     n = len(list(loader))
     end = ds.state_dict()
-    assert end["epoch"] == 0 and sum(end["consumed"]) == n
-    loader2, ds2 = build_dataloader(str(corpus["list"]), tokenizer, conf, seed=1)
+    assert end["epoch"] == 0 and end["consumed"] == n
+    loader2, ds2 = build_dataloader(str(corpus["list"]), tokenizer, conf, SHAPE, seed=1)
     ds2.load_state_dict(end)
     assert list(loader2) == []                       # epoch 0 was finished
     ds2.set_epoch(1)
-    assert ds2.state_dict()["consumed"] == [] and ds2.state_dict()["epoch"] == 1
+    assert ds2.state_dict()["consumed"] == 0 and ds2.state_dict()["epoch"] == 1
     ds.set_epoch(1)
     assert [b.keys for b in loader2] == [b.keys for b in loader]
 
@@ -235,7 +248,10 @@ def test_resume_checks_the_config(corpus, tokenizer):
     _, ds = run(corpus["list"], tokenizer, batch_type="pack")
     state = ds.state_dict()
     _, other = run(corpus["list"], tokenizer, batch_type="pack", pack_tokens=500)
-    with pytest.raises(ValueError, match="data config"):
+    with pytest.raises(ValueError, match="batching options"):
+        other.load_state_dict(state)
+    _, other = run(corpus["list"], tokenizer, batch_type="pack", plan_window=7)
+    with pytest.raises(ValueError, match="batching options"):
         other.load_state_dict(state)
     _, other = run(corpus["list"], tokenizer, batch_type="pack", seed=1)
     with pytest.raises(ValueError, match="seed"):

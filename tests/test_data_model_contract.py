@@ -11,6 +11,9 @@ import torch
 
 from west.data.config import DataConfig
 from west.data.dataset import build_dataloader
+from west.shapes import SpeechShape
+
+SHAPE = SpeechShape()
 
 MODES = {
     "static": dict(batch_type="static", batch_size=5),
@@ -38,7 +41,8 @@ def test_every_mode_gives_the_same_loss(corpus, tokenizer, model):
     """CE + 0.3 CTC: the CTC targets travel with their speech segments in every mode."""
     totals = {}
     for name, kw in MODES.items():
-        loader, _ = build_dataloader(str(corpus["list"]), tokenizer, DataConfig(**kw), training=False)
+        loader, _ = build_dataloader(str(corpus["list"]), tokenizer, DataConfig(**kw), model.cfg.speech_shape(),
+                                     training=False)
         loss, n = 0.0, 0
         with torch.no_grad():
             for batch in loader:
@@ -59,7 +63,8 @@ def test_every_mode_gives_the_same_loss(corpus, tokenizer, model):
 
 @pytest.mark.parametrize("batch_type", ["static", "pack"])
 def test_dummy_batch_runs_backward_and_counts_nothing(corpus, tokenizer, model, batch_type):
-    _, ds = build_dataloader(str(corpus["list"]), tokenizer, DataConfig(batch_type=batch_type, pack_tokens=64))
+    _, ds = build_dataloader(str(corpus["list"]), tokenizer, DataConfig(batch_type=batch_type, pack_tokens=64),
+                             SHAPE)
     out = model(ds.dummy_batch())
     assert int(out["n_tokens"]) == 0 and out["loss_sum"].item() == 0.0
     out["loss_sum"].backward()     # DDP needs a backward on every rank, even with nothing to learn

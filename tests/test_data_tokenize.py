@@ -6,7 +6,7 @@ import pytest
 from west.batch import IGNORE_INDEX
 from west.data.config import DataConfig
 from west.data.tokenize import PromptEncoder
-from west.shapes import num_speech_tokens
+from west.shapes import SpeechShape, num_speech_tokens
 
 
 def asr(txt: str) -> dict:
@@ -19,7 +19,7 @@ def labelled_text(tok, enc) -> str:
 
 @pytest.mark.parametrize("rate,stride", [(4, 2), (6, 1), (8, 3)])
 def test_asr_sample(tokenizer, rate, stride):
-    pe = PromptEncoder(tokenizer, DataConfig(subsampling_rate=rate, projector_stride=stride))
+    pe = PromptEncoder(tokenizer, DataConfig(), SpeechShape(rate, stride))
     enc = pe.encode(asr("hello world"), [123])
     (start, n), = enc.spans
     assert n == num_speech_tokens(123, rate, stride)
@@ -39,7 +39,7 @@ def test_asr_sample(tokenizer, rate, stride):
 
 def test_prompt_and_system_prompt_are_not_labelled(tokenizer):
     conf = DataConfig(prompt="Please <|speech|> transcribe", system_prompt="You are an ASR model.")
-    enc = PromptEncoder(tokenizer, conf).encode(asr("data pack"), [50])
+    enc = PromptEncoder(tokenizer, conf, SpeechShape()).encode(asr("data pack"), [50])
     text = tokenizer.decode(enc.ids)
     assert "You are an ASR model." in text and "Please " in text and " transcribe" in text
     assert labelled_text(tokenizer, enc) == "data pack<|im_end|>"
@@ -53,7 +53,7 @@ def test_multi_turn_only_assistant_turns_are_labelled(tokenizer):
         {"role": "user", "parts": [("text", "and now "), ("audio", 1)]},
         {"role": "assistant", "parts": [("text", "world today")]},
     ]}
-    pe = PromptEncoder(tokenizer, DataConfig())
+    pe = PromptEncoder(tokenizer, DataConfig(), SpeechShape())
     enc = pe.encode(rec, [60, 200])
     assert [n for _, n in enc.spans] == [num_speech_tokens(60), num_speech_tokens(200)]
     assert enc.spans[0][0] < enc.spans[1][0]
@@ -67,14 +67,14 @@ def test_multi_turn_only_assistant_turns_are_labelled(tokenizer):
 def test_text_only_conversation(tokenizer):
     rec = {"key": "t", "src": "x:3", "txt": None, "audio": [], "messages": [
         {"role": "user", "parts": [("text", "say hello")]}, {"role": "assistant", "parts": [("text", "hello")]}]}
-    enc = PromptEncoder(tokenizer, DataConfig()).encode(rec, [])
+    enc = PromptEncoder(tokenizer, DataConfig(), SpeechShape()).encode(rec, [])
     assert enc.spans == [] and labelled_text(tokenizer, enc) == "hello<|im_end|>"
 
 
 def test_too_short_audio_and_stray_marker_are_skips(tokenizer):
     from west.data.stats import SkipSample
 
-    pe = PromptEncoder(tokenizer, DataConfig())
+    pe = PromptEncoder(tokenizer, DataConfig(), SpeechShape())
     with pytest.raises(SkipSample) as e:
         pe.encode(asr("x"), [3])
     assert e.value.category == "too_short"
@@ -101,7 +101,7 @@ def test_placeholder_falls_back_to_pad(tokenizer):
         def __call__(self, *a, **k):
             return self._tok(*a, **k)
 
-    pe = PromptEncoder(NoSpeechToken(tokenizer), DataConfig())
+    pe = PromptEncoder(NoSpeechToken(tokenizer), DataConfig(), SpeechShape())
     enc = pe.encode(asr("hello"), [40])
     start, n = enc.spans[0]
     assert pe.placeholder_id == tokenizer.pad_token_id

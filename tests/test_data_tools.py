@@ -14,8 +14,10 @@ import torch
 
 from conftest import make_wav, write_jsonl
 from west.data.config import DataConfig
-from west.data.dataset import build_dataloader
+from west.data.dataset import build_dataloader as _build
 from west.data.features import compute_fbank
+from west.data.shards import index_path
+from west.shapes import SpeechShape
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
@@ -24,6 +26,10 @@ import compute_lengths  # noqa: E402
 import data_stats  # noqa: E402
 import make_data_list  # noqa: E402
 import make_shard_list  # noqa: E402
+
+
+def build_dataloader(data, tokenizer, conf, **kw):
+    return _build(str(data), tokenizer, conf, SpeechShape(), **kw)
 
 
 def all_keys(batches):
@@ -46,7 +52,7 @@ def test_make_data_list_with_and_without_segments(tmp_path, tokenizer):
                          "--segments", str(tmp_path / "segments"), str(out)])
     loader, ds = build_dataloader(str(out), tokenizer, DataConfig(batch_type="static", batch_size=8), training=False)
     (batch,) = list(loader)
-    assert ds.planned and batch.keys == ["s0", "s1"]
+    assert len(ds) == 1 and batch.keys == ["s0", "s1"]
     assert batch.feat_lens.tolist() == [78, 118]        # 0.8 s and 1.2 s cut from the recording
 
 
@@ -58,7 +64,8 @@ def test_shards_round_trip_and_bad_shards(tmp_path, corpus, tokenizer):
     with tarfile.open(shards[0]) as t:
         names = t.getnames()
     assert names[:2] == [f"{corpus['rows'][0]['key']}.txt", f"{corpus['rows'][0]['key']}.wav"]
-    # add: a missing shard, a garbage shard, a shard with a non-UTF-8 transcript
+    # a WeNet shard list (no index) mixing good shards with a missing one, a garbage one and one
+    # with a non-UTF-8 transcript: refused until compute_lengths.py has indexed it
     (tmp_path / "garbage.tar").write_bytes(b"\x00garbage" * 100)
     with tarfile.open(tmp_path / "latin1.tar", "w") as t:
         for name, data in [("bad.txt", b"caf\xe9"), ("bad.wav", (corpus["dir"] / "utt000.wav").read_bytes())]:
@@ -68,18 +75,27 @@ def test_shards_round_trip_and_bad_shards(tmp_path, corpus, tokenizer):
     lst = tmp_path / "all.list"
     lst.write_text("\n".join(shards + [str(tmp_path / "nope.tar"), str(tmp_path / "garbage.tar"),
                                        str(tmp_path / "latin1.tar")]) + "\n")
+    with pytest.raises(ValueError, match="compute_lengths.py"):
+        build_dataloader(lst, tokenizer, DataConfig(batch_type="pack", pack_tokens=400))
+    assert compute_lengths.main([str(lst)]) == 0 and Path(index_path(str(lst))).is_file()
     for batch_type in ("static", "pack"):
-        loader, ds = build_dataloader(str(lst), tokenizer, DataConfig(batch_type=batch_type, pack_tokens=400))
+        loader, ds = build_dataloader(lst, tokenizer, DataConfig(batch_type=batch_type, pack_tokens=400))
         batches = list(loader)
-        assert not ds.planned and Counter(all_keys(batches)) == Counter(list(corpus["texts"]))
+        assert len(batches) == len(ds) and Counter(all_keys(batches)) == Counter(list(corpus["texts"]))
         assert ds.stats.as_dict() == {"missing_file": 1, "corrupt_audio": 1, "bad_encoding": 1}
-    # shards are split over ranks x workers: disjoint and complete
+    # planned shards are split over ranks x workers: disjoint, complete, equal steps
     seen = []
     for rank in range(2):
         conf = DataConfig(batch_type="dynamic", max_tokens_in_batch=300, num_workers=2)
-        loader, _ = build_dataloader(str(lst), tokenizer, conf, rank=rank, world_size=2)
+        loader, ds = build_dataloader(lst, tokenizer, conf, rank=rank, world_size=2)
         seen.append(all_keys(loader))
+        assert len(ds) == len(build_dataloader(lst, tokenizer, conf, rank=1 - rank, world_size=2)[1])
     assert not set(seen[0]) & set(seen[1]) and Counter(seen[0] + seen[1]) == Counter(list(corpus["texts"]))
+    # a shard rewritten after indexing makes the index stale: refused, never wrong audio
+    with open(shards[0], "ab") as f:
+        f.write(b"\0" * 512)
+    with pytest.raises(ValueError, match="changed since"):
+        build_dataloader(lst, tokenizer, DataConfig(batch_type="pack", pack_tokens=400))
 
 
 def test_compute_cmvn_matches_features_and_normalises(tmp_path, corpus, tokenizer):
@@ -117,7 +133,7 @@ def test_compute_lengths_gives_exact_frames(tmp_path, tokenizer):
     compute_lengths.main([str(src), str(out), "--drop_bad"])
     loader, ds = build_dataloader(str(out), tokenizer, DataConfig(batch_type="static", batch_size=8), training=False)
     (batch,) = list(loader)
-    assert ds.planned
+    assert len(ds) == 1
     assert dict(zip(batch.keys, batch.feat_lens.tolist()[:3])) == frames
 
 
@@ -131,12 +147,16 @@ def test_kaldi_feats_scp(tmp_path, tokenizer, with_lengths):
         for k, m in mats.items():
             w(k, m)
     (tmp_path / "text").write_text("".join(f"{k} hello world\n" for k in mats if k != "k4") + "k4  \n")
+    conf = DataConfig(batch_type="pack", pack_tokens=200, spec_aug=False)
     if with_lengths:
         (tmp_path / "utt2num_frames").write_text("".join(f"{k} {m.shape[0]}\n" for k, m in mats.items()))
-    loader, ds = build_dataloader(str(tmp_path), tokenizer, DataConfig(batch_type="pack", pack_tokens=200,
-                                                                       spec_aug=False))
+    else:   # refused with the tool to run, which writes utt2num_frames from the matrices
+        with pytest.raises(ValueError, match="compute_lengths.py"):
+            build_dataloader(tmp_path, tokenizer, conf)
+        assert compute_lengths.main([str(tmp_path)]) == 0
+    loader, ds = build_dataloader(str(tmp_path), tokenizer, conf)
     batches = list(loader)
-    assert ds.planned == with_lengths and ds.stats.as_dict() == {"empty_text": 1}
+    assert len(batches) == len(ds) and ds.stats.as_dict() == {"empty_text": 1}
     got = {}
     for b in batches:
         for k, f in zip(b.keys, torch.split(b.feats, b.feat_lens.tolist())):
@@ -159,7 +179,7 @@ def test_conversations_and_text_only_samples_pack_with_speech(tmp_path, corpus, 
                                      {"role": "assistant", "content": "hello"}]},
     ]
     path = write_jsonl(tmp_path / "mix.list", corpus["rows"][:4] + conv)
-    loader, ds = build_dataloader(str(path), tokenizer, DataConfig(batch_type="pack", pack_tokens=512, plan="never"))
+    loader, ds = build_dataloader(str(path), tokenizer, DataConfig(batch_type="pack", pack_tokens=512))
     (batch,) = list(loader)
     assert sorted(batch.keys) == sorted([r["key"] for r in corpus["rows"][:4]] + ["chat", "text"])
     assert len(batch.feat_lens) == 5                       # 4 utterances + 1 audio turn; the text sample has none

@@ -1,14 +1,19 @@
 #!/usr/bin/env python3
-"""Add exact lengths to a jsonl list so the loader can plan whole epochs.
+"""Add exact lengths to a data list, so the loader can plan every epoch.
 
-For every audio (the utterance's ``wav`` or each audio part of a conversation)
-it reads the header only (no decoding) and writes ``num_frames`` (fbank frames
-after resampling to --sample_rate, what the loader will compute) and
-``duration`` (seconds). With exact lengths a planned pack never overflows.
-Lines whose audio cannot be read are kept unchanged and reported (the loader
-will skip and count them); --drop_bad leaves them out instead.
+* jsonl list: writes OUT_LIST, a copy in which every audio (the utterance's
+  ``wav`` or each audio part of a conversation) carries ``num_frames`` (fbank
+  frames after resampling to --sample_rate, what the loader computes) and
+  ``duration`` (seconds), read from the audio header (no decoding). Lines whose
+  audio cannot be read are kept unchanged and reported (the loader will ask for
+  their length); --drop_bad leaves them out instead.
+* tar shard list (WeNet's: one .tar per line): writes the index LIST.idx beside
+  it (member offsets, transcripts and lengths: west.data.shards); OUT_LIST is
+  not used.
+* Kaldi data dir: writes DIR/utt2num_frames from the feature matrices.
 
     python tools/compute_lengths.py data/train/data.list data/train/data.len.list
+    python tools/compute_lengths.py data/train/shards.list
 """
 from __future__ import annotations
 
@@ -17,13 +22,12 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from west.data.audio import audio_num_samples  # noqa: E402
-from west.data.config import DataConfig  # noqa: E402
-from west.data.features import fbank_frames  # noqa: E402
-from west.data.lists import parse_json_record, read_lines  # noqa: E402
-from west.data.stats import SkipSample  # noqa: E402
+from west.data.config import DataConfig
+from west.data.lists import parse_json_record, read_lines
+from west.data.metadata import measure_audio
+from west.data.shards import index_path, write_index
+from west.data.sources import detect_data_type
+from west.data.stats import SkipSample
 
 
 def _audio_dicts(obj: dict) -> list[dict]:
@@ -40,7 +44,7 @@ def _audio_dicts(obj: dict) -> list[dict]:
 
 
 def add_lengths(in_list: str, out_list: str, conf: DataConfig, drop_bad: bool = False) -> tuple[int, list[str]]:
-    """Returns (lines written, problems)."""
+    """jsonl list with lengths; returns (lines written, problems)."""
     base = os.path.dirname(os.path.abspath(in_list))
     problems, written = [], 0
     with open(out_list, "wb") as out:
@@ -50,9 +54,7 @@ def add_lengths(in_list: str, out_list: str, conf: DataConfig, drop_bad: bool = 
                 rec = parse_json_record(raw, src, base)
                 obj = json.loads(raw.decode("utf-8"))
                 for spec, target in zip(rec["audio"], _audio_dicts(obj)):
-                    n = audio_num_samples(spec, conf.sample_rate)
-                    target["num_frames"] = fbank_frames(n, conf)
-                    target["duration"] = round(n / conf.sample_rate, 4)
+                    target["num_frames"], target["duration"] = measure_audio(spec, conf)
                 line = json.dumps(obj, ensure_ascii=False).encode("utf-8")
             except SkipSample as e:
                 problems.append(f"{src}: [{e.category}] {e.message}")
@@ -64,20 +66,48 @@ def add_lengths(in_list: str, out_list: str, conf: DataConfig, drop_bad: bool = 
     return written, problems
 
 
+def kaldi_lengths(path: str) -> tuple[int, list[str]]:
+    """utt2num_frames beside feats.scp, from the matrices' shapes."""
+    import kaldiio
+
+    scp = os.path.join(path, "feats.scp") if os.path.isdir(path) else path
+    problems, rows = [], []
+    for lineno, raw in read_lines(scp):
+        key, _, ark = raw.decode("utf-8", errors="replace").strip().partition(" ")
+        try:
+            rows.append(f"{key} {kaldiio.load_mat(ark.strip()).shape[0]}\n")
+        except Exception as e:   # noqa: BLE001 - reported, the loader counts the line
+            problems.append(f"{scp}:{lineno}: cannot read {ark}: {e}")
+    with open(os.path.join(os.path.dirname(scp), "utt2num_frames"), "w", encoding="utf-8") as f:
+        f.writelines(rows)
+    return len(rows), problems
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("in_list")
-    p.add_argument("out_list")
+    p.add_argument("in_list", help="jsonl list, tar shard list or Kaldi data dir")
+    p.add_argument("out_list", nargs="?", help="jsonl lists only: the list to write")
     p.add_argument("--sample_rate", type=int, default=16000)
     p.add_argument("--frame_length_ms", type=float, default=25.0)
     p.add_argument("--frame_shift_ms", type=float, default=10.0)
-    p.add_argument("--drop_bad", action="store_true", help="leave unreadable lines out")
+    p.add_argument("--drop_bad", action="store_true", help="jsonl: leave unreadable lines out")
     a = p.parse_args(argv)
     conf = DataConfig(sample_rate=a.sample_rate, frame_length_ms=a.frame_length_ms, frame_shift_ms=a.frame_shift_ms)
-    n, problems = add_lengths(a.in_list, a.out_list, conf, a.drop_bad)
+    kind = detect_data_type(a.in_list)
+    if kind == "shard":
+        n, problems = write_index(a.in_list, lambda spec: measure_audio(spec, conf))
+        target = index_path(a.in_list)
+    elif kind == "kaldi":
+        n, problems = kaldi_lengths(a.in_list)
+        target = "utt2num_frames"
+    else:
+        if not a.out_list:
+            p.error("a jsonl list needs OUT_LIST")
+        n, problems = add_lengths(a.in_list, a.out_list, conf, a.drop_bad)
+        target = a.out_list
     for msg in problems[:20]:
         print(f"warning: {msg}", file=sys.stderr)
-    print(f"wrote {n} lines to {a.out_list}; {len(problems)} problem(s)", file=sys.stderr)
+    print(f"wrote {n} entries to {target}; {len(problems)} problem(s)", file=sys.stderr)
     return 0
 
 

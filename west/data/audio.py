@@ -38,9 +38,23 @@ def _segment(spec: dict, sr: int, n_total: int) -> tuple[int, int]:
     return min(start, n_total), min(stop, n_total)
 
 
+def _read_member(tar: str, offset: int, size: int) -> bytes:
+    """The bytes of one tar member, by offset (west.data.shards)."""
+    if not os.path.exists(tar):
+        raise SkipSample("missing_file", f"shard {tar} does not exist")
+    with open(tar, "rb") as f:
+        f.seek(offset)
+        data = f.read(size)
+    if len(data) != size:
+        raise SkipSample("corrupt_audio", f"shard {tar} ends inside a member (truncated?)")
+    return data
+
+
 def _open(spec: dict):
     if spec.get("bytes") is not None:
         return io.BytesIO(spec["bytes"])
+    if spec.get("tar") is not None:
+        return io.BytesIO(_read_member(spec["tar"], spec["offset"], spec["size"]))
     path = resolve_path(spec["path"], spec.get("base"))
     if not os.path.exists(path):
         raise SkipSample("missing_file", f"audio file {path} does not exist")

@@ -10,18 +10,19 @@
   0..tail-1, no labels) so flash-attn varlen never sees a run of position-0
   tokens; explicit ``cu_seqlens``/``max_seqlen``; encoder feats concatenated
   (ΣT, F) with ``feat_cu_seqlens`` or, for the ablation, padded.
-* ``dummy_batch``: what a rank trains on when its planned samples were all bad.
+* ``dummy_sample``: what a rank trains on when its planned samples were all bad
+  (each batching policy collates it its own way).
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
 
 from west.batch import COUNTER_NAMES, IGNORE_INDEX, Batch
 from west.data.tokenize import Encoded
-from west.shapes import min_fbank_frames, num_speech_tokens
+from west.shapes import SpeechShape
 
 
 def _encoder_inputs(segments: list[np.ndarray], packed: bool, num_mel_bins: int) -> dict:
@@ -147,19 +148,10 @@ def collate_packed(rows: Sequence[Sequence[dict]], pack_tokens: int, pad_id: int
                    max_seqlen=int((cu_t[1:] - cu_t[:-1]).max()), real_tokens=real)
 
 
-def dummy_batch(pad_id: int, placeholder_id: int, num_mel_bins: int = 80, subsampling_rate: int = 4,
-                projector_stride: int = 2, pack_tokens: Optional[int] = None,
-                encoder_layout: str = "packed", pad_multiple: int = 0) -> Batch:
-    """One tiny sample (min-length all-zero speech + 2 pad tokens), all labels IGNORE,
-    all counters 0, keys []: lets a rank with nothing left run forward/backward."""
-    frames = min_fbank_frames(subsampling_rate)
-    n = num_speech_tokens(frames, subsampling_rate, projector_stride)
+def dummy_sample(pad_id: int, placeholder_id: int, num_mel_bins: int, shape: SpeechShape) -> dict:
+    """One tiny sample (min-length all-zero speech + 2 pad tokens, all labels IGNORE): what a
+    rank with nothing left trains on, so every rank runs forward/backward each step."""
+    frames = shape.min_frames()
+    n = shape.slots(frames)
     enc = Encoded(ids=[placeholder_id] * n + [pad_id] * 2, labels=[IGNORE_INDEX] * (n + 2), spans=[(0, n)])
-    sample = {"key": "", "enc": enc, "feats": [np.zeros((frames, num_mel_bins), np.float32)]}
-    if pack_tokens is not None:
-        batch = collate_packed([[sample]], pack_tokens, pad_id, encoder_layout, num_mel_bins, pad_multiple)
-    else:
-        batch = collate_padded([sample], pad_id, num_mel_bins)
-    batch.keys = []
-    batch.counters = {k: 0 for k in COUNTER_NAMES}
-    return batch
+    return {"key": "", "enc": enc, "feats": [np.zeros((frames, num_mel_bins), np.float32)]}

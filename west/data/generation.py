@@ -3,7 +3,7 @@
 Records go through the same stages as in training (audio, fbank, CMVN; no
 dither, SpecAugment or duration filter since ``training=False``), then
 ``PromptEncoder.encode_prompt`` renders the chat prompt up to the assistant
-header with ``num_speech_tokens(T)`` placeholders per audio part. Batches are
+header with ``SpeechShape.slots(T)`` placeholders per audio part. Batches are
 right padded like static batches (``collate_padded``, labels all IGNORE);
 ``SpeechLLM.generate`` moves the padding to the left itself. Bad utterances are
 skipped and counted in ``stats`` like in training; list order is kept.
@@ -16,10 +16,11 @@ from west.batch import IGNORE_INDEX, Batch
 from west.data.collate import collate_padded
 from west.data.config import DataConfig
 from west.data.features import GlobalCMVN
-from west.data.lists import iter_records
+from west.data.sources import iter_records
 from west.data.processors import DecodeContext, cmvn, fbank, load_audio
 from west.data.stats import DataStats, SkipSample
 from west.data.tokenize import Encoded, PromptEncoder
+from west.shapes import SpeechShape
 
 
 def reference_text(record: dict) -> str:
@@ -45,14 +46,14 @@ def tokenize_prompt(samples: Iterable[dict], encoder: PromptEncoder, stats: Data
         yield s
 
 
-def prompt_batches(data_list: str, tokenizer, conf: DataConfig, batch_size: int,
+def prompt_batches(data_list: str, tokenizer, conf: DataConfig, shape: SpeechShape, batch_size: int,
                    stats: DataStats) -> Iterator[tuple[Batch, list[str]]]:
     """(padded prompt Batch, reference texts) of up to ``batch_size`` utterances, in list order."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    encoder = PromptEncoder(tokenizer, conf)
+    encoder = PromptEncoder(tokenizer, conf, shape)
     ctx = DecodeContext(conf, encoder, stats, GlobalCMVN.from_json(conf.cmvn) if conf.cmvn else None,
-                        training=False, filter_duration=False)
+                        training=False)
     stream: Iterable[dict] = iter_records(data_list, stats, conf.data_type)
     for stage in (load_audio, fbank, cmvn):
         stream = stage(stream, ctx)

@@ -10,7 +10,7 @@ A record is a plain dict::
 
 Formats: jsonl utterances (``key``/``wav``/``txt``, optional ``duration``,
 ``num_frames``, ``start``/``end``), jsonl role-content ``messages``, tar shard
-lists (one ``.tar`` per line, ``KEY.wav`` + ``KEY.txt`` members, read as a stream)
+lists (one ``.tar`` per line, read through an index: ``west.data.shards``)
 and Kaldi ``feats.scp`` + ``text`` (+ ``utt2num_frames``). Every record names
 its source file and line so a skip warning can point at it.
 """
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import tarfile
 from typing import Callable, Iterator, Optional
 
 from west.data.stats import DataStats, SkipSample
@@ -54,20 +53,6 @@ def check_text(text: object, what: str) -> str:
     if not text.strip():
         raise SkipSample("empty_text", f"{what} is empty or whitespace")
     return text
-
-
-def detect_data_type(path: str) -> str:
-    """raw | shard | kaldi, from the path and the first non-blank line."""
-    if os.path.isdir(path) or path.endswith(".scp"):
-        return "kaldi"
-    for _, raw in read_lines(path):
-        first = raw.strip()
-        if first.startswith(b"{"):
-            return "raw"
-        if first.endswith((b".tar", b".tar.gz", b".tgz")):
-            return "shard"
-        return "raw"
-    return "raw"
 
 
 def _num(obj: dict, name: str, cast, what: str):
@@ -225,75 +210,3 @@ class KaldiList:
         audio = [{"ark": it["ark"], "num_frames": it["num_frames"], "duration": None,
                   "start": None, "end": None}]
         return {"key": it["key"], "src": it["src"], "audio": audio, "txt": it["txt"], "messages": None}
-
-
-def read_shard_list(path: str) -> list[dict]:
-    """Shard list -> [{"shard": tar path, "src": "list:line"}] (paths relative to cwd or the list)."""
-    base = os.path.dirname(os.path.abspath(path))
-    out = []
-    for lineno, raw in read_lines(path):
-        shard = raw.decode("utf-8", errors="replace").strip()
-        if not os.path.isabs(shard) and not os.path.exists(shard):
-            shard = os.path.join(base, shard)
-        out.append({"shard": shard, "src": f"{path}:{lineno}"})
-    return out
-
-
-def iter_shard(entry: dict, stats: DataStats) -> Iterator[dict]:
-    """Stream the records of one tar shard; a broken shard is counted, never raised."""
-    shard = entry["shard"]
-    if not os.path.exists(shard):
-        stats.skip("missing_file", entry["src"], f"shard {shard} does not exist")
-        return
-    group: dict = {}
-
-    def flush() -> Optional[dict]:
-        if not group:
-            return None
-        key, src = group["key"], f"{shard}:{group['key']}"
-        try:
-            if "txt" not in group:
-                raise SkipSample("empty_text", "shard has no .txt for this key")
-            if "bytes" not in group:
-                raise SkipSample("missing_file", "shard has no audio member for this key")
-            txt = check_text(decode_utf8(group["txt"], "transcript").strip(), "transcript")
-        except SkipSample as e:
-            stats.skip(e.category, src, e.message)
-            return None
-        audio = [{"bytes": group["bytes"], "duration": None, "num_frames": None, "start": None, "end": None}]
-        return {"key": key, "src": src, "audio": audio, "txt": txt, "messages": None}
-
-    try:
-        with tarfile.open(shard, mode="r|*") as tar:
-            for member in tar:
-                if not member.isfile():
-                    continue
-                prefix, _, suffix = member.name.rpartition(".")
-                if group and prefix != group["key"]:
-                    rec = flush()
-                    if rec is not None:
-                        yield rec
-                    group = {}
-                group["key"] = prefix
-                data = tar.extractfile(member).read()
-                if suffix == "txt":
-                    group["txt"] = data
-                elif suffix in AUDIO_SUFFIXES:
-                    group["bytes"] = data
-        rec = flush()
-        if rec is not None:
-            yield rec
-    except (tarfile.TarError, EOFError, OSError) as e:
-        stats.skip("corrupt_audio", f"{shard} ({entry['src']})", f"unreadable shard, rest skipped: {e}")
-
-
-def iter_records(path: str, stats: DataStats, data_type: str = "auto") -> Iterator[dict]:
-    """Every record of any list format, in list order (tools: CMVN, lengths, stats)."""
-    data_type = detect_data_type(path) if data_type == "auto" else data_type
-    if data_type == "shard":
-        for entry in read_shard_list(path):
-            yield from iter_shard(entry, stats)
-        return
-    source = KaldiList(path, stats) if data_type == "kaldi" else RawList(path, stats)
-    for i in range(len(source)):
-        yield source.record(i)

@@ -1,11 +1,12 @@
 """LLM-token lengths of every record from list metadata (no audio is read).
 
-A planned epoch needs every sample's length up front. ``LengthTable`` gets each
-record while the list is parsed (one pass), estimates fbank frames from
-``num_frames`` (exact) or ``duration`` (upper bound), tokenizes transcripts in
-batches, and applies the filters that need no audio: min/max duration and the
-LLM-token budget. Skips found here are counted and warned about once, at
-start-up.
+Every epoch is planned, so every sample's length is needed up front.
+``LengthTable`` gets each record while its list is parsed (one pass), takes
+fbank frames from ``num_frames`` (exact) or ``duration`` (an upper bound),
+tokenizes transcripts in batches, and applies the length filters, here and
+only here: empty audio, min/max duration, and the batching policy's per-sample
+token budget. A record without a length is an error that names the line and
+``tools/compute_lengths.py``. Skips found here are counted once, at start-up.
 """
 from __future__ import annotations
 
@@ -13,69 +14,87 @@ from typing import Optional
 
 import numpy as np
 
+from west.data.audio import audio_num_samples
 from west.data.config import DataConfig
-from west.data.features import estimate_frames
-from west.data.stats import DataStats
+from west.data.features import estimate_frames, fbank_frames
+from west.data.stats import DataStats, SkipSample
 from west.data.tokenize import PromptEncoder
 
 _CHUNK = 8192
 
 
-def token_budget(conf: DataConfig) -> Optional[int]:
-    """Most LLM tokens one sample may have in this batch mode (None: no limit)."""
-    return {"pack": conf.pack_tokens, "dynamic": conf.max_tokens_in_batch}.get(conf.batch_type)
+def measure_audio(spec: dict, conf: DataConfig) -> tuple[int, float]:
+    """(fbank frames, seconds) the loader will compute for an audio spec, from its header only
+    (what tools/compute_lengths.py and tools/make_shard_list.py write into lists and indexes)."""
+    n = audio_num_samples(spec, conf.sample_rate)
+    return fbank_frames(n, conf), round(n / conf.sample_rate, 4)
+
+
+def check_budget(n_tokens: int, budget: Optional[int]) -> None:
+    """A sample longer than the budget is skipped, never truncated."""
+    if budget is not None and n_tokens > budget:
+        raise SkipSample("too_long", f"{n_tokens} LLM tokens > budget {budget}")
+
+
+def check_record(secs: float, n_tokens: int, conf: DataConfig, budget: Optional[int], has_audio: bool) -> None:
+    """The length filters of one record (raises SkipSample)."""
+    if has_audio and secs <= 0:
+        raise SkipSample("empty_audio", "audio has zero length")
+    if n_tokens == 0:
+        raise SkipSample("too_short", "audio gives no encoder frame")
+    if conf.min_duration and has_audio and secs < conf.min_duration:
+        raise SkipSample("too_short", f"{secs:.3f}s < min_duration {conf.min_duration}s")
+    if conf.max_duration and secs > conf.max_duration:
+        raise SkipSample("too_long", f"{secs:.3f}s > max_duration {conf.max_duration}s")
+    check_budget(n_tokens, budget)
 
 
 class LengthTable:
-    """Collects lengths record by record; ``finish()`` returns them, or None if some are unknown."""
+    """Collects lengths record by record; ``finish()`` returns (lengths, usable indices)."""
 
-    def __init__(self, encoder: PromptEncoder, conf: DataConfig, stats: DataStats, required: bool):
-        self.encoder, self.conf, self.stats, self.required = encoder, conf, stats, required
-        self.known = True
-        self.missing: Optional[str] = None
+    def __init__(self, encoder: PromptEncoder, conf: DataConfig, stats: DataStats, budget: Optional[int],
+                 list_path: str):
+        self.encoder, self.conf, self.stats, self.budget = encoder, conf, stats, budget
+        self.list_path = list_path
         self._lengths: list[int] = []
         self._keep: list[bool] = []
         self._chunk: list[tuple[dict, list[int]]] = []
 
     def add(self, rec: dict) -> None:
-        if not self.known:
-            return
         frames = [estimate_frames(a, self.conf) for a in rec["audio"]]
         if any(f is None for f in frames):
-            if self.required:
-                raise ValueError(f"{rec['src']}: plan='always' but {rec['key']} has no duration/num_frames")
-            self.known, self.missing = False, f"{rec['src']} (key {rec['key']})"
-            self._chunk.clear()
-            return
+            raise ValueError(f"{rec['src']}: {rec['key']} has no duration/num_frames, and every epoch is planned "
+                             f"from lengths: run `python tools/compute_lengths.py {self.list_path} OUT` once "
+                             "and train on OUT")
         self._chunk.append((rec, frames))
         if len(self._chunk) >= _CHUNK:
             self._flush()
 
     def _flush(self) -> None:
-        conf, budget = self.conf, token_budget(self.conf)
-        shift_s = conf.frame_shift_ms / 1000
+        shift_s = self.conf.frame_shift_ms / 1000
         recs = [r for r, _ in self._chunk]
         frames = [f for _, f in self._chunk]
         for rec, fr, length in zip(recs, frames, self.encoder.lengths(recs, frames)):
-            secs = sum(a.get("duration") or f * shift_s for a, f in zip(rec["audio"], fr))
-            why = None
-            if length == 0:
-                why = ("too_short", "audio gives no encoder frame")
-            elif conf.min_duration and rec["audio"] and secs < conf.min_duration:
-                why = ("too_short", f"{secs:.3f}s < min_duration {conf.min_duration}s")
-            elif conf.max_duration and secs > conf.max_duration:
-                why = ("too_long", f"{secs:.3f}s > max_duration {conf.max_duration}s")
-            elif budget is not None and length > budget:
-                why = ("too_long", f"{length} LLM tokens > budget {budget}")
-            if why is not None:
-                self.stats.skip(why[0], f"{rec['src']} (key {rec['key']})", why[1])
+            secs = sum(_seconds(a, f, shift_s) for a, f in zip(rec["audio"], fr))
+            try:
+                check_record(secs, length, self.conf, self.budget, bool(rec["audio"]))
+                keep = True
+            except SkipSample as e:
+                self.stats.skip(e.category, f"{rec['src']} (key {rec['key']})", e.message)
+                keep = False
             self._lengths.append(length)
-            self._keep.append(why is None)
+            self._keep.append(keep)
         self._chunk.clear()
 
-    def finish(self) -> Optional[tuple[np.ndarray, np.ndarray]]:
+    def finish(self) -> tuple[np.ndarray, np.ndarray]:
         """(lengths of all records, indices of the records that passed the filters)."""
-        if not self.known:
-            return None
         self._flush()
         return np.asarray(self._lengths, np.int64), np.nonzero(np.asarray(self._keep, bool))[0]
+
+
+def _seconds(spec: dict, frames: int, shift_s: float) -> float:
+    if spec.get("duration") is not None:
+        return float(spec["duration"])
+    if spec.get("start") is not None and spec.get("end") is not None:
+        return float(spec["end"] - spec["start"])
+    return frames * shift_s

@@ -129,6 +129,20 @@ def pack(lengths: Sequence[int] | np.ndarray, capacity: int, algorithm: str = "b
     Each index appears exactly once. A step has an empty bin only when there are
     fewer items than bins the capacity forces (steps × dp_size).
     """
+    slot, n_bins = pack_slots(lengths, capacity, algorithm, dp_size, cost)
+    if n_bins == 0:
+        return []
+    bins = _group(slot, n_bins)
+    if dp_size == 1:
+        return bins
+    return [bins[s * dp_size:(s + 1) * dp_size] for s in range(n_bins // dp_size)]
+
+
+def pack_slots(lengths: Sequence[int] | np.ndarray, capacity: int, algorithm: str = "bfd",
+               dp_size: int = 1, cost: str = "linear") -> tuple[np.ndarray, int]:
+    """``pack`` as arrays: (bin of every item, number of bins). With ``dp_size > 1`` bin
+    ``s * dp_size + r`` is rank r's bin of step s and the number of bins is a multiple
+    of ``dp_size``. The epoch planner uses this form: no Python list per bin."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
     if cost not in COSTS:
@@ -136,16 +150,17 @@ def pack(lengths: Sequence[int] | np.ndarray, capacity: int, algorithm: str = "b
     dp_size = _check_int("dp_size", dp_size, 1)
     values = as_lengths(lengths, capacity)
     if values.shape[0] == 0:
-        return []
+        return np.zeros(0, np.int64), 0
     assign = assign_bins(values, int(capacity), algorithm)
     n_bins = int(assign.max()) + 1
     if dp_size == 1:
-        return _group(assign, n_bins)
-    return _plan_steps(values, assign, n_bins, int(capacity), dp_size, cost, algorithm)
+        return assign, n_bins
+    slot, n_steps = _plan_steps(values, assign, n_bins, int(capacity), dp_size, cost, algorithm)
+    return slot, n_steps * dp_size
 
 
 def _plan_steps(lengths: np.ndarray, assign: np.ndarray, n_bins: int, capacity: int,
-                dp_size: int, cost: str, algorithm: str) -> list[list[list[int]]]:
+                dp_size: int, cost: str, algorithm: str) -> tuple[np.ndarray, int]:
     """Group items into balanced steps of ``dp_size`` bins.
 
     Up to three candidate plans are made; each is scored by Σ over steps of its
@@ -179,9 +194,7 @@ def _plan_steps(lengths: np.ndarray, assign: np.ndarray, n_bins: int, capacity: 
     cheapest = min(_plan_cost(p, costs, dp_size) for p in plans)
     best = min((p for p in plans if _plan_cost(p, costs, dp_size) <= 1.01 * cheapest),
                key=lambda p: (p[1], _plan_cost(p, costs, dp_size)))
-    slot, n_steps = best
-    bins = _group(slot, n_steps * dp_size)
-    return [bins[s * dp_size:(s + 1) * dp_size] for s in range(n_steps)]
+    return best
 
 
 def _plan_cost(plan: tuple[np.ndarray, int], costs: np.ndarray, dp_size: int) -> float:

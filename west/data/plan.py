@@ -1,64 +1,125 @@
-"""Plan a whole epoch from lengths so every rank gets the same number of steps.
+"""Plan a whole epoch from lengths, the same way on every rank and machine.
 
-Input: the record indices that passed the metadata filters and every record's
-LLM-token length. Output: ``steps[s][rank]`` = indices of the batch that rank
-trains on at step s. Every index appears exactly once; nothing is dropped.
+1. ``epoch_order``: which records the epoch holds, in which order. One list:
+   all its usable records. Several lists with weights: list i contributes a
+   share ``w_i / Σw`` of the epoch (the epoch has as many samples as the lists
+   have usable records together); a list's samples are drawn from an endless
+   stream of its shuffled copies, so over the epochs every record comes up
+   equally often. Then the whole order is shuffled (training only).
+2. ``plan_epoch``: the order is cut into windows of ``window`` samples; the
+   batching policy turns each window into steps of ``world_size`` batches; the
+   steps of all windows are shuffled together. Windows bound the cost of
+   grouping (packing is superlinear) and leave at most one partly filled step
+   per window.
 
-* pack: one ``pack(lengths, pack_tokens, pack_algorithm, dp_size=world_size,
-  cost=pack_cost)`` call over the whole epoch (in shuffled order), so the packs
-  of one step have balanced cost and only the last step can hold partly filled
-  rows; the steps are then shuffled. (Packing windows of ``pack_buffer`` would
-  leave up to world_size-1 half-empty rows per window; the packer plans 1M
-  lengths in well under a second, so the whole epoch is one window.)
-* static / dynamic: batches are formed globally, then dealt ``world_size`` at
-  a time; when their number is not a multiple of ``world_size`` batches of the
-  last round are split (see ``batching.equalize_rounds``).
-An empty batch (only when there are fewer samples than ranks) is served as a
-dummy batch. Same (seed, epoch, lengths, config) -> same plan on any machine.
+The result depends only on the lengths, (seed, epoch), the config and the world
+size; never on ``num_workers`` or on which machine runs it. Every record of the
+order lands in exactly one batch; nothing is dropped.
 """
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import Optional, Sequence
 
 import numpy as np
 
-from west.data.batching import dynamic_groups, equalize_rounds, sort_windows, static_groups
-from west.data.config import DataConfig
-from west.data.packing import pack
+from west.data.policies import BatchPolicy
 
 
-def _fill_empty_bins(steps: list[list[list[int]]]) -> None:
-    """Give an empty pack an item of the pack with the most items (prefer the same step)."""
-    for step in steps:
-        for b, members in enumerate(step):
-            if members:
-                continue
-            local = max(step, key=len)
-            donor = local if len(local) >= 2 else max((x for s in steps for x in s), key=len)
-            if len(donor) >= 2:
-                step[b] = [donor.pop()]
+@dataclass
+class EpochPlan:
+    """Batches as flat arrays: batch b holds ``members[bounds[b]:bounds[b+1]]``;
+    step s is batches ``s * world_size .. s * world_size + world_size - 1``."""
+
+    members: np.ndarray
+    bounds: np.ndarray
+    world_size: int
+
+    @property
+    def n_steps(self) -> int:
+        return (self.bounds.shape[0] - 1) // self.world_size
+
+    def batch(self, b: int) -> np.ndarray:
+        return self.members[self.bounds[b]:self.bounds[b + 1]]
+
+    def rank_batches(self, rank: int) -> list[np.ndarray]:
+        """Record ids of every batch rank ``rank`` trains on, in step order."""
+        return [self.batch(s * self.world_size + rank) for s in range(self.n_steps)]
 
 
-def plan_epoch(indices: np.ndarray, lengths: np.ndarray, conf: DataConfig, world_size: int,
-               rng: Optional[np.random.Generator]) -> list[list[list[int]]]:
-    """Steps of ``world_size`` batches of record indices (see module doc)."""
-    order = [int(i) for i in (rng.permutation(indices) if rng is not None else indices)]
-    if conf.batch_type == "pack":
-        steps = pack(lengths[order], conf.pack_tokens, algorithm=conf.pack_algorithm, dp_size=world_size,
-                     cost=conf.pack_cost) if order else []
-        if world_size == 1:
-            steps = [[b] for b in steps]
-        steps = [[[order[i] for i in b] for b in step] for step in steps]
-        _fill_empty_bins(steps)
-        if rng is not None:
-            steps = [steps[i] for i in rng.permutation(len(steps))]
-        return steps
-    if conf.batch_type == "static":
-        batches = static_groups(order, conf.batch_size)
-    else:
-        order = sort_windows(order, [int(lengths[i]) for i in order], conf.sort_buffer)
-        batches = dynamic_groups(order, [int(lengths[i]) for i in order], conf.max_tokens_in_batch)
-        if rng is not None:
-            batches = [batches[i] for i in rng.permutation(len(batches))]
-    batches = equalize_rounds(batches, world_size)
-    return [batches[i:i + world_size] for i in range(0, len(batches), world_size)]
+def _cycled(n: int, count: int, start: int, rng_seed: Optional[Sequence[int]]) -> np.ndarray:
+    """Items ``start .. start + count`` of an endless stream of permutations of ``range(n)``
+    (permutation c drawn from ``rng_seed + [c]``; identity order without a seed)."""
+    if n == 0 or count == 0:
+        return np.zeros(0, np.int64)
+    out, pos = [], start
+    while pos < start + count:
+        cycle, offset = divmod(pos, n)
+        perm = np.arange(n) if rng_seed is None else np.random.default_rng([*rng_seed, cycle]).permutation(n)
+        take = min(n - offset, start + count - pos)
+        out.append(perm[offset:offset + take])
+        pos += take
+    return np.concatenate(out).astype(np.int64)
+
+
+def list_shares(sizes: Sequence[int], weights: Optional[Sequence[float]]) -> np.ndarray:
+    """Samples each list contributes to one epoch (largest remainders, summing to Σ sizes)."""
+    sizes = np.asarray(sizes, np.int64)
+    if weights is None:
+        return sizes
+    w = np.where(sizes > 0, np.asarray(weights, np.float64), 0.0)   # an empty list cannot contribute
+    if not w.sum():
+        return np.zeros_like(sizes)
+    exact = sizes.sum() * w / w.sum()
+    share = np.floor(exact).astype(np.int64)
+    rest = int(sizes.sum() - share.sum())
+    share[np.argsort(-(exact - share), kind="stable")[:rest]] += 1
+    return share
+
+
+def epoch_order(eligible: Sequence[np.ndarray], weights: Optional[Sequence[float]], seed: int, epoch: int,
+                shuffle: bool) -> np.ndarray:
+    """Global record ids of one epoch, in order (see the module doc).
+
+    ``eligible[i]`` are the usable global ids of list i."""
+    shares = list_shares([e.shape[0] for e in eligible], weights)
+    parts = []
+    for i, (ids, share) in enumerate(zip(eligible, shares)):
+        if weights is None:   # plain concatenation: each record once
+            parts.append(np.asarray(ids, np.int64))
+            continue
+        pos = _cycled(ids.shape[0], int(share), epoch * int(share), [seed, i] if shuffle else None)
+        parts.append(np.asarray(ids, np.int64)[pos])
+    order = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    return np.random.default_rng([seed, epoch]).permutation(order) if shuffle else order
+
+
+def plan_epoch(order: np.ndarray, lengths: np.ndarray, policy: BatchPolicy, world_size: int, window: int,
+               rng: Optional[np.random.Generator]) -> EpochPlan:
+    """Steps of ``world_size`` batches over ``order`` (record ids), window by window."""
+    members, sizes = [], []
+    for start in range(0, order.shape[0], window):
+        ids = order[start:start + window]
+        pos, size = policy.group(lengths[ids], world_size, rng)
+        members.append(ids[pos])
+        sizes.append(size)
+    members_a = np.concatenate(members) if members else np.zeros(0, np.int64)
+    sizes_a = np.concatenate(sizes) if sizes else np.zeros(0, np.int64)
+    if rng is not None and sizes_a.shape[0]:
+        members_a, sizes_a = _shuffle_steps(members_a, sizes_a, world_size, rng)
+    return EpochPlan(members_a, np.concatenate([[0], np.cumsum(sizes_a)]).astype(np.int64), world_size)
+
+
+def _shuffle_steps(members: np.ndarray, sizes: np.ndarray, world_size: int,
+                   rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Reorder whole steps (``world_size`` consecutive batches) by a random permutation."""
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    n_steps = sizes.shape[0] // world_size
+    perm = rng.permutation(n_steps)
+    new_sizes = sizes.reshape(n_steps, world_size)[perm].reshape(-1)
+    step_start, step_end = bounds[0:-1:world_size], bounds[world_size::world_size]
+    # gather each step's member range in the new order without a Python loop per item
+    starts, counts = step_start[perm], (step_end - step_start)[perm]
+    offsets = np.repeat(starts - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
+    idx = np.arange(int(counts.sum())) + offsets
+    return members[idx], new_sizes

@@ -1,6 +1,10 @@
 """Per-sample pipeline stages, each a plain generator over sample dicts.
 
-    records -> load_audio -> filter_duration -> fbank -> cmvn -> spec_augment -> tokenize
+    records -> load_audio -> fbank -> cmvn -> spec_augment -> tokenize
+
+Length filters ran when the epoch was planned (``west.data.metadata``); here
+only the hard limit is checked again: a sample whose decoded length exceeds the
+policy's budget (the list's duration was wrong) is skipped, never truncated.
 
 A stage that rejects a sample raises ``SkipSample`` inside ``_each``; the
 sample is counted in ``stats`` (with its list file and line) and the stream
@@ -18,6 +22,7 @@ import numpy as np
 from west.data.audio import load_audio as _load_audio
 from west.data.config import DataConfig
 from west.data.features import GlobalCMVN, compute_fbank, spec_augment as _spec_augment
+from west.data.metadata import check_budget
 from west.data.stats import DataStats, SkipSample
 from west.data.tokenize import PromptEncoder
 
@@ -31,8 +36,7 @@ class DecodeContext:
     training: bool = True
     seed: int = 0
     epoch: int = 0
-    max_len: Optional[int] = None        # LLM-token budget of one sample (pack_tokens / max_tokens_in_batch)
-    filter_duration: bool = True         # False when the plan already filtered on metadata
+    budget: Optional[int] = None         # LLM-token budget of one sample (the batching policy's)
 
 
 def sample_rng(seed: int, epoch: int, key: str, stream: int) -> np.random.Generator:
@@ -85,26 +89,6 @@ def load_audio(samples: Iterable[dict], ctx: DecodeContext) -> Iterator[dict]:
     return _each(samples, ctx.stats, lambda s: _load(s, ctx.conf.sample_rate, ctx.conf.num_mel_bins))
 
 
-def filter_duration(samples: Iterable[dict], ctx: DecodeContext) -> Iterator[dict]:
-    """Drop utterances outside [min_duration, max_duration] seconds (total over audio parts)."""
-    conf = ctx.conf
-
-    def check(s: dict) -> dict:
-        if not s["audio"]:            # text-only conversations have no duration
-            return s
-        secs = sum(len(w) for w in s["waves"]) / conf.sample_rate
-        secs += sum(f.shape[0] for f in s["feats"]) * conf.frame_shift_ms / 1000
-        if conf.min_duration and secs < conf.min_duration:
-            raise SkipSample("too_short", f"{secs:.3f}s < min_duration {conf.min_duration}s")
-        if conf.max_duration and secs > conf.max_duration:
-            raise SkipSample("too_long", f"{secs:.3f}s > max_duration {conf.max_duration}s")
-        return s
-
-    if not ctx.filter_duration or not (conf.min_duration or conf.max_duration):
-        return iter(samples)
-    return _each(samples, ctx.stats, check)
-
-
 def fbank(samples: Iterable[dict], ctx: DecodeContext) -> Iterator[dict]:
     """Waveforms -> (T, num_mel_bins) fbank; dither only in training."""
     def run(s: dict) -> dict:
@@ -148,15 +132,14 @@ def tokenize(samples: Iterable[dict], ctx: DecodeContext) -> Iterator[dict]:
     """Ids/labels/spans; an utterance over the LLM-token budget is skipped, never truncated."""
     def run(s: dict) -> dict:
         enc = ctx.encoder.encode(s, [f.shape[0] for f in s["feats"]])
-        if ctx.max_len is not None and len(enc.ids) > ctx.max_len:
-            raise SkipSample("too_long", f"{len(enc.ids)} LLM tokens > budget {ctx.max_len}")
+        check_budget(len(enc.ids), ctx.budget)
         s["enc"], s["length"] = enc, len(enc.ids)
         return s
 
     return _each(samples, ctx.stats, run)
 
 
-STAGES = (load_audio, filter_duration, fbank, cmvn, spec_augment, tokenize)
+STAGES = (load_audio, fbank, cmvn, spec_augment, tokenize)
 
 
 def decode(records: Iterable[dict], ctx: DecodeContext) -> Iterator[dict]:

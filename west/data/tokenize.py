@@ -1,7 +1,7 @@
 """Render a record through the tokenizer's chat template into ids and labels.
 
 Audio parts become the speech marker, rendered by the template like any text,
-then replaced by ``num_speech_tokens(T)`` placeholder ids (the exact number of
+then replaced by ``SpeechShape.slots(T)`` placeholder ids (the exact number of
 embeddings encoder + projector produce, from ``west.shapes``). Assistant
 contents are rendered as sentinels and tokenized on their own, so the label
 region is exact whatever the template looks like: the content tokens plus the
@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from west.batch import IGNORE_INDEX
-from west.data.config import SPEECH_MARKER, DataConfig
+from west.data.config import DataConfig
 from west.data.stats import SkipSample
-from west.shapes import num_speech_tokens
+from west.shapes import SPEECH_MARKER, SpeechShape
 
 _SENTINEL = "\x00L{}\x00"
 _SPLIT = re.compile(r"(\x00L\d+\x00|" + re.escape(SPEECH_MARKER) + ")")
@@ -41,7 +41,7 @@ class Encoded:
 class PromptEncoder:
     """Turns records into token ids with speech placeholder spans and shifted labels."""
 
-    def __init__(self, tokenizer, conf: DataConfig):
+    def __init__(self, tokenizer, conf: DataConfig, shape: SpeechShape):
         self.tok = tokenizer
         if tokenizer.eos_token is None:
             raise ValueError("the tokenizer has no eos_token: it marks the end of an assistant turn")
@@ -49,7 +49,7 @@ class PromptEncoder:
         self.pad_id: int = pad_token_id(tokenizer)
         self.placeholder_id: int = speech_placeholder_id(tokenizer)
         self.prompt, self.system = conf.prompt, conf.system_prompt
-        self.rate, self.stride = conf.subsampling_rate, conf.projector_stride
+        self.shape = shape
         self._text_cache: dict[str, list[int]] = {}
         self._asr_pieces = self._pieces(self._asr_messages(), n_audio=1)   # also checks the template
 
@@ -119,7 +119,7 @@ class PromptEncoder:
         return ids
 
     def _speech_len(self, frames: int) -> int:
-        n = num_speech_tokens(frames, self.rate, self.stride)
+        n = self.shape.slots(frames)
         if n < 1:
             raise SkipSample("too_short", f"{frames} fbank frames give no encoder frame")
         return n
@@ -177,7 +177,7 @@ class PromptEncoder:
             total = 0
             for kind, v in pieces:
                 if kind == "speech":
-                    n = num_speech_tokens(fr[v], self.rate, self.stride)
+                    n = self.shape.slots(fr[v])
                     if n < 1:
                         total = 0
                         break

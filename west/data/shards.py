@@ -1,0 +1,173 @@
+"""Tar shards read by byte offset, through an index beside the shard list.
+
+A WeNet shard list names one uncompressed ``.tar`` per line (``KEY.wav`` +
+``KEY.txt`` members). To plan epochs, and so that a rank reads only the
+utterances it trains on, west needs each utterance's length and where its audio
+lies in its tar. ``tools/make_shard_list.py`` writes that index when it writes
+the shards, ``tools/compute_lengths.py`` adds it to existing shard lists; it is
+``<shard list>.idx``, JSON lines:
+
+    {"tar": "shards_000000.tar", "bytes": 1048576}                   # one per tar, in list order
+    {"key": "BAC009S0002W0122", "offset": 1536, "size": 96044, "ext": "wav",
+     "txt": "...", "num_frames": 298, "duration": 3.0}               # its utterances
+
+A problem found while indexing (a missing or unreadable tar, a key without
+text or readable audio) is kept in the index as ``"skip": [category, why]``, so
+the loader counts it like any bad input.
+
+The tar paths are as the shard list writes them. A tar whose size changed since
+it was indexed makes the index stale: an error up front, never wrong audio.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tarfile
+from typing import Callable, Iterator, Optional
+
+from west.data.lists import AUDIO_SUFFIXES, check_text, decode_utf8, read_lines
+from west.data.stats import DataStats, SkipSample
+
+INDEX_SUFFIX = ".idx"
+
+
+def index_path(shard_list: str) -> str:
+    return shard_list + INDEX_SUFFIX
+
+
+def shard_paths(shard_list: str) -> list[tuple[str, str]]:
+    """(tar path as written, resolved path) of every line (relative to cwd, else to the list)."""
+    base = os.path.dirname(os.path.abspath(shard_list))
+    out = []
+    for _, raw in read_lines(shard_list):
+        written = raw.decode("utf-8", errors="replace").strip()
+        path = written if os.path.isabs(written) or os.path.exists(written) else os.path.join(base, written)
+        out.append((written, path))
+    return out
+
+
+def scan_tar(path: str) -> Iterator[dict]:
+    """Every key of an uncompressed tar: ``{key, offset, size, ext, txt}``; ``offset`` or ``txt``
+    is None when the member is missing, ``txt`` raw bytes otherwise."""
+    group: dict = {}
+    with tarfile.open(path, mode="r:") as tar:
+        for member in tar:
+            if not member.isfile():
+                continue
+            prefix, _, suffix = member.name.rpartition(".")
+            if group and prefix != group["key"]:
+                yield group
+                group = {}
+            if not group:
+                group = {"key": prefix, "offset": None, "txt": None}
+            if suffix == "txt":
+                group["txt"] = tar.extractfile(member).read()
+            elif suffix in AUDIO_SUFFIXES:
+                group.update(offset=member.offset_data, size=member.size, ext=suffix)
+    if group:
+        yield group
+
+
+def _index_entry(e: dict, path: str, measure: Callable[[dict], tuple[int, float]]) -> dict:
+    """One utterance's index line; a problem found now is stored as ``skip`` for the loader to count."""
+    out = {k: e[k] for k in ("key", "offset", "size", "ext") if k in e}
+    try:
+        if e["offset"] is None:
+            raise SkipSample("missing_file", "shard has no audio member for this key")
+        if e["txt"] is None:
+            raise SkipSample("empty_text", "shard has no .txt for this key")
+        out["txt"] = decode_utf8(e["txt"], "transcript").strip()
+        out["num_frames"], out["duration"] = measure({"tar": path, "offset": e["offset"], "size": e["size"]})
+    except SkipSample as err:
+        out["skip"] = [err.category, err.message]
+    return out
+
+
+def write_index(shard_list: str, measure: Callable[[dict], tuple[int, float]]) -> tuple[int, list[str]]:
+    """Scan every tar of ``shard_list`` and write its index; ``measure(audio_spec)`` gives
+    (num_frames, duration). Problems (a missing or unreadable tar, an utterance without text or
+    with unreadable audio) are written into the index, where the loader counts them as skips,
+    and returned as messages. Returns (utterances indexed, problems)."""
+    n, problems, tmp = 0, [], index_path(shard_list) + f".tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        for written, path in shard_paths(shard_list):
+            header: dict = {"tar": written, "bytes": os.path.getsize(path) if os.path.exists(path) else -1}
+            entries: list[dict] = []
+            if header["bytes"] < 0:
+                header["skip"] = ["missing_file", f"shard {path} does not exist"]
+            else:
+                try:
+                    entries = list(scan_tar(path))
+                except (tarfile.TarError, OSError, EOFError) as e:
+                    header["skip"] = ["corrupt_audio", f"unreadable shard (compressed tars cannot be read "
+                                                       f"by offset): {e}"]
+            if "skip" in header:
+                problems.append(f"{written}: [{header['skip'][0]}] {header['skip'][1]}")
+            f.write(json.dumps(header, ensure_ascii=False) + "\n")
+            for e in entries:
+                line = _index_entry(e, path, measure)
+                if "skip" in line:
+                    problems.append(f"{written}:{line['key']}: [{line['skip'][0]}] {line['skip'][1]}")
+                f.write(json.dumps(line, ensure_ascii=False) + "\n")
+                n += 1
+    os.replace(tmp, index_path(shard_list))
+    return n, problems
+
+
+def _shard_record(raw: bytes, tar: str) -> dict:
+    obj = json.loads(raw)
+    if "skip" in obj:
+        raise SkipSample(*obj["skip"])
+    audio = [{"tar": tar, "offset": obj["offset"], "size": obj["size"], "duration": obj.get("duration"),
+              "num_frames": obj.get("num_frames"), "start": None, "end": None}]
+    return {"key": obj["key"], "src": f"{tar}:{obj['key']}", "audio": audio,
+            "txt": check_text(obj["txt"], "transcript"), "messages": None}
+
+
+class ShardList:
+    """A shard list read through its index: records on demand, audio read by offset."""
+
+    def __init__(self, path: str, stats: DataStats, on_record: Optional[Callable[[dict], None]] = None):
+        idx = index_path(path)
+        if not os.path.exists(idx):
+            raise ValueError(f"{path}: tar shard list without its index {idx}; run "
+                             f"`python tools/compute_lengths.py {path}` once to write it")
+        tars = dict(shard_paths(path))
+        self.path, self.tars = path, []
+        self.lines: list[bytes] = []
+        self.tar_of: list[int] = []
+        current = -1
+        for lineno, raw in read_lines(idx):
+            obj = json.loads(decode_utf8(raw, f"{idx}:{lineno}"))
+            if "tar" in obj:
+                written = obj["tar"]
+                resolved = tars.pop(written, None)
+                if resolved is None:
+                    raise ValueError(f"{idx}:{lineno}: {written} is not in {path}: the index is stale; "
+                                     f"rerun tools/compute_lengths.py {path}")
+                if os.path.exists(resolved) and os.path.getsize(resolved) != obj["bytes"]:
+                    raise ValueError(f"{resolved} changed since {idx} was written; "
+                                     f"rerun tools/compute_lengths.py {path}")
+                self.tars.append(resolved)
+                current += 1
+                if "skip" in obj:
+                    stats.skip(obj["skip"][0], f"{resolved} ({path})", obj["skip"][1])
+                continue
+            try:
+                rec = _shard_record(raw, self.tars[current])
+            except SkipSample as e:
+                stats.skip(e.category, f"{self.tars[current]}:{obj.get('key')}", e.message)
+                continue
+            self.lines.append(raw)
+            self.tar_of.append(current)
+            if on_record is not None:
+                on_record(rec)
+        if tars:
+            raise ValueError(f"{idx} lacks {sorted(tars)[0]} (and {len(tars) - 1} more) of {path}; "
+                             f"rerun tools/compute_lengths.py {path}")
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+    def record(self, i: int) -> dict:
+        return _shard_record(self.lines[i], self.tars[self.tar_of[i]])
