@@ -1,10 +1,9 @@
-"""A run's one config tree (sections run/train/data/model), its loader and west-train's command line.
+"""A run's one config tree (run/train/data/model), its loader, run directory and west-train's flags.
 
-``load_config`` reads a YAML file, applies ``--section.key VALUE`` overrides in order (nested
-keys ``--model.encoder.d_model 128``, whole blocks ``--model.lora "{r: 8}"`` or ``none``),
-builds the sections (each types and checks its own fields, west.schema) and runs the few
-checks that span sections. Every error is a ConfigError starting with the dotted key to
-change, raised before any data is read.
+``load_config``: a YAML file, then ``--section.key VALUE`` overrides in order (nested keys
+``--model.encoder.d_model 128``, whole blocks ``--model.lora "{r: 8}"`` or ``none``); each
+section types and checks its own fields (west.schema), then the few checks across sections
+run. Every error is a ConfigError starting with the dotted key, raised before data is read.
 """
 from __future__ import annotations
 
@@ -23,8 +22,6 @@ from west.models.config import SpeechLLMConfig
 from west.schema import ConfigError, require, section
 from west.train.config import RunConfig, TrainConfig
 
-__all__ = ["Config", "ConfigError", "load_config", "split_overrides", "parse_train_args", "check_paths",
-           "prepare_output_dir", "save_config"]
 SECTIONS = ("run", "train", "data", "model")
 
 
@@ -46,22 +43,17 @@ def read_yaml(path: str | None) -> dict:
     if not path:
         return {}
     require(os.path.isfile(path), "--config", f"no such file: {path}")
-    with open(path, encoding="utf-8") as f:
-        try:
-            raw = yaml.safe_load(f) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"--config: {path} is not valid YAML: {e}") from None
+    try:
+        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--config: {path} is not valid YAML: {e}") from None
     require(isinstance(raw, dict), "--config", f"{path}: the top level must be a mapping of sections")
-    for name in raw:
-        require(name in SECTIONS, str(name), f"unknown section {name!r} in {path} (known: {', '.join(SECTIONS)})")
     return {name: sec or {} for name, sec in raw.items()}
 
 
 def set_override(raw: dict, dotted: str, value: str) -> None:
     """``--model.encoder.d_model 128`` -> raw["model"]["encoder"]["d_model"] = "128" (typed when built)."""
-    parts = dotted.split(".")
-    require(parts[0] in SECTIONS, parts[0], f"unknown section {parts[0]!r} (known: {', '.join(SECTIONS)})")
-    node = raw
+    parts, node = dotted.split("."), raw
     for part in parts[:-1]:
         child = node.get(part)
         child = yaml.safe_load(child) if isinstance(child, str) else child  # a block given whole before
@@ -88,6 +80,8 @@ def load_config(yaml_path: str | None = None, overrides: Sequence[tuple[str, str
     raw = read_yaml(yaml_path)
     for dotted, value in overrides:
         set_override(raw, dotted, value)
+    for name in raw:
+        require(name in SECTIONS, str(name), f"unknown section {name!r} (known: {', '.join(SECTIONS)})")
     split_weighted_lists(raw)
     cfg = Config(**raw, explicit={dotted for dotted, _ in overrides})
     validate(cfg)
@@ -133,8 +127,6 @@ def check_attention_device(cfg: Config) -> None:
     require(not (on_cpu and impl == "west_varlen" and backend == "flex"), "model.llm.attn_backend",
             "flex cannot train on CPU (FlexAttention has no CPU backward); use auto")
 
-
-# ----------------------------------------------------------------------------- run directory
 
 def check_paths(cfg: Config, need_train_data: bool = True) -> None:
     """Inputs exist, the output dir is writable (created if missing), ``run.resume`` fits it."""
@@ -182,8 +174,6 @@ def save_config(cfg: Config, output_dir: str | os.PathLike) -> Path:
     return out
 
 
-# ----------------------------------------------------------------------------- command line
-
 FLAGS = {  # west-train's top-level flags: the key each one sets, and its help
     "train_data": ("run.train_data", "data list(s) (jsonl / kaldi-style / shard list), comma-separated for several"),
     "output_dir": ("run.output_dir", "run directory: checkpoints, logs, config.yaml"),
@@ -207,8 +197,8 @@ def build_arg_parser(prog: str = "west-train") -> argparse.ArgumentParser:
         epilog=f"sections: {', '.join(SECTIONS)}\ntrain keys: "
                f"{', '.join(f.name for f in dataclasses.fields(TrainConfig))}")
     p.add_argument("--config", help=f"YAML file with sections {'/'.join(SECTIONS)}")
+    extra = {"resume": dict(nargs="?", const="must"), "audit": dict(action="store_const", const="true")}
     for flag, (key, text) in FLAGS.items():
-        extra = {"resume": dict(nargs="?", const="must"), "audit": dict(action="store_const", const="true")}
         p.add_argument(f"--{flag}", help=f"{text} [{key}]", **extra.get(flag, {}))
     return p
 
