@@ -9,6 +9,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from conftest import transcript, write_jsonl
 
@@ -27,13 +28,18 @@ def tiny_llm(tmp_path_factory) -> Path:
     return out
 
 
-def write_lists(rows: list[dict], out_dir: Path, n: int) -> tuple[Path, Path]:
-    """The first ``n`` corpus rows as a planned list (with durations) and a streamed one (without)."""
+def write_lists(rows: list[dict], out_dir: Path, n: int) -> SimpleNamespace:
+    """The first ``n`` corpus rows as lists of every kind a run may train on: ``jsonl`` (one list
+    with durations), ``split`` (the same rows in two lists, for ``--train_data a,b``) and
+    ``shards`` (a tar shard list with its index)."""
+    from west.prep.shards import make_shards
+
     out_dir.mkdir(parents=True, exist_ok=True)
-    planned = write_jsonl(out_dir / f"data{n}.list", rows[:n])
-    streamed = write_jsonl(out_dir / f"data{n}_nodur.list",
-                           [{k: v for k, v in r.items() if k != "duration"} for r in rows[:n]])
-    return planned, streamed
+    jsonl = write_jsonl(out_dir / f"data{n}.list", rows[:n])
+    half = (n + 1) // 2
+    split = [write_jsonl(out_dir / f"part{i}.list", part) for i, part in enumerate((rows[:half], rows[half:n]))]
+    shards = Path(make_shards(str(jsonl), str(out_dir / "shards"), 4)[0])
+    return SimpleNamespace(jsonl=jsonl, split=",".join(str(p) for p in split), shards=shards)
 
 
 def train_argv(llm: Path, data: Path, out: Path, *extra: str) -> list[str]:

@@ -4,8 +4,9 @@ The kill -9 / resume pair and the 2-rank run are subprocesses (``python -m
 west.bin.train``, ``torchrun -m west.bin.train``); the uninterrupted reference, static
 and dynamic runs call the same ``main()`` in-process, next to the subprocesses. Checked: static / dynamic /
 pack runs and their logs, config.yaml and checkpoints; kill -9 mid-epoch then resume
-gives exactly the uninterrupted run's per-step losses and weights; 2 gloo ranks on a
-list of 13 utterances take equal steps and use every utterance exactly once; decoding
+on a tar shard list gives exactly the uninterrupted run's per-step losses and weights;
+2 gloo ranks on two lists of 13 utterances together take equal steps and use every
+utterance exactly once; decoding
 writes a result file that tools/compute_cer.py scores; bad input fails before any
 data is read, naming the key.
 """
@@ -49,22 +50,9 @@ sys.exit(main(sys.argv[2:]))
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, corpus):
     d = tmp_path_factory.mktemp("e2e")
-    planned, streamed = write_lists(corpus["rows"], d / "lists", N_UTTS)
-    return SimpleNamespace(llm=tiny_llm(tmp_path_factory), dir=d, planned=planned, streamed=streamed)
-
-
-@contextlib.contextmanager
-def _sections_restored():
-    """In-process runs register the data/model schemas: undo it for other test files."""
-    from west.train import config as C
-
-    saved = dict(C.SECTIONS), list(C.VALIDATORS)
-    try:
-        yield
-    finally:
-        C.SECTIONS.clear()
-        C.SECTIONS.update(saved[0])
-        C.VALIDATORS[:] = saved[1]
+    lists = write_lists(corpus["rows"], d / "lists", N_UTTS)
+    return SimpleNamespace(llm=tiny_llm(tmp_path_factory), dir=d, planned=lists.jsonl, split=lists.split,
+                           shards=lists.shards)
 
 
 @contextlib.contextmanager
@@ -108,23 +96,23 @@ def runs(setup):
     hook.write_text(KILL_HOOK)
     train = [PYTHON, "-m", "west.bin.train"]
     dirs = {name: d / name for name in ("pack", "killed", "static", "dynamic", "ddp")}
-    pack = train_argv(llm, setup.planned, dirs["pack"], *PACK, "--audit", "--train.tensorboard", "true")
-    killed = train_argv(llm, setup.planned, dirs["killed"], *PACK, "--audit")
+    pack = train_argv(llm, setup.shards, dirs["pack"], *PACK, "--audit", "--train.tensorboard", "true")
+    killed = train_argv(llm, setup.shards, dirs["killed"], *PACK, "--audit")
     logs = {name: d / f"{name}.log" for name in ("killed", "resumed", "ddp")}
     ddp = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "west.bin.train",
-           *train_argv(llm, setup.streamed, dirs["ddp"], "--batch_type", "static", "--batch_size", "3",
+           *train_argv(llm, setup.split, dirs["ddp"], "--batch_type", "static", "--batch_size", "3",
                        "--train.max_epochs", "1", "--audit")]
     procs = {"killed": _start([PYTHON, str(hook), str(KILL_AFTER)] + killed, logs["killed"]),
              "ddp": _start(ddp, logs["ddp"])}
     in_process = {
         "pack": pack,
-        "static": train_argv(llm, setup.streamed, dirs["static"], "--batch_type", "static", "--batch_size", "4",
+        "static": train_argv(llm, setup.split, dirs["static"], "--batch_type", "static", "--batch_size", "4",
                              "--train.max_epochs", "1", "--audit"),
         "dynamic": train_argv(llm, setup.planned, dirs["dynamic"], "--batch_type", "dynamic",
                               "--max_tokens_in_batch", "200", "--train.accum_steps", "2", "--train.max_epochs", "2"),
     }
     res = {}
-    with _sections_restored(), _one_thread():
+    with _one_thread():
         for name, argv in in_process.items():
             res[name] = SimpleNamespace(rc=main(argv), log="(in process: see captured output)")
     res.update(_finish({"killed": procs.pop("killed")}, logs))
@@ -152,7 +140,7 @@ def test_pack_run_writes_config_logs_checkpoints(runs, corpus):
     cfg = yaml.safe_load((out / "config.yaml").read_text())
     assert cfg["model"]["llm"]["path"] == str(runs.llm)
     assert cfg["data"]["batch_type"] == "pack" and cfg["data"]["pack_tokens"] == 200
-    assert (cfg["data"]["subsampling_rate"], cfg["data"]["projector_stride"]) == (4, 2)  # from the model
+    assert "subsampling_rate" not in cfg["data"] and cfg["model"]["encoder"]["subsampling_rate"] == 4  # model only
     assert cfg["train"]["max_steps"] == 8 and cfg["run"]["audit"] is True
     log = read_jsonl(out / "train_log.jsonl")
     assert [x["step"] for x in log] == list(range(1, 9))
@@ -188,8 +176,8 @@ def test_static_and_dynamic_runs(runs, name, epochs, accum):
         assert x["status"] == "ok" and x["computed_llm_tokens"] >= x["real_llm_tokens"]
     if name == "dynamic":  # padded budget per micro-batch, 2 micro-batches per step
         assert all(x["computed_llm_tokens"] <= 2 * 200 for x in log)
-    else:  # streamed static batches of 4: 13 -> 4 batches
-        assert len(log) == 4 and [x["utterances"] for x in log] == [4, 4, 4, 1]
+    else:  # static batches of 4 over two lists of 7 + 6: 13 -> 4 batches, served in random order
+        assert len(log) == 4 and sorted(x["utterances"] for x in log) == [1, 4, 4, 4]
 
 
 def test_kill_9_then_resume_matches_uninterrupted(runs):
@@ -216,9 +204,9 @@ def test_torchrun_two_ranks_equal_steps_exactly_once(runs, corpus):
     assert r.rc == 0, r.log
     audits = [read_jsonl(out / "audit" / f"rank{k}.jsonl") for k in (0, 1)]
     log = read_jsonl(out / "train_log.jsonl")
-    # 13 streamed utterances: rank 0 reads 7 (3 batches), rank 1 reads 6 (2 batches + 1 dummy step)
+    # 13 utterances in batches of 3: 3,3,3,3,1 -> a batch is split so both ranks get 3 -> 3 steps
     assert [a["step"] for a in audits[0]] == [a["step"] for a in audits[1]] == [x["step"] for x in log]
-    assert len(log) == 3 and audits[1][-1]["keys"] == []
+    assert len(log) == 3 and all(rec["keys"] for a in audits for rec in a)   # planned: no dummy step
     keys = [k for a in audits for rec in a for k in rec["keys"]]
     assert sorted(keys) == sorted(r["key"] for r in corpus["rows"][:N_UTTS])
     assert sum(x["utterances"] for x in log) == N_UTTS
@@ -252,12 +240,6 @@ def test_decode_greedy_and_beam_then_score(runs, corpus, tmp_path):
 
 # ----------------------------------------------------------------------------- bad input
 
-@pytest.fixture
-def sections_restored():
-    with _sections_restored():
-        yield
-
-
 def _train_error(argv: list[str], capsys) -> str:
     from west.bin.train import main
 
@@ -271,17 +253,18 @@ def _train_error(argv: list[str], capsys) -> str:
     (["--data.batchsize", "3"], "data.batchsize"),
     (["--model.llm.attn_backend", "flash"], "model.llm.attn_backend"),
     (["--model.llm.attn_implementation", "flash_attention_2"], "model.llm.attn_implementation"),
-    (["--data.subsampling_rate", "6"], "data.subsampling_rate"),
+    (["--data.subsampling_rate", "6"], "data.subsampling_rate"),  # geometry lives in the model section
+    (["--data.weights", "[1, 2]"], "data.weights"),                # two weights for one list
     (["--batch_size", "4"], "data.batch_size"),  # the tiny config packs: batch_size is not used
 ])
-def test_bad_config_fails_before_data_naming_the_key(setup, tmp_path, capsys, sections_restored, extra, key):
+def test_bad_config_fails_before_data_naming_the_key(setup, tmp_path, capsys, extra, key):
     out = tmp_path / "out"
     err = _train_error(train_argv(setup.llm, setup.planned, out, *extra), capsys)
     assert key in err
     assert not out.exists()  # nothing read, nothing written
 
 
-def test_missing_llm_path_and_gpu_config_on_cpu(setup, tmp_path, capsys, sections_restored):
+def test_missing_llm_path_and_gpu_config_on_cpu(setup, tmp_path, capsys):
     argv = ["--train_data", str(setup.planned), "--output_dir", str(tmp_path / "o")]
     err = _train_error(["--config", str(ROOT / "recipes/aishell/conf/tiny_cpu.yaml"), *argv], capsys)
     assert "model.llm.path: required" in err
@@ -292,7 +275,7 @@ def test_missing_llm_path_and_gpu_config_on_cpu(setup, tmp_path, capsys, section
     assert "model.llm.attn_backend: flash needs a CUDA device" in err and "--model.llm.attn_backend auto" in err
 
 
-def test_missing_or_unwritable_output_dir(setup, tmp_path, capsys, sections_restored):
+def test_missing_or_unwritable_output_dir(setup, tmp_path, capsys):
     argv = train_argv(setup.llm, setup.planned, tmp_path / "x")
     i = argv.index("--output_dir")
     no_out = argv[:i] + argv[i + 2:]
@@ -317,16 +300,15 @@ def test_decode_bad_input(runs, tmp_path, capsys):
     assert "--result: cannot write" in capsys.readouterr().err
 
 
-def test_nested_model_overrides_are_typed(setup, sections_restored):
-    from west.train.cli import parse_cli
-    from west.train.sections import register
+def test_nested_model_overrides_are_typed(setup):
+    from west.config import parse_train_args
 
-    register()
     base = ["--config", str(ROOT / "recipes/aishell/conf/tiny_cpu.yaml"), "--model.llm.path", str(setup.llm)]
-    cfg = parse_cli(base + ["--model.encoder.num_blocks", "3", "--model.projector.dropout", "1e-1",
-                            "--model.lora", "{r: 4}", "--data.subsampling_rate", "4"])
+    cfg = parse_train_args(base + ["--model.encoder.num_blocks", "3", "--model.projector.dropout", "1e-1",
+                                   "--model.lora", "{r: 4}"])
     assert cfg.model.encoder.num_blocks == 3 and cfg.model.projector.dropout == 0.1
-    assert cfg.model.lora.r == 4 and cfg.get("model.llm.path") == str(setup.llm)
-    assert parse_cli(base + ["--model.lora", "{r: 4}", "--model.lora", "none"]).model.lora is None
-    cfg = parse_cli(base + ["--model.encoder.subsampling_rate", "6", "--model.projector.stride", "3"])
-    assert (cfg.data.subsampling_rate, cfg.data.projector_stride) == (6, 3)  # derived from the model
+    assert cfg.model.lora.r == 4 and cfg.model.llm.path == str(setup.llm)
+    assert parse_train_args(base + ["--model.lora", "{r: 4}", "--model.lora", "none"]).model.lora is None
+    cfg = parse_train_args(base + ["--model.encoder.subsampling_rate", "6", "--model.projector.stride", "3"])
+    shape = cfg.model.speech_shape()
+    assert (shape.subsampling_rate, shape.projector_stride) == (6, 3)  # derived from the model, once

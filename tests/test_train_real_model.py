@@ -42,7 +42,7 @@ def _one_thread():
 @pytest.fixture(scope="module")
 def env(tmp_path_factory, corpus):
     d = tmp_path_factory.mktemp("real_step")
-    planned, _ = write_lists(corpus["rows"], d, N_UTTS)
+    planned = write_lists(corpus["rows"], d, N_UTTS).jsonl
     return {"llm": str(tiny_llm(tmp_path_factory)), "list": str(planned), "dir": d}
 
 
@@ -69,11 +69,12 @@ def one_step(llm: str, data_list: str, data_kw: dict, info=None) -> dict:
 
     info = info or DistInfo()
     tok = AutoTokenizer.from_pretrained(llm)
-    conf = DataConfig(**data_kw, subsampling_rate=4, projector_stride=2)
-    loader, _ = build_dataloader(data_list, tok, conf, info.rank, info.world_size, seed=3, epoch=0, training=True)
+    model_cfg = model_config(llm)
+    loader, _ = build_dataloader(data_list, tok, DataConfig(**data_kw), model_cfg.speech_shape(), info.rank,
+                                 info.world_size, seed=3, epoch=0, training=True)
     batches = list(loader)
     torch.manual_seed(0)
-    model = wrap_model(SpeechLLM(model_config(llm)).train(), info)
+    model = wrap_model(SpeechLLM(model_cfg).train(), info)
     names = {id(p): n for n, p in unwrap(model).named_parameters()}
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=LR)
     grads: dict = {}
