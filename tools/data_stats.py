@@ -9,52 +9,55 @@ a packed encoder computes no padding). Nothing is decoded.
 
     python tools/data_stats.py data/train/data.list --tokenizer exp/tiny_llm \
         --batch_type static dynamic pack --batch_size 32 --max_tokens_in_batch 4096 --pack_tokens 8192
+
+Data and model options come from ``--config`` (a training YAML: its ``data`` and
+``model`` sections) and ``--data.key VALUE`` / ``--model.key VALUE`` overrides, as
+in west-train (e.g. ``--data.pack_algorithm ffd --model.projector.stride 3``).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
+from typing import Sequence
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from west.config import ConfigError, merge, split_overrides
+from west.data.config import DataConfig
+from west.data.dataset import SpeechDataset
+from west.data.features import estimate_frames
+from west.models.config import SpeechLLMConfig
+from west.shapes import SpeechShape
 
-import numpy as np  # noqa: E402
-
-from west.data.config import add_data_args, config_from_args  # noqa: E402
-from west.data.dataset import SpeechDataset  # noqa: E402
-from west.data.features import estimate_frames  # noqa: E402
-from west.data.plan import plan_epoch  # noqa: E402
+SIZE_FLAGS = ("batch_size", "max_tokens_in_batch", "pack_tokens")
 
 
-def mode_stats(data_list: str, tokenizer, conf, world_size: int = 1, seed: int = 0) -> dict:
+def mode_stats(data_lists: str | Sequence[str], tokenizer, conf: DataConfig, shape: SpeechShape,
+               world_size: int = 1, seed: int = 0) -> dict:
     """Totals over one planned epoch (all ranks) for ``conf.batch_type``."""
-    ds = SpeechDataset(data_list, tokenizer, conf.replace(plan="always"), 0, world_size, seed)
-    frames = [[estimate_frames(a, conf) for a in ds.source.record(i)["audio"]] for i in range(len(ds.source))]
-    rng = np.random.default_rng([seed, 0]) if conf.shuffle else None
-    steps = plan_epoch(ds.eligible, ds.lengths, conf, world_size, rng)
+    ds = SpeechDataset(data_lists, tokenizer, conf, shape, 0, world_size, seed)
+    plan = ds.plan()
     t = dict(batches=0, utterances=0, real_llm=0, computed_llm=0, real_enc=0, computed_enc=0,
              computed_enc_padded=0)
-    for step in steps:
-        for idx in step:
-            t["batches"] += 1
-            if not idx:
-                continue
-            lens = ds.lengths[idx]
-            seg = [f for i in idx for f in frames[i]]
-            t["utterances"] += len(idx)
-            t["real_llm"] += int(lens.sum())
-            t["real_enc"] += sum(seg)
-            padded_enc = len(seg) * max(seg, default=0)
-            if conf.batch_type == "pack":
-                t["computed_llm"] += conf.pack_tokens
-                t["computed_enc"] += sum(seg) if conf.encoder_layout == "packed" else padded_enc
-            else:
-                t["computed_llm"] += len(idx) * int(lens.max())
-                t["computed_enc"] += padded_enc
-            t["computed_enc_padded"] += padded_enc
-    t["steps"] = len(steps)
-    t["skipped"] = ds.list_skips.skipped
+    for b in range(plan.n_steps * world_size):
+        idx = plan.batch(b)
+        t["batches"] += 1
+        if not len(idx):
+            continue
+        lens = ds.lengths[idx]
+        seg = [estimate_frames(a, conf) for i in idx for a in ds.record(int(i))["audio"]]
+        t["utterances"] += len(idx)
+        t["real_llm"] += int(lens.sum())
+        t["real_enc"] += sum(seg)
+        padded_enc = len(seg) * max(seg, default=0)
+        if conf.batch_type == "pack":
+            t["computed_llm"] += conf.pack_tokens
+            t["computed_enc"] += sum(seg) if conf.encoder_layout == "packed" else padded_enc
+        else:
+            t["computed_llm"] += len(idx) * int(lens.max())
+            t["computed_enc"] += padded_enc
+        t["computed_enc_padded"] += padded_enc
+    t["steps"] = plan.n_steps
+    t["skipped"] = sum(stats.skipped for _, stats in ds.list_skips)
     t["llm_ratio"] = t["real_llm"] / max(1, t["computed_llm"])
     t["enc_ratio"] = t["real_enc"] / max(1, t["computed_enc"])
     return t
@@ -62,27 +65,34 @@ def mode_stats(data_list: str, tokenizer, conf, world_size: int = 1, seed: int =
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("data_list")
+    p.add_argument("data_list", help="data list(s), comma-separated for several (weights: --data.weights)")
     p.add_argument("--tokenizer", required=True, help="directory loadable with AutoTokenizer.from_pretrained")
+    p.add_argument("--config", help="training YAML whose data and model sections to use")
     p.add_argument("--world_size", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="also write the numbers here")
     p.add_argument("--batch_type", nargs="+", default=["static", "dynamic", "pack"])
-    add_data_args(p, exclude=("batch_type",))
-    a = p.parse_args(argv)
+    for key in SIZE_FLAGS:
+        p.add_argument(f"--{key}", help=f"data.{key}")
+    a, rest = p.parse_known_args(argv)
+    try:
+        flags = [(f"data.{k}", getattr(a, k)) for k in SIZE_FLAGS if getattr(a, k) is not None]
+        raw = merge(a.config, flags + split_overrides(rest))
+        base = DataConfig.from_dict(raw.get("data", {}))
+        shape = SpeechLLMConfig.from_dict(raw.get("model", {})).speech_shape()
+        confs = {mode: base.replace(batch_type=mode) for mode in a.batch_type}
+    except ConfigError as e:
+        p.error(str(e))
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(a.tokenizer)
-    modes = a.batch_type
-    base = config_from_args(a, exclude=("batch_type",))
     rows = {}
-    for mode in modes:
-        conf = base.replace(batch_type=mode)
-        rows[mode] = mode_stats(a.data_list, tok, conf, a.world_size, a.seed)
+    for mode, conf in confs.items():
+        rows[mode] = mode_stats(a.data_list, tok, conf, shape, a.world_size, a.seed)
         if mode == "pack":
             other = "padded" if conf.encoder_layout == "packed" else "packed"
             rows[f"pack (encoder {other})"] = mode_stats(a.data_list, tok, conf.replace(encoder_layout=other),
-                                                         a.world_size, a.seed)
+                                                         shape, a.world_size, a.seed)
     print("| mode | batches | steps | utts/batch | LLM real/computed | encoder real/computed | skipped |")
     print("|---|---|---|---|---|---|---|")
     for mode, t in rows.items():

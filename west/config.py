@@ -75,15 +75,21 @@ def split_weighted_lists(raw: dict) -> None:
     raw.setdefault("data", {})["weights"] = [x["weight"] for x in lists]
 
 
-def load_config(yaml_path: str | None = None, overrides: Sequence[tuple[str, str]] = ()) -> Config:
-    """YAML file + ordered ``(section.key, value)`` overrides -> typed, validated Config."""
+def merge(yaml_path: str | None = None, overrides: Sequence[tuple[str, str]] = ()) -> dict:
+    """The YAML file's sections with the overrides applied, not typed yet (tools that need
+    one section build it from here: ``DataConfig.from_dict(merge(...).get("data", {}))``)."""
     raw = read_yaml(yaml_path)
     for dotted, value in overrides:
         set_override(raw, dotted, value)
     for name in raw:
         require(name in SECTIONS, str(name), f"unknown section {name!r} (known: {', '.join(SECTIONS)})")
     split_weighted_lists(raw)
-    cfg = Config(**raw, explicit={dotted for dotted, _ in overrides})
+    return raw
+
+
+def load_config(yaml_path: str | None = None, overrides: Sequence[tuple[str, str]] = ()) -> Config:
+    """YAML file + ordered ``(section.key, value)`` overrides -> typed, validated Config."""
+    cfg = Config(**merge(yaml_path, overrides), explicit={dotted for dotted, _ in overrides})
     validate(cfg)
     return cfg
 
