@@ -16,7 +16,7 @@ from conftest import make_wav, write_jsonl
 from west.data.config import DataConfig
 from west.data.dataset import build_dataloader as _build
 from west.data.features import compute_fbank
-from west.data.shards import index_path
+from west.data.lists import index_path
 from west.shapes import SpeechShape
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))

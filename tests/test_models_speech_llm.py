@@ -331,10 +331,15 @@ def test_lora_optional(tmp_path):
 
 @pytest.mark.parametrize("pack_tokens", [None, 48])
 def test_data_side_dummy_batch_runs(pack_tokens):
-    """The contract's dummy batch (west.data.collate) flows through forward/backward contributing 0."""
-    collate = pytest.importorskip("west.data.collate")
+    """The data side's dummy batch (each batching policy's) flows through forward/backward contributing 0."""
+    from west.data.config import DataConfig
+    from west.data.policies import make_policy
+    from west.shapes import SpeechShape
+
     model = tiny_model()
-    b = collate.dummy_batch(pad_id=PAD, placeholder_id=SPEECH, pack_tokens=pack_tokens)
+    conf = DataConfig(batch_type="static") if pack_tokens is None else DataConfig(batch_type="pack",
+                                                                                  pack_tokens=pack_tokens)
+    b = make_policy(conf, PAD, SPEECH, SpeechShape()).dummy_batch()
     loss, n_tok, _, grads = run(model, [b])
     assert loss == 0.0 and n_tok == 0 and len(grads) == sum(1 for _ in model.parameters())
 

@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 from west.data.config import DataConfig
-from west.data.sources import iter_records
+from west.data.lists import iter_records
 from west.data.processors import DecodeContext, fbank, load_audio
 from west.data.stats import DataStats
 

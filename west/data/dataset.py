@@ -35,7 +35,7 @@ from west.data.metadata import LengthTable
 from west.data.plan import EpochPlan, epoch_order, plan_epoch
 from west.data.policies import make_policy
 from west.data.processors import DecodeContext, decode
-from west.data.sources import open_list
+from west.data.lists import open_list
 from west.data.stats import DataStats
 from west.data.tokenize import PromptEncoder
 from west.shapes import SpeechShape

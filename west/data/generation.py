@@ -13,10 +13,10 @@ from __future__ import annotations
 from typing import Iterable, Iterator
 
 from west.batch import IGNORE_INDEX, Batch
-from west.data.collate import collate_padded
+from west.data.policies import collate_padded
 from west.data.config import DataConfig
 from west.data.features import GlobalCMVN
-from west.data.sources import iter_records
+from west.data.lists import iter_records
 from west.data.processors import DecodeContext, cmvn, fbank, load_audio
 from west.data.stats import DataStats, SkipSample
 from west.data.tokenize import Encoded, PromptEncoder

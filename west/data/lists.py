@@ -10,9 +10,11 @@ A record is a plain dict::
 
 Formats: jsonl utterances (``key``/``wav``/``txt``, optional ``duration``,
 ``num_frames``, ``start``/``end``), jsonl role-content ``messages``, tar shard
-lists (one ``.tar`` per line, read through an index: ``west.data.shards``)
-and Kaldi ``feats.scp`` + ``text`` (+ ``utt2num_frames``). Every record names
-its source file and line so a skip warning can point at it.
+lists (one ``.tar`` per line, read by offset through the index that
+``west.data.shards`` writes beside the list) and Kaldi ``feats.scp`` + ``text``
+(+ ``utt2num_frames``). Every record names its source file and line so a skip
+warning can point at it. ``open_list`` is the one dispatch from a path to its
+source (``len()``, ``record(i)``).
 """
 from __future__ import annotations
 
@@ -210,3 +212,108 @@ class KaldiList:
         audio = [{"ark": it["ark"], "num_frames": it["num_frames"], "duration": None,
                   "start": None, "end": None}]
         return {"key": it["key"], "src": it["src"], "audio": audio, "txt": it["txt"], "messages": None}
+
+
+# -- tar shards, read through their index (written by west.data.shards) ----------------
+INDEX_SUFFIX = ".idx"
+
+
+def index_path(shard_list: str) -> str:
+    return shard_list + INDEX_SUFFIX
+
+
+def shard_paths(shard_list: str) -> list[tuple[str, str]]:
+    """(tar path as written, resolved path) of every line (relative to cwd, else to the list)."""
+    base = os.path.dirname(os.path.abspath(shard_list))
+    out = []
+    for _, raw in read_lines(shard_list):
+        written = raw.decode("utf-8", errors="replace").strip()
+        path = written if os.path.isabs(written) or os.path.exists(written) else os.path.join(base, written)
+        out.append((written, path))
+    return out
+
+
+def _shard_record(raw: bytes, tar: str) -> dict:
+    obj = json.loads(raw)
+    if "skip" in obj:
+        raise SkipSample(*obj["skip"])
+    audio = [{"tar": tar, "offset": obj["offset"], "size": obj["size"], "duration": obj.get("duration"),
+              "num_frames": obj.get("num_frames"), "start": None, "end": None}]
+    return {"key": obj["key"], "src": f"{tar}:{obj['key']}", "audio": audio,
+            "txt": check_text(obj["txt"], "transcript"), "messages": None}
+
+
+class ShardList:
+    """A shard list read through its index: records on demand, audio read by offset."""
+
+    def __init__(self, path: str, stats: DataStats, on_record: Optional[Callable[[dict], None]] = None):
+        idx = index_path(path)
+        if not os.path.exists(idx):
+            raise ValueError(f"{path}: tar shard list without its index {idx}; run "
+                             f"`python tools/compute_lengths.py {path}` once to write it")
+        tars = dict(shard_paths(path))
+        self.path, self.tars = path, []
+        self.lines: list[bytes] = []
+        self.tar_of: list[int] = []
+        current = -1
+        for lineno, raw in read_lines(idx):
+            obj = json.loads(decode_utf8(raw, f"{idx}:{lineno}"))
+            if "tar" in obj:
+                written = obj["tar"]
+                resolved = tars.pop(written, None)
+                if resolved is None:
+                    raise ValueError(f"{idx}:{lineno}: {written} is not in {path}: the index is stale; "
+                                     f"rerun tools/compute_lengths.py {path}")
+                if os.path.exists(resolved) and os.path.getsize(resolved) != obj["bytes"]:
+                    raise ValueError(f"{resolved} changed since {idx} was written; "
+                                     f"rerun tools/compute_lengths.py {path}")
+                self.tars.append(resolved)
+                current += 1
+                if "skip" in obj:
+                    stats.skip(obj["skip"][0], f"{resolved} ({path})", obj["skip"][1])
+                continue
+            try:
+                rec = _shard_record(raw, self.tars[current])
+            except SkipSample as e:
+                stats.skip(e.category, f"{self.tars[current]}:{obj.get('key')}", e.message)
+                continue
+            self.lines.append(raw)
+            self.tar_of.append(current)
+            if on_record is not None:
+                on_record(rec)
+        if tars:
+            raise ValueError(f"{idx} lacks {sorted(tars)[0]} (and {len(tars) - 1} more) of {path}; "
+                             f"rerun tools/compute_lengths.py {path}")
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+    def record(self, i: int) -> dict:
+        return _shard_record(self.lines[i], self.tars[self.tar_of[i]])
+
+
+# -- one dispatch from a path to its source ------------------------------------------
+SOURCES = {"raw": RawList, "kaldi": KaldiList, "shard": ShardList}
+
+
+def detect_data_type(path: str) -> str:
+    """raw | shard | kaldi, from the path and the first non-blank line."""
+    if os.path.isdir(path) or path.endswith(".scp"):
+        return "kaldi"
+    for _, raw in read_lines(path):
+        return "shard" if raw.strip().endswith((b".tar", b".tar.gz", b".tgz")) else "raw"
+    return "raw"
+
+
+def open_list(path: str, stats: DataStats, data_type: str = "auto",
+              on_record: Optional[Callable[[dict], None]] = None) -> Source:
+    """The source for ``path`` (``data_type`` auto detects it)."""
+    kind = detect_data_type(path) if data_type == "auto" else data_type
+    return SOURCES[kind](path, stats, on_record)
+
+
+def iter_records(path: str, stats: DataStats, data_type: str = "auto") -> Iterator[dict]:
+    """Every record of any list format, in list order (decoding, CMVN, statistics)."""
+    source = open_list(path, stats, data_type)
+    for i in range(len(source)):
+        yield source.record(i)

@@ -1,4 +1,4 @@
-"""Tar shards read by byte offset, through an index beside the shard list.
+"""Tar shard indexes: what lets the loader read shards by byte offset.
 
 A WeNet shard list names one uncompressed ``.tar`` per line (``KEY.wav`` +
 ``KEY.txt`` members). To plan epochs, and so that a rank reads only the
@@ -23,27 +23,10 @@ from __future__ import annotations
 import json
 import os
 import tarfile
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator
 
-from west.data.lists import AUDIO_SUFFIXES, check_text, decode_utf8, read_lines
-from west.data.stats import DataStats, SkipSample
-
-INDEX_SUFFIX = ".idx"
-
-
-def index_path(shard_list: str) -> str:
-    return shard_list + INDEX_SUFFIX
-
-
-def shard_paths(shard_list: str) -> list[tuple[str, str]]:
-    """(tar path as written, resolved path) of every line (relative to cwd, else to the list)."""
-    base = os.path.dirname(os.path.abspath(shard_list))
-    out = []
-    for _, raw in read_lines(shard_list):
-        written = raw.decode("utf-8", errors="replace").strip()
-        path = written if os.path.isabs(written) or os.path.exists(written) else os.path.join(base, written)
-        out.append((written, path))
-    return out
+from west.data.lists import AUDIO_SUFFIXES, decode_utf8, index_path, shard_paths
+from west.data.stats import SkipSample
 
 
 def scan_tar(path: str) -> Iterator[dict]:
@@ -112,62 +95,3 @@ def write_index(shard_list: str, measure: Callable[[dict], tuple[int, float]]) -
                 n += 1
     os.replace(tmp, index_path(shard_list))
     return n, problems
-
-
-def _shard_record(raw: bytes, tar: str) -> dict:
-    obj = json.loads(raw)
-    if "skip" in obj:
-        raise SkipSample(*obj["skip"])
-    audio = [{"tar": tar, "offset": obj["offset"], "size": obj["size"], "duration": obj.get("duration"),
-              "num_frames": obj.get("num_frames"), "start": None, "end": None}]
-    return {"key": obj["key"], "src": f"{tar}:{obj['key']}", "audio": audio,
-            "txt": check_text(obj["txt"], "transcript"), "messages": None}
-
-
-class ShardList:
-    """A shard list read through its index: records on demand, audio read by offset."""
-
-    def __init__(self, path: str, stats: DataStats, on_record: Optional[Callable[[dict], None]] = None):
-        idx = index_path(path)
-        if not os.path.exists(idx):
-            raise ValueError(f"{path}: tar shard list without its index {idx}; run "
-                             f"`python tools/compute_lengths.py {path}` once to write it")
-        tars = dict(shard_paths(path))
-        self.path, self.tars = path, []
-        self.lines: list[bytes] = []
-        self.tar_of: list[int] = []
-        current = -1
-        for lineno, raw in read_lines(idx):
-            obj = json.loads(decode_utf8(raw, f"{idx}:{lineno}"))
-            if "tar" in obj:
-                written = obj["tar"]
-                resolved = tars.pop(written, None)
-                if resolved is None:
-                    raise ValueError(f"{idx}:{lineno}: {written} is not in {path}: the index is stale; "
-                                     f"rerun tools/compute_lengths.py {path}")
-                if os.path.exists(resolved) and os.path.getsize(resolved) != obj["bytes"]:
-                    raise ValueError(f"{resolved} changed since {idx} was written; "
-                                     f"rerun tools/compute_lengths.py {path}")
-                self.tars.append(resolved)
-                current += 1
-                if "skip" in obj:
-                    stats.skip(obj["skip"][0], f"{resolved} ({path})", obj["skip"][1])
-                continue
-            try:
-                rec = _shard_record(raw, self.tars[current])
-            except SkipSample as e:
-                stats.skip(e.category, f"{self.tars[current]}:{obj.get('key')}", e.message)
-                continue
-            self.lines.append(raw)
-            self.tar_of.append(current)
-            if on_record is not None:
-                on_record(rec)
-        if tars:
-            raise ValueError(f"{idx} lacks {sorted(tars)[0]} (and {len(tars) - 1} more) of {path}; "
-                             f"rerun tools/compute_lengths.py {path}")
-
-    def __len__(self) -> int:
-        return len(self.lines)
-
-    def record(self, i: int) -> dict:
-        return _shard_record(self.lines[i], self.tars[self.tar_of[i]])
