@@ -1,7 +1,12 @@
-"""Tables (markdown) and a bar chart (PNG) for west.bench.benchmark results."""
+"""Tables (markdown), a bar chart (PNG) and the result files of west.bench.benchmark runs."""
 from __future__ import annotations
 
+import datetime
+import hashlib
+import json
 import math
+import os
+import platform
 from pathlib import Path
 
 
@@ -145,3 +150,39 @@ def plot(res: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def machine(device: str) -> dict:
+    """Where the numbers were taken: CPU, cores, torch and its threads, load before the run."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"cpu_model": cpu, "cpu_count": os.cpu_count(), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "device": device, "python": platform.python_version(),
+            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "load_before": [round(x, 2) for x in os.getloadavg()]}
+
+
+def save(res: dict, out: Path) -> str:
+    """Write a profile file per profiled check, then benchmark.{json,md,png} into ``out``;
+    each mode's utterance keys are kept as one SHA-1 (the same set in every mode). Returns
+    the markdown report."""
+    for c in res["checks"]:
+        prof = c.pop("profile", None)
+        if prof is not None:
+            path = out / f"profile_{c['fast']}_vs_{c['slow']}.md"
+            path.write_text(profile_report(c, prof), encoding="utf-8")
+            c["profile_file"] = str(path)
+            c["profile_top"] = profile_diff({**c, "profile": prof})
+    for r in res["modes"].values():
+        r["utterances_sha1"] = hashlib.sha1("\n".join(r.pop("keys")).encode()).hexdigest()
+    text = report(res)
+    (out / "benchmark.json").write_text(json.dumps(res, indent=1), encoding="utf-8")
+    (out / "benchmark.md").write_text(text + "\n", encoding="utf-8")
+    plot(res, out / "benchmark.png")
+    return text

@@ -10,16 +10,10 @@ See west/bench/benchmark.py for what is measured and docs/benchmarks.md for resu
 from __future__ import annotations
 
 import argparse
-import datetime
-import hashlib
-import json
 import os
-import platform
 import sys
 from pathlib import Path
 from typing import Sequence
-
-from west.train.config import ConfigError
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
@@ -47,30 +41,13 @@ def build_arg_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _env(device: str) -> dict:
-    import torch
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return {"cpu_model": cpu, "cpu_count": os.cpu_count(), "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "device": device, "python": platform.python_version(),
-            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-            "load_before": [round(x, 2) for x in os.getloadavg()]}
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args, rest = build_arg_parser().parse_known_args(argv)
-    from west.train.cli import split_overrides
-    from west.train.config import build_config
-    from west.train.sections import register, resolved_device
+    from west.config import ConfigError, load_config, split_overrides
+    from west.train.distributed import resolved_device
 
     try:
-        register()
-        cfg = build_config(args.config, split_overrides(rest))
+        cfg = load_config(args.config, split_overrides(rest))
         if args.num_utts < 1 or args.repeats < 1 or args.warmup_steps < 0:
             raise ConfigError("--num_utts and --repeats must be >= 1, --warmup_steps >= 0")
         if not Path(args.data).is_file():
@@ -85,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from west.bench.benchmark import run_benchmark
     from west.bench.modes import select_utterances
-    from west.bench.report import plot, profile_diff, profile_report, report
+    from west.bench.report import machine, save
     from west.train.build import build_model, load_tokenizer
 
     if args.threads > 0:
@@ -94,8 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    device = resolved_device(cfg)
-    env = _env(device)
+    device = resolved_device(cfg.train.device)
+    env = machine(device)
     subset = out / "bench_data.list"
     try:
         keys = select_utterances(args.data, args.num_utts, subset, args.seed)
@@ -106,24 +83,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     model = build_model(cfg.model, args.seed)
     res = run_benchmark(model, tokenizer, cfg.data, cfg.train, str(subset), modes, args.repeats,
                         args.warmup_steps, args.seed, device, args.profile)
-    for c in res["checks"]:
-        prof = c.pop("profile", None)
-        if prof is not None:
-            path = out / f"profile_{c['fast']}_vs_{c['slow']}.md"
-            path.write_text(profile_report(c, prof), encoding="utf-8")
-            c["profile_file"] = str(path)
-            c["profile_top"] = profile_diff({**c, "profile": prof})
     env["load_after"] = [round(x, 2) for x in os.getloadavg()]
-    for r in res["modes"].values():
-        ks = r.pop("keys")
-        r["utterances_sha1"] = hashlib.sha1("\n".join(ks).encode()).hexdigest()
     res.update(num_utts=len(keys), repeats=args.repeats, warmup_steps=args.warmup_steps, env=env,
                command=" ".join(["python -m west.bin.benchmark", *(argv if argv is not None else sys.argv[1:])]),
                data=str(args.data), config=args.config)
-    text = report(res)
-    (out / "benchmark.json").write_text(json.dumps(res, indent=1), encoding="utf-8")
-    (out / "benchmark.md").write_text(text + "\n", encoding="utf-8")
-    plot(res, out / "benchmark.png")
+    text = save(res, out)
     print(text, flush=True)
     print(f"[benchmark] wrote {out / 'benchmark.json'}, {out / 'benchmark.md'}, {out / 'benchmark.png'}")
     return 0
