@@ -61,7 +61,7 @@ def run(list_path: str, tokenizer, conf: DataConfig, shape: SpeechShape) -> dict
     t2, c2 = time.perf_counter(), _cpu_seconds()
     return {"utterances": utts, "batches": batches, "setup_s": round(t1 - t0, 3), "epoch_s": round(t2 - t1, 3),
             "utts_per_s": round(utts / (t2 - t1), 1), "cpu_ms_per_utt": round(1000 * (c2 - c1) / max(1, utts), 1),
-            "load_avg_1min": round(os.getloadavg()[0], 2), "planned": ds.planned}
+            "load_avg_1min": round(os.getloadavg()[0], 2), "steps_planned": len(ds)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,10 +92,10 @@ def main(argv: list[str] | None = None) -> int:
             r = run(list_path, tok, conf, shape)
             r.update(batch_type=bt, num_workers=w)
             results.append(r)
-    print("| batch_type | workers | planned | batches | utterances | epoch s | utts/s | CPU ms/utt | load avg |")
+    print("| batch_type | workers | steps planned | batches | utterances | epoch s | utts/s | CPU ms/utt | load avg |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['batch_type']} | {r['num_workers']} | {r['planned']} | {r['batches']} | {r['utterances']} | "
+        print(f"| {r['batch_type']} | {r['num_workers']} | {r['steps_planned']} | {r['batches']} | {r['utterances']} | "
               f"{r['epoch_s']} | {r['utts_per_s']} | {r['cpu_ms_per_utt']} | {r['load_avg_1min']} |")
     meta = {"cpu_count": os.cpu_count(), "python": platform.python_version(), "num_utts": a.num_utts,
             "list": a.list or "synthesized", "command": " ".join(sys.argv)}
