@@ -39,18 +39,6 @@ class Config:
         return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
 
 
-def read_yaml(path: str | None) -> dict:
-    if not path:
-        return {}
-    require(os.path.isfile(path), "--config", f"no such file: {path}")
-    try:
-        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"--config: {path} is not valid YAML: {e}") from None
-    require(isinstance(raw, dict), "--config", f"{path}: the top level must be a mapping of sections")
-    return {name: sec or {} for name, sec in raw.items()}
-
-
 def set_override(raw: dict, dotted: str, value: str) -> None:
     """``--model.encoder.d_model 128`` -> raw["model"]["encoder"]["d_model"] = "128" (typed when built)."""
     parts, node = dotted.split("."), raw
@@ -63,22 +51,30 @@ def set_override(raw: dict, dotted: str, value: str) -> None:
 
 def split_weighted_lists(raw: dict) -> None:
     """``run.train_data: [{path, weight}, ...]`` -> the paths, and the weights into ``data.weights``."""
-    lists = raw.get("run", {}).get("train_data")
+    run, data = raw.get("run"), raw.setdefault("data", {})
+    lists = run.get("train_data") if isinstance(run, dict) else None
     lists = yaml.safe_load(lists) if isinstance(lists, str) and lists.strip().startswith("[") else lists
-    if not isinstance(lists, list) or not any(isinstance(x, dict) for x in lists):
+    if not isinstance(lists, list) or not any(isinstance(x, dict) for x in lists) or not isinstance(data, dict):
         return
     require(all(isinstance(x, dict) and set(x) == {"path", "weight"} for x in lists), "run.train_data",
             f"give all lists as paths or all as {{path, weight}} mappings, got {lists!r}")
-    require(raw.get("data", {}).get("weights") is None, "data.weights",
+    require(data.get("weights") is None, "data.weights",
             "given twice: in run.train_data's {path, weight} entries and in data.weights (keep one)")
-    raw["run"]["train_data"] = [x["path"] for x in lists]
-    raw.setdefault("data", {})["weights"] = [x["weight"] for x in lists]
+    run["train_data"], data["weights"] = [x["path"] for x in lists], [x["weight"] for x in lists]
 
 
 def merge(yaml_path: str | None = None, overrides: Sequence[tuple[str, str]] = ()) -> dict:
     """The YAML file's sections with the overrides applied, not typed yet (tools that need
     one section build it from here: ``DataConfig.from_dict(merge(...).get("data", {}))``)."""
-    raw = read_yaml(yaml_path)
+    raw = {}
+    if yaml_path:
+        require(os.path.isfile(yaml_path), "--config", f"no such file: {yaml_path}")
+        try:
+            raw = yaml.safe_load(Path(yaml_path).read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--config: {yaml_path} is not valid YAML: {e}") from None
+        require(isinstance(raw, dict), "--config", f"{yaml_path}: the top level must be a mapping of sections")
+        raw = {name: sec or {} for name, sec in raw.items()}
     for dotted, value in overrides:
         set_override(raw, dotted, value)
     for name in raw:

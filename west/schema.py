@@ -1,11 +1,10 @@
 """Config sections that type and check themselves: the one walker behind every config key.
 
-A field declares its limits next to its default (``batch_size: int = setting(32, min=1)``)
-and ``@section("data")`` makes the class a dataclass whose construction coerces every field
-to its annotation (CLI strings, YAML values, nested mappings) and checks those limits. So a
-section built in code and one loaded by ``west.config.load_config`` fail the same way: a
-:class:`ConfigError` whose message starts with the dotted key to change. A leaf module
-(west.data and west.models import it; it imports neither).
+A field declares its limits next to its default (``batch_size: int = setting(32, min=1)``);
+``@section("data")`` makes a dataclass whose construction coerces every field to its
+annotation (CLI strings, YAML values, nested mappings) and checks those limits, so a section
+built in code and one loaded by ``west.config.load_config`` fail the same way, with a
+ConfigError that starts with the dotted key. A leaf: west.data and west.models import it.
 """
 from __future__ import annotations
 
@@ -20,6 +19,7 @@ import yaml
 
 BOOLS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
 NONE = ("none", "null", "~", "")
+hints = functools.cache(typing.get_type_hints)  # per class: sections are built often
 LIMITS = {"choices": (lambda v, c: v in c, "must be one of {}"), "min": (operator.ge, "must be >= {}"),
           "gt": (operator.gt, "must be > {}"), "max": (operator.le, "must be <= {}")}
 
@@ -32,10 +32,6 @@ def require(cond: Any, key: str, msg: str) -> None:
     """Raise ConfigError naming ``key`` unless ``cond``."""
     if not cond:
         raise ConfigError(f"{key}: {msg}")
-
-
-def join(where: str, name: str) -> str:
-    return f"{where}.{name}" if where else name
 
 
 def setting(default: Any, *, rule: tuple[Callable[[Any, Any], bool], str] | None = None, **limits: Any) -> Any:
@@ -54,11 +50,6 @@ def section(where: str) -> Callable[[type], type]:
         klass.__post_init__ = lambda self: check(self, where)
         return dataclasses.dataclass(klass)
     return wrap
-
-
-@functools.cache
-def hints(klass: type) -> dict[str, Any]:
-    return typing.get_type_hints(klass)
 
 
 def coerce(value: Any, typ: Any, key: str) -> Any:
@@ -106,17 +97,17 @@ def build(klass: type, values: dict, where: str) -> Any:
     """An instance of dataclass ``klass`` from a mapping; an unknown key fails naming it."""
     names = [f.name for f in dataclasses.fields(klass)]
     for k in values:
-        require(k in names, join(where, str(k)), f"unknown key {k!r} (known in {where}: {', '.join(names)})")
+        require(k in names, f"{where}.{k}", f"unknown key {k!r} (known in {where}: {', '.join(names)})")
     return klass(**values)
 
 
 def check(obj: Any, where: str) -> None:
     """Coerce every field of dataclass ``obj`` to its annotation, then check the declared limits."""
-    fields = dataclasses.fields(obj)
+    fields, hint = dataclasses.fields(obj), hints(type(obj))
     for f in fields:
-        setattr(obj, f.name, coerce(getattr(obj, f.name), hints(type(obj))[f.name], join(where, f.name)))
+        setattr(obj, f.name, coerce(getattr(obj, f.name), hint[f.name], f"{where}.{f.name}".lstrip(".")))
     for f in fields:  # limits after coercion: a rule may read sibling fields
-        v, m, key = getattr(obj, f.name), f.metadata, join(where, f.name)
+        v, m, key = getattr(obj, f.name), f.metadata, f"{where}.{f.name}".lstrip(".")
         if v is None:
             continue
         for name, (ok, text) in LIMITS.items():
