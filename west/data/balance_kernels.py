@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from west.data.packing_kernels import _tree_first_at_or_after, _tree_set, _tree_size
+from west.data.packing_kernels import tree_next, tree_set, tree_size
 
 
 @njit(cache=True)
@@ -18,7 +18,7 @@ def _bucket_remove(head, prv, nxt, tree, size, room, b):
     else:
         head[room] = nxt[b]
         if nxt[b] < 0:
-            _tree_set(tree, size, room, 0)
+            tree_set(tree, size, room, 0)
     if nxt[b] >= 0:
         prv[nxt[b]] = prv[b]
 
@@ -30,7 +30,7 @@ def _bucket_add(head, prv, nxt, tree, size, room, b):
     if head[room] >= 0:
         prv[head[room]] = b
     else:
-        _tree_set(tree, size, room, 1)
+        tree_set(tree, size, room, 1)
     head[room] = b
 
 
@@ -136,14 +136,19 @@ def _less(cost: np.ndarray, x: int, y: int) -> bool:
 
 
 @njit(cache=True)
+def _swap(heap: np.ndarray, pos: np.ndarray, a: int, b: int) -> None:
+    heap[a], heap[b] = heap[b], heap[a]
+    pos[heap[a]] = a
+    pos[heap[b]] = b
+
+
+@njit(cache=True)
 def _sift_up(heap: np.ndarray, pos: np.ndarray, cost: np.ndarray, i: int) -> None:
     while i > 0:
         p = (i - 1) >> 1
         if not _less(cost, heap[i], heap[p]):
             break
-        heap[i], heap[p] = heap[p], heap[i]
-        pos[heap[i]] = i
-        pos[heap[p]] = p
+        _swap(heap, pos, i, p)
         i = p
 
 
@@ -158,9 +163,7 @@ def _sift_down(heap: np.ndarray, pos: np.ndarray, cost: np.ndarray, i: int, m: i
             s = l + 1
         if not _less(cost, heap[s], heap[i]):
             break
-        heap[i], heap[s] = heap[s], heap[i]
-        pos[heap[i]] = i
-        pos[heap[s]] = s
+        _swap(heap, pos, i, s)
         i = s
 
 
@@ -205,7 +208,7 @@ def least_loaded_fit(lengths: np.ndarray, order: np.ndarray, costs: np.ndarray,
     m = 0
     for b in range(n_bins):
         m = _heap_push(heap, pos, cost, m, b)
-    size = _tree_size(capacity)
+    size = tree_size(capacity)
     tree = np.zeros(2 * size, np.uint8)
     head = np.full(capacity + 1, -1, np.int64)
     prv = np.full(limit, -1, np.int64)
@@ -237,7 +240,7 @@ def least_loaded_fit(lengths: np.ndarray, order: np.ndarray, costs: np.ndarray,
                 for c in range(n_bins - 1, -1, -1):
                     _bucket_add(head, prv, nxt, tree, size, room[c], c)
                 buckets = True
-            r = _tree_first_at_or_after(tree, size, need)
+            r = tree_next(tree, size, need)
             if r < 0:
                 for c in range(n_bins, n_bins + grow):
                     m = _heap_push(heap, pos, cost, m, c)
@@ -270,7 +273,7 @@ def grouped_best_fit(lengths: np.ndarray, order: np.ndarray, costs: np.ndarray, 
     number of groups).
     """
     n = lengths.shape[0]
-    size = _tree_size(capacity)
+    size = tree_size(capacity)
     tree = np.zeros(2 * size, np.uint8)
     head = np.full(capacity + 1, -1, np.int64)
     max_groups = n + 1
@@ -284,7 +287,7 @@ def grouped_best_fit(lengths: np.ndarray, order: np.ndarray, costs: np.ndarray, 
     for k in range(n):
         i = order[k]
         need = lengths[i]
-        r = _tree_first_at_or_after(tree, size, need)
+        r = tree_next(tree, size, need)
         if r < 0:
             g = n_groups
             n_groups += 1

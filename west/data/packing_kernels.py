@@ -55,7 +55,7 @@ def next_fit(lengths: np.ndarray, capacity: int) -> np.ndarray:
 
 
 @njit(cache=True)
-def _tree_set(tree: np.ndarray, size: int, leaf: int, flag: int) -> None:
+def tree_set(tree: np.ndarray, size: int, leaf: int, flag: int) -> None:
     i = leaf + size
     tree[i] = flag
     i >>= 1
@@ -68,49 +68,43 @@ def _tree_set(tree: np.ndarray, size: int, leaf: int, flag: int) -> None:
 
 
 @njit(cache=True)
-def _tree_first_at_or_after(tree: np.ndarray, size: int, x: int) -> int:
+def _tree_find(tree: np.ndarray, size: int, x: int, forward: bool) -> int:
+    """Nearest leaf index to ``x`` (at or after it if ``forward``, else at or before it)
+    whose flag is set, or -1: climb until a sibling on that side has a flag, then descend."""
+    if (forward and x >= size) or (not forward and x < 0):
+        return -1
+    x = min(x, size - 1)
+    i = x + size
+    if tree[i]:
+        return x
+    while True:
+        if i == 1:
+            return -1
+        sibling = i + 1 if forward else i - 1
+        if ((i & 1) == 0) == forward and tree[sibling]:
+            i = sibling
+            break
+        i >>= 1
+    while i < size:
+        near, far = (2 * i, 2 * i + 1) if forward else (2 * i + 1, 2 * i)
+        i = near if tree[near] else far
+    return i - size
+
+
+@njit(cache=True)
+def tree_next(tree: np.ndarray, size: int, x: int) -> int:
     """Smallest leaf index >= x whose flag is set, or -1."""
-    if x >= size:
-        return -1
-    i = x + size
-    if tree[i]:
-        return x
-    while True:
-        if i == 1:
-            return -1
-        if (i & 1) == 0 and tree[i + 1]:
-            i += 1
-            break
-        i >>= 1
-    while i < size:
-        i = 2 * i if tree[2 * i] else 2 * i + 1
-    return i - size
+    return _tree_find(tree, size, x, True)
 
 
 @njit(cache=True)
-def _tree_last_at_or_before(tree: np.ndarray, size: int, x: int) -> int:
+def tree_prev(tree: np.ndarray, size: int, x: int) -> int:
     """Largest leaf index <= x whose flag is set, or -1."""
-    if x < 0:
-        return -1
-    if x >= size:
-        x = size - 1
-    i = x + size
-    if tree[i]:
-        return x
-    while True:
-        if i == 1:
-            return -1
-        if (i & 1) == 1 and tree[i - 1]:
-            i -= 1
-            break
-        i >>= 1
-    while i < size:
-        i = 2 * i + 1 if tree[2 * i + 1] else 2 * i
-    return i - size
+    return _tree_find(tree, size, x, False)
 
 
 @njit(cache=True)
-def _tree_size(capacity: int) -> int:
+def tree_size(capacity: int) -> int:
     size = 1
     while size < capacity + 1:
         size <<= 1
@@ -139,6 +133,14 @@ def _assign_from_events(order: np.ndarray, ev_bin: np.ndarray, ev_cnt: np.ndarra
 
 
 @njit(cache=True)
+def _record(ev_bin: np.ndarray, ev_cnt: np.ndarray, n_events: int, b: int, k: int) -> int:
+    """Note that ``k`` equal items went into bin ``b``; returns the new event count."""
+    ev_bin[n_events] = b
+    ev_cnt[n_events] = k
+    return n_events + 1
+
+
+@njit(cache=True)
 def best_fit_decreasing(lengths: np.ndarray, order: np.ndarray, capacity: int) -> np.ndarray:
     """Best-fit decreasing: each item goes to the open bin with the least room that
     still holds it.
@@ -151,18 +153,16 @@ def best_fit_decreasing(lengths: np.ndarray, order: np.ndarray, capacity: int) -
     """
     counts = value_counts(lengths, capacity)
     n = lengths.shape[0]
-    size = _tree_size(capacity)
+    size = tree_size(capacity)
     tree = np.zeros(2 * size, np.uint8)
     head = np.full(capacity + 1, -1, np.int64)
     nxt = np.empty(n, np.int64)
-    ev_bin = np.empty(n, np.int64)
-    ev_cnt = np.empty(n, np.int64)
-    n_events = 0
-    n_bins = 0
+    ev_bin, ev_cnt = np.empty(n, np.int64), np.empty(n, np.int64)   # (bin, count) placements
+    n_events = n_bins = 0
     for v in range(capacity, 0, -1):
         c = counts[v]
         while c > 0:
-            r = _tree_first_at_or_after(tree, size, v)
+            r = tree_next(tree, size, v)
             if r < 0:
                 b = n_bins
                 n_bins += 1
@@ -171,18 +171,16 @@ def best_fit_decreasing(lengths: np.ndarray, order: np.ndarray, capacity: int) -
                 b = head[r]
                 head[r] = nxt[b]
                 if head[r] < 0:
-                    _tree_set(tree, size, r, 0)
+                    tree_set(tree, size, r, 0)
                 room = r
             k = min(c, room // v)
-            ev_bin[n_events] = b
-            ev_cnt[n_events] = k
-            n_events += 1
+            n_events = _record(ev_bin, ev_cnt, n_events, b, k)
             c -= k
             room -= k * v
             if room > 0:
                 nxt[b] = head[room]
                 head[room] = b
-                _tree_set(tree, size, room, 1)
+                tree_set(tree, size, room, 1)
     return _assign_from_events(order, ev_bin, ev_cnt, n_events)
 
 
@@ -215,6 +213,15 @@ def _first_with_room(room: np.ndarray, size: int, need: int) -> int:
 
 
 @njit(cache=True)
+def _first_fit_bin(room: np.ndarray, size: int, need: int, n_bins: int, capacity: int):
+    """(lowest-numbered bin with room >= need, opening a new one if none has; bins now open)."""
+    if room[1] >= need:
+        return _first_with_room(room, size, need), n_bins
+    room[n_bins + size] = capacity
+    return n_bins, n_bins + 1
+
+
+@njit(cache=True)
 def _take_room(room: np.ndarray, size: int, b: int, amount: int) -> None:
     j = b + size
     room[j] -= amount
@@ -235,23 +242,14 @@ def first_fit_decreasing(lengths: np.ndarray, order: np.ndarray, capacity: int) 
     while size < max(n, 1):
         size <<= 1
     room = np.zeros(2 * size, np.int64)
-    ev_bin = np.empty(n, np.int64)
-    ev_cnt = np.empty(n, np.int64)
-    n_events = 0
-    n_bins = 0
+    ev_bin, ev_cnt = np.empty(n, np.int64), np.empty(n, np.int64)   # (bin, count) placements
+    n_events = n_bins = 0
     for v in range(capacity, 0, -1):
         c = counts[v]
         while c > 0:
-            if room[1] >= v:
-                b = _first_with_room(room, size, v)
-            else:
-                b = n_bins
-                n_bins += 1
-                room[b + size] = capacity
+            b, n_bins = _first_fit_bin(room, size, v, n_bins, capacity)
             k = min(c, room[b + size] // v)
-            ev_bin[n_events] = b
-            ev_cnt[n_events] = k
-            n_events += 1
+            n_events = _record(ev_bin, ev_cnt, n_events, b, k)
             c -= k
             _take_room(room, size, b, k * v)
     return _assign_from_events(order, ev_bin, ev_cnt, n_events)
@@ -308,12 +306,7 @@ def first_fit_itemwise(lengths: np.ndarray, order: np.ndarray, capacity: int) ->
     for k in range(n):
         i = order[k]
         need = lengths[i]
-        if room[1] >= need:
-            b = _first_with_room(room, size, need)
-        else:
-            b = n_bins
-            n_bins += 1
-            room[b + size] = capacity
+        b, n_bins = _first_fit_bin(room, size, need, n_bins, capacity)
         assign[i] = b
         _take_room(room, size, b, need)
     return assign

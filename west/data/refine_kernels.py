@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from west.data.packing_kernels import (_tree_last_at_or_before, _tree_set, _tree_size, best_fit_decreasing,
+from west.data.packing_kernels import (tree_prev, tree_set, tree_size, best_fit_decreasing,
                                        group_order)
 
 
@@ -34,7 +34,7 @@ def refine_fill(lengths: np.ndarray, assign: np.ndarray, n_bins: int, n_pool: in
     for k in range(n_pool):
         in_pool[by_fill[k]] = 1
     # pool: per-length LIFO stacks of items plus a flag tree over lengths
-    size = _tree_size(capacity)
+    size = tree_size(capacity)
     tree = np.zeros(2 * size, np.uint8)
     head = np.full(capacity + 1, -1, np.int64)
     nxt = np.full(n, -1, np.int64)
@@ -43,7 +43,7 @@ def refine_fill(lengths: np.ndarray, assign: np.ndarray, n_bins: int, n_pool: in
             v = lengths[i]
             nxt[i] = head[v]
             if head[v] < 0:
-                _tree_set(tree, size, v, 1)
+                tree_set(tree, size, v, 1)
             head[v] = i
     # members of kept bins, grouped by bin
     members, start = group_order(assign, n_bins)
@@ -56,7 +56,7 @@ def refine_fill(lengths: np.ndarray, assign: np.ndarray, n_bins: int, n_pool: in
             best_gain = 0
             best_out = -1     # index into members, -1 for a pure move
             best_val = -1
-            v = _tree_last_at_or_before(tree, size, gap)
+            v = tree_prev(tree, size, gap)
             if v > 0:
                 best_gain = v
                 best_val = v
@@ -65,7 +65,7 @@ def refine_fill(lengths: np.ndarray, assign: np.ndarray, n_bins: int, n_pool: in
                     break
                 a = members[k]
                 la = lengths[a]
-                v = _tree_last_at_or_before(tree, size, la + gap)
+                v = tree_prev(tree, size, la + gap)
                 if v > la and v - la > best_gain:
                     best_gain = v - la
                     best_val = v
@@ -77,7 +77,7 @@ def refine_fill(lengths: np.ndarray, assign: np.ndarray, n_bins: int, n_pool: in
             item = head[best_val]
             head[best_val] = nxt[item]
             if head[best_val] < 0:
-                _tree_set(tree, size, best_val, 0)
+                tree_set(tree, size, best_val, 0)
             new_assign[item] = b
             if best_out >= 0:
                 a = members[best_out]
@@ -85,7 +85,7 @@ def refine_fill(lengths: np.ndarray, assign: np.ndarray, n_bins: int, n_pool: in
                 la = lengths[a]
                 nxt[a] = head[la]
                 if head[la] < 0:
-                    _tree_set(tree, size, la, 1)
+                    tree_set(tree, size, la, 1)
                 head[la] = a
                 new_assign[a] = -1
             else:

@@ -16,7 +16,7 @@ with int32 ``cu_seqlens`` giving segment boundaries. Backends:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, wraps
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -231,23 +231,12 @@ def flash_available(device: torch.device) -> bool:
     return torch.device(device).type == "cuda" and _flash_kernel() is not None
 
 
-def flash_varlen(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    dropout_p: float = 0.0,
-    softmax_scale: Optional[float] = None,
-    causal: bool = False,
-) -> torch.Tensor:
-    """``flash_attn_varlen_func`` on CUDA when importable, else the reference with the same signature."""
-    fn = _flash_kernel() if q.is_cuda else None
-    fn = fn or flash_attn_varlen_reference
-    return fn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-              dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal)
+@wraps(flash_attn_varlen_reference, assigned=())   # flash-attn's exact signature, stated once
+def flash_varlen(*args, **kwargs) -> torch.Tensor:
+    """``flash_attn_varlen_func`` on CUDA when importable, else the reference (same signature)."""
+    q = args[0] if args else kwargs["q"]
+    fn = (_flash_kernel() if q.is_cuda else None) or flash_attn_varlen_reference
+    return fn(*args, **kwargs)
 
 
 # --------------------------------------------------------------------------- flex
@@ -255,14 +244,8 @@ _compiled_flex = None
 _last_block_mask: tuple = ()  # (cu_seqlens object, causal, block mask): one build per batch, not per layer
 
 
-def flex_document_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    causal: bool = False,
-    scale: Optional[float] = None,
-) -> torch.Tensor:
+def flex_document_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+                            causal: bool = False, scale: Optional[float] = None) -> torch.Tensor:
     """FlexAttention with a document mask (tokens see only their own segment).
 
     Compiled on CUDA. On CPU torch 2.13 has no FlexAttention backward, so it is
@@ -332,15 +315,9 @@ def varlen_attention(
 
 
 # --------------------------------------------------------------------------- reference
-def reference_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    causal: bool = False,
-    scale: Optional[float] = None,
-    bias: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+                        causal: bool = False, scale: Optional[float] = None,
+                        bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Dense float64 attention with a block-diagonal (document) mask; the ground truth.
 
     ``bias`` (Hq, rows, rows) is added to the scaled scores. Returns float64."""

@@ -103,21 +103,22 @@ def _comm_device() -> torch.device:
     return torch.device("cpu")
 
 
-def all_reduce_sum(values: Sequence[float]) -> list[float]:
-    """Sum a short vector of numbers over ranks in ONE collective (float64: exact for ints < 2**53)."""
+def _all_reduce(values: Sequence[float], op: "dist.ReduceOp") -> list[float]:
+    """One collective over a short vector of numbers (float64: exact for ints < 2**53)."""
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return [float(v) for v in values]
     t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=_comm_device())
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    dist.all_reduce(t, op=op)
     return t.tolist()
+
+
+def all_reduce_sum(values: Sequence[float]) -> list[float]:
+    """Sum a short vector of numbers over ranks in ONE collective."""
+    return _all_reduce(values, dist.ReduceOp.SUM)
 
 
 def all_reduce_max(values: Sequence[float]) -> list[float]:
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return [float(v) for v in values]
-    t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=_comm_device())
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.tolist()
+    return _all_reduce(values, dist.ReduceOp.MAX)
 
 
 def any_rank(flag: bool) -> bool:
