@@ -11,6 +11,7 @@ from west.config import (Config, ConfigError, check_paths, load_config, parse_tr
                          save_config, split_overrides)
 from west.data.config import DataConfig
 from west.models.config import ConformerConfig, LoraSettings, ProjectorConfig, SpeechLLMConfig
+from west.shapes import SpeechShape
 
 
 @pytest.fixture
@@ -159,16 +160,17 @@ def test_sections_built_in_code_are_checked_the_same_way():
         SpeechLLMConfig(projector=ProjectorConfig(type="ctc_posterior"))
     m = SpeechLLMConfig(encoder=ConformerConfig.preset("tiny", subsampling_rate=6), projector={"stride": 3},
                         lora=LoraSettings(r=4), ctc_weight=1.0)
-    assert m.projector.stride == 3 and m.speech_shape().subsampling_rate == 6 and m.speech_shape().projector_stride == 3
+    assert m.projector.stride == 3 and m.speech_shape() == SpeechShape(subsampling_rate=6, projector_stride=3)
     assert SpeechLLMConfig.from_dict(m.to_dict()) == m
 
 
 def test_nested_and_whole_block_overrides(llm):
     cfg = parse(["--model.encoder.num_blocks", "3", "--model.projector.dropout", "1e-1", "--model.lora", "{r: 4}",
-                 "--model.lora.alpha", "8", "--model.encoder.subsampling_rate", "6", "--model.projector.stride", "3"], llm)
+                 "--model.lora.alpha", "8", "--model.encoder.subsampling_rate", "6",
+                 "--model.projector.stride", "3"], llm)
     assert cfg.model.encoder.num_blocks == 3 and cfg.model.projector.dropout == 0.1
     assert (cfg.model.lora.r, cfg.model.lora.alpha) == (4, 8)
-    assert (cfg.model.speech_shape().subsampling_rate, cfg.model.speech_shape().projector_stride) == (6, 3)
+    assert cfg.model.speech_shape() == SpeechShape(subsampling_rate=6, projector_stride=3)
     assert not hasattr(cfg.data, "subsampling_rate") and not hasattr(cfg.data, "projector_stride")
     assert parse(["--model.lora", "{r: 4}", "--model.lora", "none"], llm).model.lora is None
     assert parse(["--model.lora", "null", "--model.lora.r", "2"], llm).model.lora.r == 2

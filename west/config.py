@@ -185,8 +185,7 @@ FLAGS = {  # west-train's top-level flags: the key each one sets, and its help
     "pack_tokens": ("data.pack_tokens", "pack: LLM tokens per packed row"),
     "max_steps": ("train.max_steps", "optimizer steps (0 = use train.max_epochs)"),
     "seed": ("train.seed", "random seed"),
-    "resume": ("run.resume", "auto (default: resume if DIR has a checkpoint), never, must (bare --resume) "
-                             "or a checkpoint dir"),
+    "resume": ("run.resume", "auto (default: resume if DIR has one), never, must (bare --resume) or a checkpoint dir"),
     "audit": ("run.audit", "write DIR/audit/rank{R}.jsonl with the utterance keys of every step"),
 }
 

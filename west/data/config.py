@@ -1,9 +1,7 @@
 """Every option of the data pipeline in one dataclass, each limit next to its field.
 
-The trainer loads it as the ``data`` section (west.config); tools and tests build it in
-code. Both go through the same checks (west.schema), so a typo fails before the first
-batch with an error naming the key. The model's geometry is not here: the data side gets
-it as a ``west.shapes.SpeechShape`` argument.
+Loaded as the ``data`` section (west.config) or built in code, it is checked the same way
+(west.schema), naming the key. The model's geometry is not here: it comes as a SpeechShape.
 """
 from __future__ import annotations
 

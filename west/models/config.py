@@ -1,8 +1,5 @@
-"""Model configuration: plain dataclasses that round-trip through dict/YAML/JSON.
-
-Each limit sits next to its field and is checked on construction (west.schema), so a
-model built in code and the ``model`` section loaded by west.config fail the same way,
-naming the dotted key. The data side needs only ``speech_shape()``.
+"""Model configuration: dataclasses that round-trip through dict/YAML/JSON, each limit next to
+its field (checked on construction, west.schema). The data side needs only ``speech_shape()``.
 """
 from __future__ import annotations
 
@@ -79,9 +76,9 @@ class SpeechLLMConfig:
     freeze_encoder: bool = False
     freeze_llm: bool = True        # WEST default: train encoder + projector, LLM frozen
     lora: Optional[LoraSettings] = None
-    # Hybrid CTC/LLM training: loss = CE + ctc_weight * CTC of the encoder output against the
-    # transcript tokens (a linear head over the LLM vocabulary + blank). It gives the encoder
-    # a direct, alignment-free signal early on (Kim et al., 2017); 0 = no head.
+    # Hybrid CTC/LLM loss = CE + ctc_weight * CTC of the encoder output against the transcript
+    # tokens (a head over the LLM vocabulary + blank): a direct, alignment-free signal for the
+    # encoder early on (Kim et al., 2017); 0 = no head.
     ctc_weight: float = setting(0.0, min=0, rule=(
         lambda v, m: v > 0 or m.projector.type != "ctc_posterior",
         "must be > 0 with model.projector.type ctc_posterior (the CTC head it reads posteriors from "
