@@ -10,9 +10,8 @@ import soundfile as sf
 import soxr
 
 from conftest import make_wav, write_jsonl
-from west.data.audio import audio_num_samples, load_audio, resampled_length
 from west.data.config import DataConfig
-from west.data.features import estimate_frames, fbank_frames
+from west.data.features import audio_num_samples, estimate_frames, fbank_frames, load_audio, resampled_length
 from west.data.lists import RawList, detect_data_type, parse_json_record
 from west.data.stats import DataStats, SkipSample
 

@@ -123,7 +123,7 @@ def test_resume_must_without_checkpoint_fails(tmp_path):
 def test_nan_steps_stop_after_max_bad_steps(tmp_path):
     t = make_trainer(tmp_path, max_bad_steps=2)
     t.model.poison = True
-    from west.train.loss import TooManyBadSteps
+    from west.train.step import TooManyBadSteps
 
     with pytest.raises(TooManyBadSteps):
         t.fit()

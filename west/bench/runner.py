@@ -11,7 +11,7 @@ import torch
 from west.batch import Batch
 from west.train.config import TrainConfig
 from west.train.gpu_monitor import build_monitor
-from west.train.loss import plan_step
+from west.train.step import plan_step
 from west.train.schedule import build_optimizer, build_scheduler
 from west.train.step import train_step
 

@@ -25,7 +25,7 @@ def run(cfg: Config) -> int:
     """Build tokenizer, model and this rank's data, then train (west.train.build)."""
     from west.train.build import train
     from west.train.checkpoint import CheckpointError
-    from west.train.loss import TooManyBadSteps
+    from west.train.step import TooManyBadSteps
 
     try:
         summary = train(cfg)

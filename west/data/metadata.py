@@ -14,9 +14,8 @@ from typing import Optional
 
 import numpy as np
 
-from west.data.audio import audio_num_samples
 from west.data.config import DataConfig
-from west.data.features import estimate_frames, fbank_frames
+from west.data.features import audio_num_samples, estimate_frames, fbank_frames
 from west.data.stats import DataStats, SkipSample
 from west.data.tokenize import PromptEncoder
 

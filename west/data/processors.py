@@ -19,9 +19,8 @@ from typing import Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
-from west.data.audio import load_audio as _load_audio
 from west.data.config import DataConfig
-from west.data.features import GlobalCMVN, compute_fbank, spec_augment as _spec_augment
+from west.data.features import GlobalCMVN, compute_fbank, load_audio as _load_audio, spec_augment as _spec_augment
 from west.data.metadata import check_budget
 from west.data.stats import DataStats, SkipSample
 from west.data.tokenize import PromptEncoder

@@ -14,7 +14,7 @@ import time
 
 import soundfile as sf
 
-from west.data.audio import resolve_path
+from west.data.features import resolve_path
 from west.data.config import DataConfig
 from west.data.lists import RawList
 from west.data.metadata import measure_audio

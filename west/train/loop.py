@@ -28,11 +28,10 @@ from west.train import checkpoint as ckpt
 from west.train.config import RunConfig, TrainConfig
 from west.train.distributed import DistInfo, all_reduce_max, sum_counts_over_ranks, wrap_model
 from west.train.gpu_monitor import build_monitor
-from west.train.loss import BadStepGuard, plan_step
 from west.train.metrics import EpochTotals, MetricsLogger, peak_memory_mb, step_record
 from west.train.profiling import build_profiler
 from west.train.schedule import build_optimizer, build_scheduler
-from west.train.step import StepResult, train_step
+from west.train.step import BadStepGuard, StepResult, plan_step, train_step
 
 
 class TrainData(Protocol):
