@@ -7,8 +7,9 @@ import re
 import pytest
 import yaml
 
-from west.config import (Config, ConfigError, check_paths, load_config, parse_train_args, prepare_output_dir,
-                         save_config, split_overrides)
+from west.bin.train import parse_train_args
+from west.config import Config, ConfigError, load_config, split_overrides
+from west.train.rundir import check_paths, prepare_output_dir, save_config
 from west.data.config import DataConfig
 from west.models.config import ConformerConfig, LoraSettings, ProjectorConfig, SpeechLLMConfig
 from west.shapes import SpeechShape

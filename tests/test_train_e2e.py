@@ -301,7 +301,7 @@ def test_decode_bad_input(runs, tmp_path, capsys):
 
 
 def test_nested_model_overrides_are_typed(setup):
-    from west.config import parse_train_args
+    from west.bin.train import parse_train_args
 
     base = ["--config", str(ROOT / "recipes/aishell/conf/tiny_cpu.yaml"), "--model.llm.path", str(setup.llm)]
     cfg = parse_train_args(base + ["--model.encoder.num_blocks", "3", "--model.projector.dropout", "1e-1",

@@ -1,4 +1,4 @@
-"""A run's one config tree (run/train/data/model), its loader, run directory and west-train's flags.
+"""A run's one config tree (run/train/data/model) and its loader.
 
 ``load_config``: a YAML file, then ``--section.key VALUE`` overrides in order (nested keys
 ``--model.encoder.d_model 128``, whole blocks ``--model.lora "{r: 8}"`` or ``none``); each
@@ -7,7 +7,6 @@ run. Every error is a ConfigError starting with the dotted key, raised before da
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib.util
 import os
@@ -17,7 +16,7 @@ from typing import Sequence
 
 import yaml
 
-from west.data.config import BATCH_TYPES, DataConfig
+from west.data.config import DataConfig
 from west.models.config import SpeechLLMConfig
 from west.schema import ConfigError, require, section
 from west.train.config import RunConfig, TrainConfig
@@ -130,80 +129,6 @@ def check_attention_device(cfg: Config) -> None:
             "flex cannot train on CPU (FlexAttention has no CPU backward); use auto")
 
 
-def check_paths(cfg: Config, need_train_data: bool = True) -> None:
-    """Inputs exist, the output dir is writable (created if missing), ``run.resume`` fits it."""
-    from west.train.checkpoint import find_latest  # lazy: keeps `--help` torch-free
-
-    r = cfg.run
-    require(r.output_dir, "run.output_dir", "required (--output_dir DIR)")
-    if need_train_data:
-        require(r.train_data, "run.train_data", "required (--train_data LIST[,LIST...])")
-        for path in r.train_data:
-            require(os.path.exists(path), "run.train_data", f"no such file: {path}")
-    prepare_output_dir(r.output_dir)
-    latest = find_latest(Path(r.output_dir) / "checkpoints")
-    require(not (r.resume == "never" and latest), "run.resume",
-            f"never, but {latest} exists: use a new --output_dir or --resume auto")
-    require(not (r.resume == "must" and latest is None), "run.resume",
-            f"--resume given but {r.output_dir}/checkpoints holds no checkpoint")
-
-
-def prepare_output_dir(path: str | os.PathLike) -> Path:
-    """Create ``path`` if missing and prove it is writable, or raise naming it."""
-    p = Path(path)
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-        probe = p / f".write_test.{os.getpid()}"
-        probe.write_bytes(b"ok")
-        probe.unlink()
-    except OSError as e:
-        raise ConfigError(f"run.output_dir: cannot write to {p}: {e.strerror or e}") from None
-    return p
-
-
-def save_config(cfg: Config, output_dir: str | os.PathLike) -> Path:
-    """Write the resolved config to DIR/config.yaml (atomically); keep a differing old one."""
-    out = Path(output_dir) / "config.yaml"
-    text = yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True)
-    if out.exists() and out.read_text(encoding="utf-8") != text:
-        n = 1
-        while (out.parent / f"config.{n}.yaml").exists():
-            n += 1
-        out.rename(out.parent / f"config.{n}.yaml")
-    tmp = out.with_suffix(f".yaml.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, out)
-    return out
-
-
-FLAGS = {  # west-train's top-level flags: the key each one sets, and its help
-    "train_data": ("run.train_data", "data list(s) (jsonl / kaldi-style / shard list), comma-separated for several"),
-    "output_dir": ("run.output_dir", "run directory: checkpoints, logs, config.yaml"),
-    "batch_type": ("data.batch_type", "|".join(BATCH_TYPES)),
-    "batch_size": ("data.batch_size", "static: utterances per batch"),
-    "max_tokens_in_batch": ("data.max_tokens_in_batch", "dynamic: padded LLM tokens per batch"),
-    "pack_tokens": ("data.pack_tokens", "pack: LLM tokens per packed row"),
-    "max_steps": ("train.max_steps", "optimizer steps (0 = use train.max_epochs)"),
-    "seed": ("train.seed", "random seed"),
-    "resume": ("run.resume", "auto (default: resume if DIR has one), never, must (bare --resume) or a checkpoint dir"),
-    "audit": ("run.audit", "write DIR/audit/rank{R}.jsonl with the utterance keys of every step"),
-}
-
-
-def build_arg_parser(prog: str = "west-train") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Train a speech LLM. Any config key can be overridden as --section.key VALUE "
-                    "(typed like the key); see docs/training.md.",
-        epilog=f"sections: {', '.join(SECTIONS)}\ntrain keys: "
-               f"{', '.join(f.name for f in dataclasses.fields(TrainConfig))}")
-    p.add_argument("--config", help=f"YAML file with sections {'/'.join(SECTIONS)}")
-    extra = {"resume": dict(nargs="?", const="must"), "audit": dict(action="store_const", const="true")}
-    for flag, (key, text) in FLAGS.items():
-        p.add_argument(f"--{flag}", help=f"{text} [{key}]", **extra.get(flag, {}))
-    return p
-
-
 def split_overrides(rest: Sequence[str]) -> list[tuple[str, str]]:
     """``--section.key VALUE`` / ``--section.key=VALUE`` pairs -> [(dotted, value)], in order."""
     out, i = [], 0
@@ -220,10 +145,3 @@ def split_overrides(rest: Sequence[str]) -> list[tuple[str, str]]:
         require("." in dotted, f"--{dotted}", "unknown option")
         out.append((dotted, value))
     return out
-
-
-def parse_train_args(argv: Sequence[str] | None = None, prog: str = "west-train") -> Config:
-    """west-train's command line -> validated Config (no file besides --config is read)."""
-    args, rest = build_arg_parser(prog).parse_known_args(argv)
-    flags = [(FLAGS[k][0], v) for k, v in vars(args).items() if k in FLAGS and v is not None]
-    return load_config(args.config, flags + split_overrides(rest))  # --section.key wins over flags

@@ -47,7 +47,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise FileNotFoundError(f"--data: no such file: {args.data}")
         if args.ref and not Path(args.ref).is_file():
             raise FileNotFoundError(f"--ref: no such file: {args.ref}")
-        from west.config import ConfigError, prepare_output_dir
+        from west.config import ConfigError
+        from west.train.rundir import prepare_output_dir
 
         try:
             prepare_output_dir(Path(args.result).resolve().parent)

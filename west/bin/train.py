@@ -5,11 +5,51 @@ here, before any data is read (exit code 2, message naming the key).
 """
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import os
 import sys
 from typing import Sequence
 
-from west.config import Config, ConfigError, check_paths, parse_train_args, save_config
+from west.config import SECTIONS, Config, ConfigError, load_config, split_overrides
+from west.data.config import BATCH_TYPES
+from west.train.config import TrainConfig
+from west.train.rundir import check_paths, save_config
+
+FLAGS = {  # west-train's top-level flags: the key each one sets, and its help
+    "train_data": ("run.train_data", "data list(s) (jsonl / kaldi-style / shard list), comma-separated for several"),
+    "output_dir": ("run.output_dir", "run directory: checkpoints, logs, config.yaml"),
+    "batch_type": ("data.batch_type", "|".join(BATCH_TYPES)),
+    "batch_size": ("data.batch_size", "static: utterances per batch"),
+    "max_tokens_in_batch": ("data.max_tokens_in_batch", "dynamic: padded LLM tokens per batch"),
+    "pack_tokens": ("data.pack_tokens", "pack: LLM tokens per packed row"),
+    "max_steps": ("train.max_steps", "optimizer steps (0 = use train.max_epochs)"),
+    "seed": ("train.seed", "random seed"),
+    "resume": ("run.resume", "auto (default: resume if DIR has one), never, must (bare --resume) or a checkpoint dir"),
+    "audit": ("run.audit", "write DIR/audit/rank{R}.jsonl with the utterance keys of every step"),
+}
+
+
+def build_arg_parser(prog: str = "west-train") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train a speech LLM. Any config key can be overridden as --section.key VALUE "
+                    "(typed like the key); see docs/training.md.",
+        epilog=f"sections: {', '.join(SECTIONS)}\ntrain keys: "
+               f"{', '.join(f.name for f in dataclasses.fields(TrainConfig))}")
+    p.add_argument("--config", help=f"YAML file with sections {'/'.join(SECTIONS)}")
+    extra = {"resume": dict(nargs="?", const="must"), "audit": dict(action="store_const", const="true")}
+    for flag, (key, text) in FLAGS.items():
+        p.add_argument(f"--{flag}", help=f"{text} [{key}]", **extra.get(flag, {}))
+    return p
+
+
+def parse_train_args(argv: Sequence[str] | None = None, prog: str = "west-train") -> Config:
+    """west-train's command line -> validated Config (no file besides --config is read)."""
+    args, rest = build_arg_parser(prog).parse_known_args(argv)
+    flags = [(FLAGS[k][0], v) for k, v in vars(args).items() if k in FLAGS and v is not None]
+    return load_config(args.config, flags + split_overrides(rest))  # --section.key wins over flags
+
 
 
 def prepare(argv: Sequence[str] | None = None) -> Config:
