@@ -12,14 +12,13 @@ import sys
 from typing import Sequence
 
 from west.config import SECTIONS, Config, ConfigError, load_config, split_overrides
-from west.data.config import BATCH_TYPES
 from west.train.config import TrainConfig
 from west.train.rundir import check_paths, save_config
 
 FLAGS = {  # west-train's top-level flags: the key each one sets, and its help
     "train_data": ("run.train_data", "data list(s) (jsonl / kaldi-style / shard list), comma-separated for several"),
     "output_dir": ("run.output_dir", "run directory: checkpoints, logs, config.yaml"),
-    "batch_type": ("data.batch_type", "|".join(BATCH_TYPES)),
+    "batch_type": ("data.batch_type", "static | dynamic | pack (west.data.policies)"),
     "batch_size": ("data.batch_size", "static: utterances per batch"),
     "max_tokens_in_batch": ("data.max_tokens_in_batch", "dynamic: padded LLM tokens per batch"),
     "pack_tokens": ("data.pack_tokens", "pack: LLM tokens per packed row"),

@@ -12,15 +12,20 @@ from west.data.packing import ALGORITHMS, COSTS
 from west.schema import build, section, setting
 from west.shapes import SPEECH_MARKER
 
-BATCH_TYPES = ("static", "dynamic", "pack")
 ENCODER_LAYOUTS = ("packed", "padded")
 DATA_TYPES = ("auto", "raw", "shard", "kaldi")
+
+
+def _is_policy(name: str, _conf: Any) -> bool:
+    from west.data.policies import POLICIES  # the one registry of batch modes (it imports this module)
+
+    return name in POLICIES
 
 
 @section("data")
 class DataConfig:
     # batching
-    batch_type: str = setting("static", choices=BATCH_TYPES)
+    batch_type: str = setting("static", rule=(_is_policy, "must name a policy of west.data.policies.POLICIES"))
     batch_size: int = setting(32, min=1)                # static: samples per batch
     max_tokens_in_batch: int = setting(4096, min=1)     # dynamic: longest * n_samples <= this (padded LLM tokens)
     pack_tokens: int = setting(8192, min=1)             # pack: LLM tokens a row holds at most
