@@ -57,22 +57,25 @@ class BatchPolicy:
         raise NotImplementedError
 
     def collate(self, samples: list[dict], stats: DataStats) -> Batch:
+        """A planned batch of decoded samples; all of them bad -> the dummy batch (counted)."""
         if not samples:
             stats.event("dummy_batches")
             return self.dummy_batch()
-        return collate_padded(samples, self.pad_id, self.conf.num_mel_bins)
+        return self._layout(self._rows(samples, stats))
 
     def dummy_batch(self) -> Batch:
-        return self._finish_dummy(collate_padded([self._dummy()], self.pad_id, self.conf.num_mel_bins))
-
-    def _dummy(self) -> dict:
-        return dummy_sample(self.pad_id, self.placeholder_id, self.conf.num_mel_bins, self.shape)
-
-    @staticmethod
-    def _finish_dummy(batch: Batch) -> Batch:
+        dummy = dummy_sample(self.pad_id, self.placeholder_id, self.conf.num_mel_bins, self.shape)
+        batch = self._layout([[dummy]])
         batch.keys = []
         batch.counters = {k: 0 for k in batch.counters}
         return batch
+
+    def _rows(self, samples: list[dict], stats: DataStats) -> list[list[dict]]:
+        """Which samples share a row (padded modes: one batch, one sample per row)."""
+        return [samples]
+
+    def _layout(self, rows: list[list[dict]]) -> Batch:
+        return collate_padded(rows[0], self.pad_id, self.conf.num_mel_bins)
 
 
 class StaticPolicy(BatchPolicy):
@@ -100,10 +103,10 @@ class DynamicPolicy(BatchPolicy):
         sizes = dynamic_sizes(lengths[order], self.conf.max_tokens_in_batch)
         return order, equalize_rounds(sizes, world_size)
 
-    def collate(self, samples, stats):
-        if samples and max(s["length"] for s in samples) * len(samples) > self.conf.max_tokens_in_batch:
+    def _rows(self, samples, stats):
+        if max(s["length"] for s in samples) * len(samples) > self.conf.max_tokens_in_batch:
             stats.event("plan_overflow", samples[0]["src"], "decoded lengths exceed the planned dynamic budget")
-        return super().collate(samples, stats)
+        return [samples]
 
 
 class PackPolicy(BatchPolicy):
@@ -121,23 +124,16 @@ class PackPolicy(BatchPolicy):
         sizes = np.bincount(slot, minlength=n_bins).astype(np.int64)
         return _fill_empty_packs(order, sizes, world_size)
 
-    def collate(self, samples, stats):
-        if not samples:
-            stats.event("dummy_batches")
-            return self.dummy_batch()
+    def _rows(self, samples, stats):
         lengths = [s["length"] for s in samples]
-        rows = [samples]
-        if sum(lengths) > self.conf.pack_tokens:
-            stats.event("plan_overflow", samples[0]["src"],
-                        f"decoded lengths {sum(lengths)} exceed pack_tokens; batch gets an extra row "
-                        "(list durations are wrong: run tools/compute_lengths.py)")
-            rows = [[samples[i] for i in b] for b in split_rows(lengths, self.conf.pack_tokens)]
-        return self._collate_rows(rows)
+        if sum(lengths) <= self.conf.pack_tokens:
+            return [samples]
+        stats.event("plan_overflow", samples[0]["src"],
+                    f"decoded lengths {sum(lengths)} exceed pack_tokens; batch gets an extra row "
+                    "(list durations are wrong: run tools/compute_lengths.py)")
+        return [[samples[i] for i in b] for b in split_rows(lengths, self.conf.pack_tokens)]
 
-    def dummy_batch(self) -> Batch:
-        return self._finish_dummy(self._collate_rows([[self._dummy()]]))
-
-    def _collate_rows(self, rows: list[list[dict]]) -> Batch:
+    def _layout(self, rows):
         c = self.conf
         return collate_packed(rows, c.pack_tokens, self.pad_id, c.encoder_layout, c.num_mel_bins,
                               c.pack_pad_multiple)
