@@ -54,12 +54,27 @@ def decode_device(requested: str = "auto") -> torch.device:
         raise ValueError("--device cuda: CUDA is not available") from None
 
 
+def build_from_run(model_section: dict) -> tuple[SpeechLLM, object]:
+    """(SpeechLLM shaped like the run's model, its tokenizer), from the run config's model section.
+
+    The LLM's architecture comes from ``model.llm.path``; its weights are not read there,
+    because every weight (the frozen LLM's included) is then loaded from a training
+    checkpoint, strictly, by the caller (west-decode, tools/average_checkpoints.py)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    model_cfg = SpeechLLMConfig.from_dict(model_section)
+    if not model_cfg.llm.path:
+        raise ValueError("model.llm.path is empty in the run config: the tokenizer cannot be loaded")
+    llm = load_llm(model_cfg.llm, hf_config=AutoConfig.from_pretrained(model_cfg.llm.path))
+    return SpeechLLM(model_cfg, llm=llm), AutoTokenizer.from_pretrained(str(model_cfg.llm.path))
+
+
 def load_for_decoding(checkpoint: str, config: Optional[str] = None,
                       device: str = "auto") -> tuple[SpeechLLM, object, DataConfig]:
     """(model in eval mode on ``device``, tokenizer, DataConfig of training).
 
     Prompts must be built exactly as in training, so the data section comes from the run."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoTokenizer
 
     ckpt = resolve_checkpoint(checkpoint)
     raw = read_run_config(ckpt, config)
@@ -67,18 +82,12 @@ def load_for_decoding(checkpoint: str, config: Optional[str] = None,
     if (ckpt / CONFIG_FILE).is_file():  # save_pretrained export
         model = SpeechLLM.from_pretrained(ckpt)
         tok_dir = ckpt / LLM_DIR if (ckpt / LLM_DIR / "tokenizer_config.json").is_file() else model.cfg.llm.path
+        tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
     else:
         if "model" not in raw:
             raise FileNotFoundError(f"{ckpt}: no config.yaml with a model section next to the run "
                                     "(give --config DIR/config.yaml)")
-        model_cfg = SpeechLLMConfig.from_dict(raw["model"])
-        if not model_cfg.llm.path:
-            raise ValueError("model.llm.path is empty in the run config: the tokenizer cannot be loaded")
-        # Architecture from the LLM dir, every weight (frozen LLM included) from the checkpoint.
-        llm = load_llm(model_cfg.llm, hf_config=AutoConfig.from_pretrained(model_cfg.llm.path))
-        model = SpeechLLM(model_cfg, llm=llm)
+        model, tokenizer = build_from_run(raw["model"])
         model.load_state_dict(load_tensors(ckpt / "model.safetensors"), strict=True)
-        tok_dir = model_cfg.llm.path
-    tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
     # The data section alone: the speech geometry is the model's (model.cfg.speech_shape()).
     return model.to(dev).eval(), tokenizer, DataConfig.from_dict(dict(raw.get("data") or {}))
