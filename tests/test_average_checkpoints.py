@@ -116,10 +116,11 @@ def test_selection_best_and_last(tmp_path, num, mode, metric, steps):
     assert [m["step"] for _, m in chosen] == steps and note == ""
 
 
-def test_best_prefers_the_newer_checkpoint_on_a_tie(tmp_path):
+def test_best_prefers_the_older_checkpoint_on_a_tie(tmp_path):
+    """The same ranking as west-train's keep_best, so the chosen ones are among those it kept."""
     run = fake_run(tmp_path, {10: {"cv_loss": 1.0}, 20: {"cv_loss": 1.0}, 30: {"cv_loss": 0.5}})
     chosen, _ = avg.select_checkpoints(run, 2, "best", "cv_loss")
-    assert [m["step"] for _, m in chosen] == [30, 20]
+    assert [m["step"] for _, m in chosen] == [30, 10]
 
 
 def test_fewer_checkpoints_than_asked_averages_what_exists(tmp_path):

@@ -61,8 +61,8 @@ def select_checkpoints(run_dir: Path, num: int, mode: str, metric: str) -> tuple
                 f"{run_dir / 'checkpoints'} has a dev {metric} in its meta.json (train with --cv_data"
                 + (" and train.eval_decode_utts > 0" if metric == "cv_cer" else "")
                 + ", use another --metric, or --mode last)")
-        # lower is better; on a tie the newer checkpoint wins
-        chosen = sorted(scored, key=lambda pm: (checkpoint_metric(pm[1], metric), -int(pm[1]["step"])))[:num]
+        # lower is better; on a tie the older checkpoint wins, as in west-train's keep_best
+        chosen = sorted(scored, key=lambda pm: (checkpoint_metric(pm[1], metric), int(pm[1]["step"])))[:num]
         pool = f"{len(scored)} checkpoint(s) with a dev {metric}"
     note = f"asked for {num}, the run has only {pool}: averaging {len(chosen)}" if len(chosen) < num else ""
     return chosen, note

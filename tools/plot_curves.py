@@ -73,14 +73,16 @@ def plot_curves(run_dir: Path, out: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     rows = 2 if dev_cer else 1
     fig, axes = plt.subplots(rows, 1, figsize=(8, 3.2 * rows + 0.6), sharex=True, squeeze=False)
     ax = axes[0][0]
     if train:
         x, y = zip(*train)
-        ax.plot(x, y, color="tab:blue", alpha=0.25, linewidth=0.8, label="train loss")
         window = max(1, len(y) // 25)
+        ax.plot(x, y, color="tab:blue", alpha=0.25 if window > 1 else 1.0, linewidth=0.8 if window > 1 else 1.4,
+                label="train loss")
         if window > 1:
             ax.plot(x, smooth(list(y), window), color="tab:blue", linewidth=1.6,
                     label=f"train loss (mean of {window} steps)")
@@ -102,10 +104,12 @@ def plot_curves(run_dir: Path, out: Path) -> Path:
         best = min(dev_cer, key=lambda sv: sv[1])
         _mark_best(ax2, best, f"best {best[1]:.2f}% @ {best[0]}", "tab:green")
         ax2.set_ylabel("CER (%)")
-        ax2.set_ylim(bottom=0)
+        ax2.set_ylim(0, 1.15 * max(y) or 1.0)   # from 0, with room for the label of the best point
         ax2.grid(alpha=0.3)
         ax2.legend(loc="upper right", fontsize=8)
     axes[-1][0].set_xlabel("optimizer step")
+    axes[-1][0].xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.margins(y=0.12)   # room for the label of the best dev loss
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
