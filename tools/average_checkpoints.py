@@ -58,9 +58,9 @@ def select_checkpoints(run_dir: Path, num: int, mode: str, metric: str) -> tuple
         if not scored:
             raise AverageError(
                 f"--mode best --metric {metric}: none of the {len(metas)} checkpoint(s) in "
-                f"{run_dir / 'checkpoints'} has a dev {metric} in its meta.json (train with --cv_data"
-                + (" and train.eval_decode_utts > 0" if metric == "cv_cer" else "")
-                + ", use another --metric, or --mode last)")
+                f"{run_dir / 'checkpoints'} has a dev {metric} in its meta.json (west-train records it with "
+                "--cv_data and train.keep_best > 0" + (" and train.eval_decode_utts > 0" if metric == "cv_cer" else "")
+                + "); use another --metric, or --mode last")
         # lower is better; on a tie the older checkpoint wins, as in west-train's keep_best
         chosen = sorted(scored, key=lambda pm: (checkpoint_metric(pm[1], metric), int(pm[1]["step"])))[:num]
         pool = f"{len(scored)} checkpoint(s) with a dev {metric}"
