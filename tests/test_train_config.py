@@ -307,7 +307,9 @@ def test_defaults_and_help(capsys):
     with pytest.raises(SystemExit):
         parse_train_args(["--help"])
     out = capsys.readouterr().out
-    assert "comma-separated for several" in out and "--pack_tokens" in out and "decode" not in out
+    assert "comma-separated for several" in out and "--pack_tokens" in out and "--cv_data" in out
+    assert "sections: run, train, data, model\n" in out  # no decode section
+    assert "keep_best" in out and "eval_every" in out
 
 
 def test_train_cli_exit_codes(tmp_path, capsys):

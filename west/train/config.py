@@ -16,6 +16,7 @@ class RunConfig:
 
     output_dir: str = ""
     train_data: list[str] = setting([])  # --train_data a.list,b.list; YAML: paths or {path, weight}
+    cv_data: str = ""                      # --cv_data LIST: dev list evaluated during training; "" = none
     resume: str = setting("auto", rule=(lambda v, _: v in ("auto", "never", "must") or os.path.isdir(v),
                                         "must be auto, never, must or an existing checkpoint dir"))
     audit: bool = False
@@ -50,6 +51,13 @@ class TrainConfig:
     save_every: int = setting(1000, min=0)          # steps between checkpoints; 0 = epoch ends only
     save_at_epoch_end: bool = True
     keep_last: int = setting(3, min=1)
+    eval_every: int = setting(0, min=0)             # steps between dev evaluations; 0 = epoch ends only
+    eval_decode_utts: int = setting(0, min=0)       # greedy-decode the first N dev utterances (CER/WER)
+    eval_max_new_tokens: int = setting(64, min=1)
+    keep_best: int = setting(0, min=0)              # also keep the N best checkpoints by best_metric
+    best_metric: str = setting("cv_loss", choices=("cv_loss", "cv_cer"), rule=(
+        lambda v, t: v != "cv_cer" or t.eval_decode_utts > 0,
+        "cv_cer needs dev decoding: set train.eval_decode_utts > 0 (or use cv_loss)"))
     tensorboard: bool = True
     progress_bar: bool = True
     nvml: bool = True                               # GPU busy %/memory sampler on CUDA

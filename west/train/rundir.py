@@ -21,12 +21,33 @@ def check_paths(cfg: Config, need_train_data: bool = True) -> None:
         require(r.train_data, "run.train_data", "required (--train_data LIST[,LIST...])")
         for path in r.train_data:
             require(os.path.exists(path), "run.train_data", f"no such file: {path}")
+    check_cv_data(cfg)
     prepare_output_dir(r.output_dir)
     latest = find_latest(Path(r.output_dir) / "checkpoints")
     require(not (r.resume == "never" and latest), "run.resume",
             f"never, but {latest} exists: use a new --output_dir or --resume auto")
     require(not (r.resume == "must" and latest is None), "run.resume",
             f"--resume given but {r.output_dir}/checkpoints holds no checkpoint")
+
+
+def check_cv_data(cfg: Config) -> None:
+    """``run.cv_data`` exists and holds at least one record; best checkpoints need it."""
+    from west.data.lists import open_list  # lazy: keeps `--help` torch-free
+    from west.data.stats import DataStats
+
+    path = cfg.run.cv_data
+    require(path or cfg.train.keep_best == 0, "train.keep_best",
+            f"{cfg.train.keep_best} best checkpoints need a dev list: give --cv_data LIST (run.cv_data)")
+    if not path:
+        return
+    require(os.path.exists(path), "run.cv_data", f"no such file: {path}")
+    stats = DataStats(max_warnings=0)
+    try:
+        n = len(open_list(path, stats, cfg.data.data_type))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"run.cv_data: cannot read {path}: {e}") from None
+    require(n > 0, "run.cv_data", f"no usable utterance in {path}" +
+            (f" ({stats.summary('its lines')})" if stats.skipped else " (empty list)"))
 
 
 def prepare_output_dir(path: str | os.PathLike) -> Path:
