@@ -86,6 +86,7 @@ class SpeechDataset(IterableDataset):
             if stats.skipped:
                 logger.warning(stats.summary(f"list {path}"))
         self.stats = DataStats(conf.max_warnings)   # this rank's epoch, merged from workers
+        self.warn_limit = conf.max_warnings           # per pass; a dev set repeats its warnings only once
         self._plan: tuple[int, Optional[EpochPlan], list] = (-1, None, [])
         self._resume: Optional[dict] = None
         self._consumed = 0
@@ -161,7 +162,7 @@ class SpeechDataset(IterableDataset):
     def __iter__(self) -> Iterator[tuple]:
         info = get_worker_info()
         worker, n_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        stats = DataStats(self.conf.max_warnings)
+        stats = DataStats(self.warn_limit)
         if self.rank == 0 and worker == 0 and self._skip == 0:   # list skips, reported once per epoch
             for _, list_stats in self.list_skips:
                 stats.add_counts(list_stats.counts)
@@ -199,8 +200,10 @@ class WestDataLoader(DataLoader):
                 continue
             ds.note_consumed()
             yield batch
-        level = logging.WARNING if ds.stats.skipped else logging.INFO
-        logger.log(level, ds.stats.summary(f"data epoch {ds.epoch} rank {ds.rank}"))
+        if ds.stats.skipped or ds.training:   # a dev pass reports only what it skipped
+            level = logging.WARNING if ds.stats.skipped else logging.INFO
+            logger.log(level, ds.stats.summary(f"data epoch {ds.epoch} rank {ds.rank}" if ds.training
+                                               else f"dev list rank {ds.rank}"))
 
 
 def build_dataloader(data_lists: str | Sequence[str], tokenizer, conf: DataConfig, shape: SpeechShape,

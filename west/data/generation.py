@@ -10,10 +10,11 @@ skipped and counted in ``stats`` like in training; list order is kept.
 """
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from itertools import islice
+from typing import Iterable, Iterator, Optional
 
 from west.batch import IGNORE_INDEX, Batch
-from west.data.policies import collate_padded
+from west.data.policies import collate_padded, dummy_sample
 from west.data.config import DataConfig
 from west.data.features import GlobalCMVN
 from west.data.lists import iter_records
@@ -47,14 +48,18 @@ def tokenize_prompt(samples: Iterable[dict], encoder: PromptEncoder, stats: Data
 
 
 def prompt_batches(data_list: str, tokenizer, conf: DataConfig, shape: SpeechShape, batch_size: int,
-                   stats: DataStats) -> Iterator[tuple[Batch, list[str]]]:
-    """(padded prompt Batch, reference texts) of up to ``batch_size`` utterances, in list order."""
+                   stats: DataStats, *, limit: Optional[int] = None, rank: int = 0,
+                   world_size: int = 1) -> Iterator[tuple[Batch, list[str]]]:
+    """(padded prompt Batch, reference texts) of up to ``batch_size`` utterances, in list order.
+
+    ``limit``/``rank``/``world_size`` pick a shard of the list's first ``limit`` records
+    (record i goes to rank i % world_size), so dev decoding splits over ranks."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     encoder = PromptEncoder(tokenizer, conf, shape)
     ctx = DecodeContext(conf, encoder, stats, GlobalCMVN.from_json(conf.cmvn) if conf.cmvn else None,
                         training=False)
-    stream: Iterable[dict] = iter_records(data_list, stats, conf.data_type)
+    stream: Iterable[dict] = islice(iter_records(data_list, stats, conf.data_type), rank, limit, world_size)
     for stage in (load_audio, fbank, cmvn):
         stream = stage(stream, ctx)
     group: list[dict] = []
@@ -65,3 +70,11 @@ def prompt_batches(data_list: str, tokenizer, conf: DataConfig, shape: SpeechSha
             group = []
     if group:
         yield collate_padded(group, encoder.pad_id, conf.num_mel_bins), [s["ref"] for s in group]
+
+
+def dummy_prompt_batch(tokenizer, conf: DataConfig, shape: SpeechShape) -> Batch:
+    """A one-row prompt of minimal silent speech: what a rank with nothing left to decode feeds
+    ``generate`` so that every rank calls it equally often (FSDP gathers weights per call)."""
+    encoder = PromptEncoder(tokenizer, conf, shape)
+    return collate_padded([dummy_sample(encoder.pad_id, encoder.placeholder_id, conf.num_mel_bins, shape)],
+                          encoder.pad_id, conf.num_mel_bins)
