@@ -7,7 +7,12 @@ Layout of ``DIR/checkpoints/step_00001234/``::
     scheduler.pt          LR scheduler counters (weights_only)
     rng_rank{R}.pt        torch/cuda/numpy/python RNG states of rank R (weights_only)
     data_rank{R}.json     rank R's data-pipeline state_dict (``.pt`` if not JSON-able)
-    meta.json             step, epoch, world size, loop state; written last
+    meta.json             step, epoch, world size, loop state; written last; saved at a dev
+                          evaluation it has "eval": {"cv_loss": ..., ...}, and "best" (the best
+                          evaluation so far) whenever there was one
+
+Pruning keeps the newest ``keep_last`` and the ``keep_best`` lowest by a dev metric, read
+from every checkpoint's meta.json (so kill -9 and resume cannot lose the ranking).
 
 A directory named ``step_*`` exists only after every file in it was fsynced, so
 a crash or a full disk during a save leaves the previous checkpoint as the
@@ -19,6 +24,7 @@ from __future__ import annotations
 import errno
 import io
 import json
+import math
 import os
 import random
 import shutil
@@ -162,21 +168,54 @@ def _remove(path: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
-def prune(root: str | os.PathLike, keep_last: int) -> None:
-    """Keep the newest ``keep_last`` checkpoints; drop leftovers of interrupted saves."""
+def eval_metric(meta: dict, metric: str) -> Optional[float]:
+    """``meta["eval"][metric]`` when the checkpoint was saved at a dev evaluation and it is finite."""
+    value = (meta.get("eval") or {}).get(metric)
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def best_checkpoints(root: str | os.PathLike, n: int, metric: str = "cv_loss") -> list[Path]:
+    """The ``n`` checkpoints with the lowest ``metric`` in their meta.json (ties: the older), best
+    first. Read from disk, so the ranking survives kill -9 and resume."""
+    scored = []
+    for p in list_checkpoints(root):
+        try:
+            value = eval_metric(read_meta(p), metric)
+        except (OSError, ValueError):
+            continue
+        if value is not None:
+            scored.append((value, p))
+    return [p for _, p in sorted(scored, key=lambda vp: vp[0])[:n]]
+
+
+def better_eval(best: Optional[dict], figures: dict, step: int, metric: str) -> Optional[dict]:
+    """The better of the best evaluation so far and this one (``{"step": S, **figures}``); lower wins."""
+    value = eval_metric({"eval": figures}, metric)
+    old = eval_metric({"eval": best}, metric) if best else None
+    if value is None or (old is not None and old <= value):
+        return best
+    return {"step": step, **figures}
+
+
+def prune(root: str | os.PathLike, keep_last: int, keep_best: int = 0, metric: str = "cv_loss") -> None:
+    """Keep the newest ``keep_last`` checkpoints and the ``keep_best`` best by ``metric``; drop
+    leftovers of interrupted saves."""
     root = Path(root)
     for p in root.iterdir():
         if p.name.startswith((TMP_PREFIX, TRASH_PREFIX)):
             shutil.rmtree(p, ignore_errors=True)
+    keep = set(best_checkpoints(root, keep_best, metric)) if keep_best > 0 else set()
     for p in list_checkpoints(root)[:-keep_last]:
-        _remove(p)
+        if p not in keep:
+            _remove(p)
 
 
 # ----------------------------------------------------------------------------- save / load
 
 def save_checkpoint(root: str | os.PathLike, step: int, *, model: nn.Module,
                     optimizer: torch.optim.Optimizer, scheduler: Any, data_state: Any,
-                    meta: Optional[dict] = None, keep_last: int = 3) -> Path:
+                    meta: Optional[dict] = None, keep_last: int = 3, keep_best: int = 0,
+                    best_metric: str = "cv_loss") -> Path:
     """Collective: every rank calls it. Returns the new checkpoint dir or raises
     CheckpointError after removing the partial one (older checkpoints untouched)."""
     root = Path(root)
@@ -235,7 +274,7 @@ def save_checkpoint(root: str | os.PathLike, step: int, *, model: nn.Module,
         raise CheckpointError(f"checkpoint at step {step} failed{hint}: {error or 'on another rank'}; "
                               f"previous checkpoint kept") from error
     if rank == 0:
-        prune(root, keep_last)
+        prune(root, keep_last, keep_best, best_metric)
     barrier()
     return final
 
