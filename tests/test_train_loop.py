@@ -52,7 +52,8 @@ def uninterrupted(tmp_path_factory, one_thread):
 
 def test_epochs_steps_and_logs(uninterrupted):
     out, t, summary = uninterrupted
-    assert summary == {"step": 8, "epoch": 2, "skipped_steps": 0, "failed_saves": 0}
+    assert {k: summary[k] for k in ("step", "epoch", "skipped_steps", "failed_saves", "best")} == \
+        {"step": 8, "epoch": 2, "skipped_steps": 0, "failed_saves": 0, "best": None}
     log = read_jsonl(out / "train_log.jsonl")
     assert [r["step"] for r in log] == list(range(1, 9))
     assert [r["epoch"] for r in log] == [0] * 4 + [1] * 4

@@ -17,6 +17,7 @@ from west.train.rundir import check_paths, save_config
 
 FLAGS = {  # west-train's top-level flags: the key each one sets, and its help
     "train_data": ("run.train_data", "data list(s) (jsonl / kaldi-style / shard list), comma-separated for several"),
+    "cv_data": ("run.cv_data", "dev list evaluated during training (loss; CER with train.eval_decode_utts)"),
     "output_dir": ("run.output_dir", "run directory: checkpoints, logs, config.yaml"),
     "batch_type": ("data.batch_type", "static | dynamic | pack (west.data.policies)"),
     "batch_size": ("data.batch_size", "static: utterances per batch"),
@@ -64,15 +65,19 @@ def run(cfg: Config) -> int:
     """Build tokenizer, model and this rank's data, then train (west.train.build)."""
     from west.train.build import train
     from west.train.checkpoint import CheckpointError
+    from west.train.metrics import done_sentence
     from west.train.step import TooManyBadSteps
 
     try:
         summary = train(cfg)
+    except ConfigError as e:   # found while building (e.g. a dev list with no usable utterance)
+        print(f"west-train: error: {e}", file=sys.stderr)
+        return 2
     except (CheckpointError, TooManyBadSteps) as e:
         print(f"west-train: error: {e}", file=sys.stderr)
         return 1
     if int(os.environ.get("RANK", "0")) == 0:
-        print(f"west-train: done: {summary}", flush=True)
+        print(f"west-train: {done_sentence(summary)}", flush=True)
     return 0
 
 

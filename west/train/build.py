@@ -16,6 +16,7 @@ from west.data.dataset import SpeechDataset, WestDataLoader, build_dataloader
 from west.models.config import SpeechLLMConfig
 from west.models.speech_llm import SpeechLLM
 from west.train.distributed import DistInfo, cleanup, init_distributed
+from west.train.evaluate import build_evaluator
 from west.train.loop import Trainer
 
 
@@ -76,18 +77,20 @@ def setup_logging(rank: int) -> None:
 
 
 def build_trainer(cfg: Config, info: DistInfo) -> Trainer:
-    """Tokenizer, model and this rank's share of the data; nothing is trained yet."""
+    """Tokenizer, model, this rank's share of the data (and of the dev list); nothing is trained yet."""
     tokenizer = load_tokenizer(cfg.model)
     model = build_model(cfg.model, cfg.train.seed)
-    loader, dataset = build_dataloader(cfg.run.train_data, tokenizer, cfg.data, cfg.model.speech_shape(), info.rank,
+    shape = cfg.model.speech_shape()
+    loader, dataset = build_dataloader(cfg.run.train_data, tokenizer, cfg.data, shape, info.rank,
                                        info.world_size, seed=cfg.train.seed, epoch=0, training=True)
+    evaluator = build_evaluator(cfg, tokenizer, shape, info)
     if info.is_main:
         total, trainable = count_params(model)
         print(f"model: {total / 1e6:.2f} M parameters, {trainable / 1e6:.2f} M trainable; "
               f"data: {cfg.data.batch_type} batches, {len(dataset)} batches per epoch per rank (planned); "
               f"{info.world_size} rank(s) on {info.device.type}", flush=True)
     return Trainer(cfg.train, cfg.run, model, LoaderData(loader, dataset, cfg.train.seed), info,
-                   dataset.dummy_batch)
+                   dataset.dummy_batch, evaluator)
 
 
 def train(cfg: Config) -> dict:

@@ -11,12 +11,17 @@ the epoch ends for everyone at the first step where no rank has a real batch.
 No rank drops data and none waits on a collective the others never reach. In
 pack mode the data side's balanced plan makes the ranks' batch counts equal, so
 dummies are not needed there.
+
+Dev evaluation (optional ``evaluator``, west.train.evaluate) runs every
+``eval_every`` steps, at each epoch end and at the last step, at most once per
+step; with ``keep_best`` a checkpoint follows it, ranked by its dev figures.
 """
 from __future__ import annotations
 
 import math
 import random
 import time
+from pathlib import Path
 from typing import Callable, Iterator, Optional, Protocol
 
 import numpy as np
@@ -27,6 +32,7 @@ from west.batch import Batch
 from west.train import checkpoint as ckpt
 from west.train.config import RunConfig, TrainConfig
 from west.train.distributed import DistInfo, all_reduce_max, sum_counts_over_ranks, wrap_model
+from west.train.evaluate import Evaluator
 from west.train.gpu_monitor import build_monitor
 from west.train.metrics import EpochTotals, MetricsLogger, peak_memory_mb, step_record
 from west.train.profiling import build_profiler
@@ -68,9 +74,9 @@ class Trainer:
     """Builds the engine around ``model`` and runs :meth:`fit`."""
 
     def __init__(self, train: TrainConfig, run: RunConfig, model: nn.Module, data: TrainData,
-                 info: DistInfo, dummy_batch: Callable[[], Batch]) -> None:
+                 info: DistInfo, dummy_batch: Callable[[], Batch], evaluator: Optional[Evaluator] = None) -> None:
         self.cfg, self.run, self.info = train, run, info
-        self.data, self.dummy_batch = data, dummy_batch
+        self.data, self.dummy_batch, self.evaluator = data, dummy_batch, evaluator
         if train.grad_checkpointing:
             enable_grad_checkpointing(model)
         self.model = wrap_model(model, info, fsdp=train.fsdp,
@@ -87,6 +93,8 @@ class Trainer:
         self.last_saved = -1
         self.failed_saves = 0
         self.losses: list[float] = []  # per-step global loss (tests and callers read it)
+        self.evaluated: tuple[int, dict] = (-1, {})  # step and figures of the latest dev evaluation
+        self.best: Optional[dict] = None  # the best evaluation so far by train.best_metric
 
     def _total_steps(self) -> int:
         if self.cfg.max_steps > 0:
@@ -125,22 +133,38 @@ class Trainer:
         self.guard.load_state_dict(meta["guard"])
         self.totals.load_state_dict(meta["totals"])
         self.data.load_state_dict(meta["data_state"])
+        self.evaluated = (self.step, meta["eval"]) if meta.get("eval") else (-1, {})
+        self.best = meta.get("best")
         if self.info.is_main:
             print(f"resumed from {path} (step {self.step}, epoch {self.epoch})", flush=True)
         return True
 
     def save(self) -> None:
         meta = {"epoch": self.epoch, "epoch_complete": self.epoch_complete,
-                "guard": self.guard.state_dict(), "totals": self.totals.state_dict()}
+                "guard": self.guard.state_dict(), "totals": self.totals.state_dict(), "best": self.best}
+        if self.evaluated[0] == self.step:
+            meta["eval"] = self.evaluated[1]
         try:
             ckpt.save_checkpoint(self.ckpt_root, self.step, model=self.model, optimizer=self.optimizer,
-                                 scheduler=self.scheduler, data_state=self.data.state_dict(),
-                                 meta=meta, keep_last=self.cfg.keep_last)
+                                 scheduler=self.scheduler, data_state=self.data.state_dict(), meta=meta,
+                                 keep_last=self.cfg.keep_last, keep_best=self.cfg.keep_best,
+                                 best_metric=self.cfg.best_metric)
             self.last_saved = self.step
         except ckpt.CheckpointError as e:  # same outcome on every rank
             self.failed_saves += 1
             if self.info.is_main:
                 print(f"WARNING: {e}", flush=True)
+
+    def evaluate(self, logger: MetricsLogger) -> dict:
+        """Dev evaluation at this step (once per step; collective), logged; {} without a dev list."""
+        if self.evaluator is None:
+            return {}
+        if self.evaluated[0] != self.step:
+            figures = self.evaluator.evaluate(self.model)
+            self.evaluated = (self.step, figures)
+            self.best = ckpt.better_eval(self.best, figures, self.step, self.cfg.best_metric)
+            logger.log_eval({"step": self.step, "epoch": self.epoch, "event": "eval", **figures})
+        return self.evaluated[1]
 
     # ------------------------------------------------------------------ steps
 
@@ -187,12 +211,19 @@ class Trainer:
             self.losses.append(result.loss)
             profiler.step()
             self.guard.update(result.status == "nonfinite", self.step)  # may raise, on all ranks
-            if self.cfg.save_every and self.step % self.cfg.save_every == 0:
+            if self.cfg.eval_every and self.step % self.cfg.eval_every == 0:
+                self.evaluate(logger)
+            if (self.cfg.save_every and self.step % self.cfg.save_every == 0) or self._best_save_due():
                 self.save()
+
+    def _best_save_due(self) -> bool:
+        """keep_best: a dev evaluation at this step without a checkpoint at this step yet."""
+        return self.cfg.keep_best > 0 and self.evaluated[0] == self.step and self.last_saved != self.step
 
     def fit(self) -> dict:
         """Train until max_steps / max_epochs; returns a short summary."""
         seed_everything(self.cfg.seed + self.info.rank)
+        t_start = time.perf_counter()
         resumed = self.maybe_resume()
         self.model.train()
         logger = MetricsLogger(self.run.output_dir, self.info.rank, start_step=self.step,
@@ -217,16 +248,25 @@ class Trainer:
                     if not self._run_epoch(logger, monitor, profiler):
                         break  # max_steps inside the epoch
                     skipped = getattr(self.data, "skipped_counts", dict)()
-                    logger.log_epoch(self.totals.summary(self.epoch, sum_counts_over_ranks(skipped)))
+                    summary = self.totals.summary(self.epoch, sum_counts_over_ranks(skipped))
+                    logger.log_epoch({**summary, **self.evaluate(logger)})
                     self.epoch_complete = True
-                    if self.cfg.save_at_epoch_end:
+                    if self.cfg.save_at_epoch_end or self._best_save_due():
                         self.save()
                     self.epoch, self.epoch_complete = self.epoch + 1, False
                     self.totals.reset()
+            self.evaluate(logger)  # the last step (done already when it ended an epoch)
             if self.last_saved != self.step:
                 self.save()
         finally:
             monitor.stop()
             logger.close()
+        best = self.best and {**self.best, "metric": self.cfg.best_metric,
+                              "checkpoint": _existing(ckpt.step_dir(self.ckpt_root, self.best["step"]))}
         return {"step": self.step, "epoch": self.epoch, "skipped_steps": self.guard.total,
-                "failed_saves": self.failed_saves}
+                "failed_saves": self.failed_saves, "partial_epoch_steps": self.totals.steps,
+                "wall_s": time.perf_counter() - t_start, "best": best, "checkpoints": self.ckpt_root}
+
+
+def _existing(path: Path) -> Optional[str]:
+    return str(path) if path.is_dir() else None

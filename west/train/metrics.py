@@ -1,6 +1,10 @@
 """Per-step records: DIR/train_log.jsonl, TensorBoard, a tqdm bar, epoch summaries, audit.
 
 Rank 0 writes the global numbers (already summed over ranks by the step).
+train_log.jsonl holds one line per step and one line per dev evaluation; the
+latter carry ``"event": "eval"`` (readers of step lines skip lines with "event").
+DIR/epochs.jsonl holds one machine-readable summary per epoch; the console gets
+the same as a sentence with rounded figures (:func:`epoch_sentence`).
 With ``audit`` every rank also writes DIR/audit/rank{R}.jsonl: the utterance
 keys it trained on at each step, so exactly-once use of a corpus is checkable.
 On resume, lines after the checkpoint's step are dropped from both files, so
@@ -99,6 +103,8 @@ class MetricsLogger:
         self.rank = rank
         self.log_every = log_every
         self._log = self._tb = self._bar = self._audit = None
+        self._cv: dict = {}  # the latest dev figures, shown in the progress bar
+        self._postfix: dict = {}
         if audit:
             audit_path = self.dir / "audit" / f"rank{rank}.jsonl"
             audit_path.parent.mkdir(parents=True, exist_ok=True)
@@ -131,13 +137,31 @@ class MetricsLogger:
                     self._tb.add_scalar(f"train/{k}", v, step)
         if self._bar is not None:
             self._bar.update(1)
-            self._bar.set_postfix(loss=f"{rec['loss']:.4f}", utts_s=f"{rec['utts_per_s']:.1f}",
-                                  refresh=False)
+            self._postfix = {"loss": f"{rec['loss']:.4f}", "utts_s": f"{rec['utts_per_s']:.1f}"}
+            self._bar.set_postfix({**self._postfix, **self._cv}, refresh=False)
         elif step % self.log_every == 0:
             parts = f" (ce {rec['ce']:.4f}, ctc/utt {rec['ctc_per_utt']:.2f})" if "ce" in rec else ""
             print(f"step {step} epoch {rec['epoch']} loss {rec['loss']:.4f}{parts} lr {rec['lr']:.3g} "
                   f"grad_norm {rec['grad_norm']:.3g} utts/s {rec['utts_per_s']:.1f} "
                   f"tokens/s {rec['tokens_per_s']:.0f}", flush=True)
+
+    def log_eval(self, rec: dict) -> None:
+        """One dev evaluation: a train_log.jsonl line, eval/ scalars, the bar's postfix or a sentence."""
+        if self._log is None:
+            return
+        self._log.write(_json_line(rec))
+        self._log.flush()
+        if self._tb is not None:
+            for k, v in rec.items():
+                if k.startswith("cv_") and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self._tb.add_scalar(f"eval/{k[3:]}", v, rec["step"])
+        self._cv = {"cv_loss": _fmt(rec.get("cv_loss"))}
+        if "cv_cer" in rec:
+            self._cv["cv_cer"] = _pct(rec["cv_cer"])
+        if self._bar is not None:
+            self._bar.set_postfix({**self._postfix, **self._cv})
+        else:
+            print(f"step {rec['step']}: {dev_sentence(rec)} ({duration(rec.get('eval_s', 0))})", flush=True)
 
     def log_audit(self, step: int, epoch: int, keys: Iterable[str]) -> None:
         if self._audit is not None:
@@ -151,12 +175,11 @@ class MetricsLogger:
             return
         with open(self.dir / "epochs.jsonl", "a", encoding="utf-8") as f:
             f.write(_json_line(summary))
-        msg = f"epoch {summary.get('epoch')} done: " + ", ".join(
-            f"{k}={v}" for k, v in summary.items() if k != "epoch")
-        (self._bar.write if self._bar is not None else print)(msg)
+        (self._bar.write if self._bar is not None else print)(epoch_sentence(summary))
         if self._tb is not None:
             for k, v in summary.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "epoch":
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "epoch" \
+                        and not k.startswith("cv_"):  # dev figures: eval/ scalars already
                     self._tb.add_scalar(f"epoch/{k}", v, summary["epoch"])
 
     def close(self) -> None:
@@ -207,3 +230,81 @@ class EpochTotals:
     def load_state_dict(self, sd: dict) -> None:
         self.__dict__.update(sd)
         self.counters = dict(sd["counters"])
+
+
+# ----------------------------------------------------------------------------- sentences
+
+def _fmt(x: Optional[float]) -> str:
+    """A loss for people: three significant digits."""
+    return f"{x:.3g}" if isinstance(x, (int, float)) and math.isfinite(x) else "n/a"
+
+
+def _pct(x: Optional[float]) -> str:
+    return f"{100 * x:.1f} %" if isinstance(x, (int, float)) and math.isfinite(x) else "n/a"
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
+def duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 3600 else f"{seconds / 3600:.1f} h"
+
+
+def counts(skipped: Optional[dict]) -> str:
+    """``{"too_long": 3}`` -> "too_long 3"; nothing -> "none"."""
+    return ", ".join(f"{k} {v:,}" for k, v in sorted((skipped or {}).items()) if v) or "none"
+
+
+def dev_sentence(rec: dict) -> str:
+    """The dev figures of an eval record or an epoch summary, e.g.
+    "dev loss 2.1, dev CER 8.5 % on 100 utterances"."""
+    n_loss, n_dec = rec.get("cv_utts", 0), rec.get("cv_decoded_utts", 0)
+    text = f"dev loss {_fmt(rec.get('cv_loss'))}"
+    if "cv_cer" in rec:
+        rates = f"dev CER {_pct(rec['cv_cer'])}" + (f", WER {_pct(rec['cv_wer'])}" if "cv_wer" in rec else "")
+        text += f", {rates} on {plural(n_dec, 'utterance')}" if n_dec == n_loss else \
+            f" on {plural(n_loss, 'utterance')}, {rates} on {n_dec:,}"
+    else:
+        text += f" on {plural(n_loss, 'utterance')}"
+    if rec.get("cv_skipped_inputs"):
+        text += f" (dev inputs skipped: {counts(rec['cv_skipped_inputs'])})"
+    return text
+
+
+def epoch_sentence(s: dict) -> str:
+    """e.g. "epoch 2: 80 steps in 1.2 min, train loss 2.31 per token, 1,500 utterances;
+    dev loss 2.10, dev CER 8.5 % on 100 utterances; skipped inputs: none"."""
+    text = (f"epoch {s['epoch']}: {plural(s['steps'], 'step')} in {duration(s.get('wall_s', 0))}, "
+            f"train loss {_fmt(s.get('loss'))} per token, {plural(s.get('utterances', 0), 'utterance')}")
+    if s.get("skipped_steps"):
+        text += f", {plural(s['skipped_steps'], 'bad step')} skipped"
+    if "cv_loss" in s:
+        text += f"; {dev_sentence(s)}"
+    return text + f"; skipped inputs: {counts(s.get('skipped_inputs'))}"
+
+
+def done_sentence(summary: dict) -> str:
+    """west-train's last line, e.g. "done after 450 steps (6 epochs, 7.1 min); best dev CER 8.2 %
+    at step 400 (checkpoint DIR/checkpoints/step_00000400); 0 bad steps"."""
+    epochs, extra = summary["epoch"], summary.get("partial_epoch_steps", 0)
+    span = plural(epochs, "epoch") + (f" + {plural(extra, 'step')}" if extra else "") \
+        if epochs or not extra else "part of the first epoch"
+    text = f"done after {plural(summary['step'], 'step')} ({span}, {duration(summary.get('wall_s', 0))})"
+    best = summary.get("best")
+    if best:
+        cer = best.get("cv_cer")
+        if best.get("metric") == "cv_cer":
+            main, other = f"dev CER {_pct(cer)}", f"loss {_fmt(best.get('cv_loss'))}"
+        else:
+            main, other = f"dev loss {_fmt(best.get('cv_loss'))}", f"CER {_pct(cer)}" if cer is not None else ""
+        text += f"; best {main}{f' ({other})' if other else ''} at step {best['step']:,}"
+        text += f" (checkpoint {best['checkpoint']})" if best.get("checkpoint") else " (checkpoint not kept)"
+    elif summary.get("checkpoints"):
+        text += f"; checkpoints in {summary['checkpoints']}"
+    text += f"; {plural(summary.get('skipped_steps', 0), 'bad step')}"
+    if summary.get("failed_saves"):
+        text += f", {plural(summary['failed_saves'], 'failed checkpoint save')}"
+    return text
