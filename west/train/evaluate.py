@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Iterator, Optional, Protocol
+from typing import TYPE_CHECKING, Iterator, Optional, Protocol
 
 import torch
 from torch import nn
@@ -32,6 +32,11 @@ from west.infer.scoring import detect_mode, error_rate
 from west.train.checkpoint import rng_state, set_rng_state
 from west.train.distributed import DistInfo, all_reduce_max, all_reduce_sum, sum_counts_over_ranks, unwrap
 from west.train.step import AUX_KEYS, autocast
+
+if TYPE_CHECKING:
+    from west.config import Config
+    from west.data.config import DataConfig
+    from west.shapes import SpeechShape
 
 DECODE_BATCH = 16  # prompts per generate() call
 
@@ -180,7 +185,8 @@ class LoaderDevLoss:
 class PromptDecoder:
     """:class:`DevDecoder` over west.data.generation: this rank's records among the first ``n``."""
 
-    def __init__(self, data_list: str, tokenizer, conf, shape, n: int, info: DistInfo) -> None:
+    def __init__(self, data_list: str, tokenizer, conf: DataConfig, shape: SpeechShape, n: int,
+                 info: DistInfo) -> None:
         self.args = (data_list, tokenizer, conf, shape)
         self.n, self.info, self.tokenizer = n, info, tokenizer
 
@@ -207,8 +213,8 @@ class PromptDecoder:
         return {"eos_token_id": self.tokenizer.eos_token_id, "pad_token_id": pad_token_id(self.tokenizer)}
 
 
-def build_evaluator(cfg, tokenizer, shape, info: DistInfo) -> Optional[Evaluator]:
-    """The run's evaluator (None without ``run.cv_data``); ``cfg`` is the root west.config.Config.
+def build_evaluator(cfg: Config, tokenizer, shape: SpeechShape, info: DistInfo) -> Optional[Evaluator]:
+    """The run's evaluator (None without ``run.cv_data``).
 
     The dev list uses the data section as it is (batch mode and sizes of training) without
     the train lists' weights. A list left with no usable utterance is a ConfigError."""
