@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shutil
 import sys
 from pathlib import Path
@@ -26,7 +25,7 @@ import yaml
 from tqdm import tqdm
 
 from west.infer.load import build_from_run
-from west.train.checkpoint import list_checkpoints, load_tensors, read_meta
+from west.train.checkpoint import best_checkpoints, eval_metric, list_checkpoints, load_tensors, read_meta
 
 METRICS = ("cv_loss", "cv_cer")
 
@@ -35,37 +34,31 @@ class AverageError(Exception):
     """A run dir this tool cannot average (message for the user; exit status 2)."""
 
 
-def checkpoint_metric(meta: dict, metric: str) -> float | None:
-    """The dev figure a checkpoint was saved with, or None (no evaluation at that step)."""
-    value = (meta.get("eval") or {}).get(metric)
-    if isinstance(value, (int, float)) and math.isfinite(value):
-        return float(value)
-    return None
-
-
 def select_checkpoints(run_dir: Path, num: int, mode: str, metric: str) -> tuple[list[tuple[Path, dict]], str]:
     """(the chosen (checkpoint dir, meta) pairs, best first for --mode best, oldest first for
-    --mode last; a note when fewer than ``num`` could be chosen, else "")."""
-    ckpts = list_checkpoints(run_dir / "checkpoints")
+    --mode last; a note when fewer than ``num`` could be chosen, else "").
+
+    --mode best ranks as west-train's keep_best does (lower is better, ties: the older), so
+    with --num <= train.keep_best the chosen checkpoints are the ones it kept for that."""
+    root = run_dir / "checkpoints"
+    ckpts = list_checkpoints(root)
     if not ckpts:
-        raise AverageError(f"no checkpoints in {run_dir / 'checkpoints'} (is {run_dir} a west-train run dir?)")
-    metas = [(p, read_meta(p)) for p in ckpts]
+        raise AverageError(f"no checkpoints in {root} (is {run_dir} a west-train run dir?)")
     if mode == "last":
-        chosen = metas[-num:]
-        pool = f"{len(metas)} checkpoint(s)"
+        chosen = ckpts[-num:]
+        pool = f"{len(ckpts)} checkpoint(s)"
     else:
-        scored = [(p, m) for p, m in metas if checkpoint_metric(m, metric) is not None]
+        scored = best_checkpoints(root, len(ckpts), metric)
         if not scored:
             raise AverageError(
-                f"--mode best --metric {metric}: none of the {len(metas)} checkpoint(s) in "
-                f"{run_dir / 'checkpoints'} has a dev {metric} in its meta.json (west-train records it with "
-                "--cv_data and train.keep_best > 0" + (" and train.eval_decode_utts > 0" if metric == "cv_cer" else "")
+                f"--mode best --metric {metric}: none of the {len(ckpts)} checkpoint(s) in {root} has a "
+                f"dev {metric} in its meta.json (west-train records it with --cv_data and train.keep_best > 0"
+                + (" and train.eval_decode_utts > 0" if metric == "cv_cer" else "")
                 + "); use another --metric, or --mode last")
-        # lower is better; on a tie the older checkpoint wins, as in west-train's keep_best
-        chosen = sorted(scored, key=lambda pm: (checkpoint_metric(pm[1], metric), int(pm[1]["step"])))[:num]
+        chosen = scored[:num]
         pool = f"{len(scored)} checkpoint(s) with a dev {metric}"
     note = f"asked for {num}, the run has only {pool}: averaging {len(chosen)}" if len(chosen) < num else ""
-    return chosen, note
+    return [(p, read_meta(p)) for p in chosen], note
 
 
 def average_state_dicts(paths: list[Path]) -> tuple[dict[str, torch.Tensor], list[str]]:
@@ -101,7 +94,7 @@ def format_figures(meta: dict) -> str:
     """'cv_loss 1.234, cv_cer 5.67%' for a checkpoint's dev figures ('' without an evaluation)."""
     parts = []
     for m in METRICS:
-        v = checkpoint_metric(meta, m)
+        v = eval_metric(meta, m)
         if v is not None:
             parts.append(f"{m} {100 * v:.2f}%" if m == "cv_cer" else f"{m} {v:.4f}")
     return ", ".join(parts)
