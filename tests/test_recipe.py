@@ -1,5 +1,5 @@
 """recipes/aishell/run.sh and tools/parse_options.sh: help, option parsing, data preparation
-from the AIShell layout, and every stage (0-8) on a tiny synthesized corpus."""
+from the AIShell layout, and every stage (0-10) on a tiny synthesized corpus."""
 from __future__ import annotations
 
 import json
@@ -36,11 +36,12 @@ def test_help_documents_every_stage_and_option():
     assert r.returncode == 0, r.stderr
     names = declared_options()
     assert {"stage", "stop_stage", "aishell_dir", "synthetic", "shards", "llm_path", "batch_type",
-            "pack_tokens", "bench_utts"} <= set(names)
+            "pack_tokens", "bench_utts", "eval_every", "eval_decode_utts", "keep_best", "best_metric",
+            "average_num", "average_mode"} <= set(names)
     missing = [n for n in names if f"--{n}" not in r.stdout]
     assert not missing, f"options without help: {missing}"
-    stages = {int(m) for m in re.findall(r"^ {2}(\d) {2}\w", r.stdout, re.M)}
-    assert stages == set(range(9))
+    stages = [int(m) for m in re.findall(r"^ {2}(\d+) +\w", r.stdout, re.M)]
+    assert stages == list(range(11))
     assert not r.stdout.startswith("#")   # the comment markers are stripped
 
 
@@ -140,6 +141,7 @@ def test_missing_aishell_dir_fails(tmp_path):
 TINY = ["--num_train", 8, "--num_dev", 2, "--num_test", 2, "--num_speakers", 6, "--nj", 1,
         "--synth_opts", "--mean_duration 1.2", "--cmvn_utts", 4, "--llm_vocab_size", 300, "--llm_pretrain_steps", 5,
         "--max_steps", 2, "--train_opts", "--train.warmup_steps 1 --train.tensorboard false",
+        "--eval_every", 1, "--eval_decode_utts", 2, "--keep_best", 2, "--average_num", 2,
         "--decode_sets", "test", "--decode_batch_size", 2, "--max_new_tokens", 6,
         "--bench_utts", 6, "--bench_repeats", 1, "--bench_threads", 1,
         "--bench_opts", "--batch_size 2 --max_tokens_in_batch 256 --pack_tokens 512 --profile never",
@@ -178,26 +180,52 @@ def test_stage4_5_llm_and_checkpoint(tiny_run):
     assert (work / "exp/tiny_llm/config.json").is_file() and (work / "exp/tiny_llm/tokenizer.json").is_file()
     assert "tiny LLM pretraining: answer loss" in out
     run = work / "exp/tiny_cpu"
-    steps = [json.loads(x) for x in (run / "train_log.jsonl").read_text().splitlines()]
-    assert [s["step"] for s in steps] == [1, 2]
-    assert (run / "checkpoints/step_00000002/model.safetensors").is_file()
-    assert "mean loss of the first" in out
+    lines = [json.loads(x) for x in (run / "train_log.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in lines if "event" not in s] == [1, 2]
+    evals = [s for s in lines if s.get("event") == "eval"]
+    assert [e["step"] for e in evals] == [1, 2]                # --cv_data data/dev, --eval_every 1
+    assert all(e["cv_utts"] == 2 and e["cv_decoded_utts"] == 2 and "cv_cer" in e for e in evals)
+    for step in (1, 2):
+        meta = json.loads((run / f"checkpoints/step_{step:08d}/meta.json").read_text())
+        assert set(meta["eval"]) >= {"cv_loss", "cv_cer"}
+    assert "mean loss of the first" in out and "[run.sh] dev loss by step: 1: " in out
 
 
-def test_stage6_7_decode_and_cer(tiny_run):
+def test_stage6_8_decode_average_and_cer(tiny_run):
     work, out = tiny_run
     run = work / "exp/tiny_cpu"
     assert (run / "untrained_init/west_model.json").is_file()
-    for which in ("trained", "untrained"):
+    for which in ("trained", "untrained", "averaged"):
         rows = (run / f"decode_{which}_test/result.jsonl").read_text(encoding="utf-8").splitlines()
         assert len(rows) == 2 and {"key", "hyp"} <= set(json.loads(rows[0]))
     cer = json.loads((run / "cer_summary.json").read_text())
-    assert set(cer) == {"test"} and set(cer["test"]) == {"trained", "untrained"}
-    assert all(cer["test"][w]["utts"] == 2 for w in ("trained", "untrained"))
-    assert "| set | untrained CER (step 0) | trained CER |" in out
+    assert set(cer) == {"test"} and set(cer["test"]) == {"trained", "untrained", "averaged"}
+    assert all(cer["test"][w]["utts"] == 2 for w in ("trained", "untrained", "averaged"))
+    assert "| set | untrained CER (step 0) | trained CER (newest checkpoint) | averaged CER (2 best by cv_cer: steps" in out
 
 
-def test_stage8_benchmark(tiny_run):
+def test_stage7_averages_the_best_checkpoints(tiny_run):
+    work, out = tiny_run
+    run = work / "exp/tiny_cpu"
+    avg = run / "avg_2"
+    assert (avg / "west_model.json").is_file() and (avg / "config.yaml").read_text() == (run / "config.yaml").read_text()
+    rec = json.loads((avg / "averaged.json").read_text())
+    assert rec["mode"] == "best" and rec["metric"] == "cv_cer" and sorted(rec["steps"]) == [1, 2]
+    cers = [c["eval"]["cv_cer"] for c in rec["checkpoints"]]
+    assert cers == sorted(cers)                                   # best first
+    assert re.search(r"averaged 2 checkpoint\(s\) \(best by cv_cer\): step \d \(cv_loss [\d.]+, cv_cer [\d.]+%\); "
+                     r"step \d .* -> " + re.escape(str(avg)), out)
+
+
+def test_stage9_curves_path_printed_at_the_end(tiny_run):
+    work, out = tiny_run
+    png = work / "exp/tiny_cpu/curves.png"
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    tail = out.strip().splitlines()[-2:]
+    assert tail[0].endswith(f"training curves (train and dev loss, dev CER): {png}") and "done (stages 0..10)" in tail[1]
+
+
+def test_stage10_benchmark(tiny_run):
     work, out = tiny_run
     bench = work / "exp/benchmark"
     res = json.loads((bench / "benchmark.json").read_text(encoding="utf-8"))

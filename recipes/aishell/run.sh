@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# AIShell-1 recipe for west: corpus -> lists -> CMVN -> LLM -> train -> decode -> CER -> benchmark.
+# AIShell-1 recipe for west: corpus -> lists -> CMVN -> LLM -> train (with dev evaluation) -> decode
+# -> average the best checkpoints -> CER -> curves -> benchmark.
 #
 # Usage: bash recipes/aishell/run.sh [--option value ...]     (from any directory)
 #
 # With no options on an offline machine it synthesizes a small AIShell-shaped corpus,
-# trains the tiny CPU config (conf/tiny_cpu.yaml), prints trained vs untrained CER and the
-# batch-mode benchmark table. Outputs go to WORK_DIR/{corpus,data,exp}.
+# trains the tiny CPU config (conf/tiny_cpu.yaml) watching the dev loss and CER, prints the CER of
+# the untrained, the trained and the averaged model, the path of a PNG of the training curves and
+# the batch-mode benchmark table. Outputs go to WORK_DIR/{corpus,data,exp}.
 #
 # Stages (each runs when stage <= N <= stop_stage):
 #   0  corpus: --aishell_dir DIR (an existing data_aishell/, or the folder holding it), else
@@ -21,18 +23,26 @@
 #      tokenizer (one token per Han character) + random Qwen2 built from the train transcripts,
 #      then pretrained on those transcripts (text only, --llm_pretrain_steps) to copy a CTC-like
 #      token stream into its answer: the stand-in for a pretrained LLM -> exp/tiny_llm.
-#   5  train: west-train --config CONFIG -> exp/EXP_NAME (checkpoints, train_log.jsonl);
-#      prints how the loss fell. Batch options below are passed through when given.
-#   6  decode DECODE_SETS with west-decode, with the trained model and with the UNTRAINED
-#      model (the step-0 initialisation, same seed) for comparison -> exp/EXP_NAME/decode_*/.
-#   7  score: tools/compute_cer.py for every decode; prints trained vs untrained CER
+#   5  train: west-train --config CONFIG --cv_data data/dev/data.list -> exp/EXP_NAME
+#      (checkpoints, train_log.jsonl); the dev loss (and the greedy CER of --eval_decode_utts dev
+#      utterances) every --eval_every steps and at epoch ends; keeps the --keep_best checkpoints
+#      by --best_metric besides the newest; prints how the train and dev loss fell. Batch
+#      options below are passed through when given.
+#   6  decode DECODE_SETS with west-decode, with the trained model (the newest checkpoint) and
+#      with the UNTRAINED model (the step-0 initialisation, same seed) -> exp/EXP_NAME/decode_*/.
+#   7  average: tools/average_checkpoints.py averages the --average_num best checkpoints by
+#      --best_metric (--average_mode last: the newest ones) -> exp/EXP_NAME/avg_N; decodes
+#      DECODE_SETS with it -> exp/EXP_NAME/decode_averaged_*/.
+#   8  score: tools/compute_cer.py for every decode; prints untrained / trained / averaged CER
 #      -> exp/EXP_NAME/cer_summary.json.
-#   8  benchmark: python -m west.bin.benchmark trains the same init on the same --bench_utts
+#   9  curves: tools/plot_curves.py -> exp/EXP_NAME/curves.png (train and dev loss, dev CER over
+#      steps); its path is printed again at the end.
+#   10 benchmark: python -m west.bin.benchmark trains the same init on the same --bench_utts
 #      utterances in static (32) / dynamic (4096) / pack (8192) / pack-encoder-padded modes;
 #      prints the seed table -> exp/benchmark/benchmark.{json,md,png}.
 #
 # Options [default]:
-#   --stage N / --stop_stage N    first / last stage to run [0 / 8]
+#   --stage N / --stop_stage N    first / last stage to run [0 / 10]
 #   --work_dir DIR                where corpus/, data/ and exp/ go [recipes/aishell]
 #   --python PATH                 interpreter [REPO/.venv/bin/python if present, else python3]
 #   --aishell_dir DIR             use this AIShell-1 data_aishell/ (stage 0 then does nothing) []
@@ -63,11 +73,19 @@
 #                                 1 + one loader worker keeps both cores busy and is not slowed down
 #                                 by other processes the way two threads are [1]
 #   --num_workers N               data loader worker processes of west-train [1]
+#   --eval_every N                steps between dev evaluations, 0 = at epoch ends only [50]
+#   --eval_decode_utts N          dev utterances greedily decoded at each evaluation for the dev
+#                                 CER (up to --max_new_tokens tokens), 0 = dev loss only [100]
+#   --keep_best N                 also keep the N best checkpoints by --best_metric [3]
+#   --best_metric cv_loss|cv_cer  ranks checkpoints for --keep_best and stage 7 (cv_cer needs
+#                                 --eval_decode_utts > 0) [cv_cer]
 #   --train_opts "..."            more west-train options, e.g. "--train.lr 2e-3" []
 #   --decode_sets "..."           [dev test]
 #   --decode_batch_size N         [32]
 #   --max_new_tokens N            [40]
 #   --beam_size N                 [1]
+#   --average_num N               checkpoints averaged in stage 7 [3]
+#   --average_mode best|last      best: lowest --best_metric; last: the newest [best]
 #   --bench_utts N                benchmark: utterances per mode [200]
 #   --bench_repeats N             timed passes per mode, median reported (of 2: their mean) [2]
 #   --bench_modes LIST            static,dynamic,pack,pack_encoder_padded[,pack_nf] [the four]
@@ -81,7 +99,7 @@ recipe_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$recipe_dir/../.." && pwd)
 
 stage=0
-stop_stage=8
+stop_stage=10
 work_dir=$recipe_dir
 python=
 aishell_dir=
@@ -111,11 +129,17 @@ max_steps=450
 seed=42
 train_threads=1
 num_workers=1
+eval_every=50
+eval_decode_utts=100
+keep_best=3
+best_metric=cv_cer
 train_opts=
 decode_sets="dev test"
 decode_batch_size=32
 max_new_tokens=40
 beam_size=1
+average_num=3
+average_mode=best
 bench_utts=200
 bench_repeats=2
 bench_modes=static,dynamic,pack,pack_encoder_padded
@@ -235,36 +259,53 @@ if runs 5; then
   for name in batch_type batch_size max_tokens_in_batch pack_tokens max_steps seed; do
     [ -n "${!name}" ] && opts+=("--$name" "${!name}")
   done
+  eval_opts=(--cv_data "$data/dev/data.list" --train.eval_every "$eval_every"
+             --train.eval_decode_utts "$eval_decode_utts" --train.eval_max_new_tokens "$max_new_tokens"
+             --train.keep_best "$keep_best" --train.best_metric "$best_metric")
   threads=(); [ "$train_threads" -gt 0 ] && threads=(env OMP_NUM_THREADS="$train_threads")
-  log "stage 5: west-train -> $run_dir ${opts[*]} $train_opts"
+  log "stage 5: west-train -> $run_dir ${opts[*]} ${eval_opts[*]} $train_opts"
   # shellcheck disable=SC2086  # train_opts is a list of options
   "${threads[@]}" "$python" -m west.bin.train --config "$config" --model.llm.path "$llm" \
     --train_data "$train_list" --output_dir "$run_dir" --data.cmvn "$cmvn" --data.num_workers "$num_workers" \
-    --train.progress_bar false "${opts[@]}" $train_opts
+    --train.progress_bar false "${opts[@]}" "${eval_opts[@]}" $train_opts
   "$python" "$recipe_dir/local/loss_summary.py" "$run_dir/train_log.jsonl"
 fi
 
+decode() {  # decode MODEL_DIR WHICH: every decode set -> RUN/decode_WHICH_SET/result.jsonl
+  local x
+  for x in $decode_sets; do
+    log "stage $stage_now: decoding $x with the $2 model"
+    "$python" -m west.bin.decode --checkpoint "$1" --data "$data/$x/data.list" \
+      --result "$run_dir/decode_$2_$x/result.jsonl" --batch_size "$decode_batch_size" \
+      --max_new_tokens "$max_new_tokens" --beam_size "$beam_size" --quiet
+  done
+}
+
 if runs 6; then
+  stage_now=6
   init=$run_dir/untrained_init
   if [ ! -f "$init/west_model.json" ]; then
     log "stage 6: exporting the untrained (step-0) model -> $init"
     "$python" "$recipe_dir/local/export_untrained.py" "$run_dir/config.yaml" "$init"
   fi
-  for x in $decode_sets; do
-    for which in trained untrained; do
-      ckpt=$run_dir; [ "$which" = untrained ] && ckpt=$init
-      log "stage 6: decoding $x with the $which model"
-      "$python" -m west.bin.decode --checkpoint "$ckpt" --data "$data/$x/data.list" \
-        --result "$run_dir/decode_${which}_$x/result.jsonl" --batch_size "$decode_batch_size" \
-        --max_new_tokens "$max_new_tokens" --beam_size "$beam_size" --quiet
-    done
-  done
+  decode "$run_dir" trained
+  decode "$init" untrained
 fi
 
+avg_dir=$run_dir/avg_$average_num
 if runs 7; then
+  stage_now=7
+  log "stage 7: averaging the $average_num $average_mode checkpoints (by $best_metric) -> $avg_dir"
+  "$python" "$repo/tools/average_checkpoints.py" "$run_dir" "$avg_dir" --num "$average_num" \
+    --mode "$average_mode" --metric "$best_metric"
+  decode "$avg_dir" averaged
+fi
+
+if runs 8; then
   for x in $decode_sets; do
-    for which in trained untrained; do
+    for which in untrained trained averaged; do
       d=$run_dir/decode_${which}_$x
+      [ -f "$d/result.jsonl" ] || continue   # averaged: only after stage 7
       "$python" "$repo/tools/compute_cer.py" "$data/$x/text" "$d/result.jsonl" --json "$d/cer.json" > "$d/cer.txt"
     done
   done
@@ -272,11 +313,19 @@ if runs 7; then
   "$python" "$recipe_dir/local/cer_summary.py" "$run_dir" $decode_sets
 fi
 
-if runs 8; then
-  log "stage 8: benchmark on $bench_utts utterances ($bench_modes) -> $exp/benchmark"
+curves=
+if runs 9; then
+  log "stage 9: training curves -> $run_dir/curves.png"
+  curves=$("$python" "$repo/tools/plot_curves.py" "$run_dir" --out "$run_dir/curves.png")
+  echo "$curves"
+fi
+
+if runs 10; then
+  log "stage 10: benchmark on $bench_utts utterances ($bench_modes) -> $exp/benchmark"
   # shellcheck disable=SC2086
   "$python" -m west.bin.benchmark --config "$config" --model.llm.path "$llm" --data.cmvn "$cmvn" \
     --data "$data/train/data.list" --num_utts "$bench_utts" --out_dir "$exp/benchmark" \
     --repeats "$bench_repeats" --modes "$bench_modes" --threads "$bench_threads" $bench_opts
 fi
+[ -n "$curves" ] && log "training curves (train and dev loss, dev CER): $curves"
 log "done (stages $stage..$stop_stage)"
