@@ -344,7 +344,8 @@ def test_data_side_dummy_batch_runs(pack_tokens):
     assert loss == 0.0 and n_tok == 0 and len(grads) == sum(1 for _ in model.parameters())
 
 
-@pytest.mark.parametrize("projector,blank", [("mlp", None), ("ctc_posterior", None), ("ctc_posterior", PAD)])
+@pytest.mark.parametrize("projector,blank", [("mlp", None), ("ctc_posterior", None), ("ctc_posterior", PAD),
+                                             ("ctc_compact", None), ("ctc_compact", PAD)])
 def test_ctc_hybrid_loss_is_ce_plus_weighted_ctc_and_agrees_across_modes(projector, blank):
     import torch.nn.functional as F
 
@@ -407,3 +408,32 @@ def test_posterior_projector_gives_averaged_soft_token_embeddings():
     assert (got - want).abs().max() <= 1e-5
     with pytest.raises(ValueError, match="ctc_weight"):
         SpeechLLMConfig.from_dict({"projector": {"type": "ctc_posterior"}})
+
+
+def test_compact_projector_sends_one_soft_token_per_ctc_segment_then_blanks():
+    """ctc_compact: blank frames dropped, repeats merged, segments first, blank rows after;
+    segments never run across utterances; surplus segments share the last slot."""
+    from west.models.config import ProjectorConfig
+    from west.models.projector import CompactPosteriorProjector
+
+    proj, table = CompactPosteriorProjector(ProjectorConfig(stride=2)), torch.randn(5, 3)
+
+    def sharp(labels):  # logits whose softmax is one-hot to float precision
+        x = torch.full((len(labels), 5), -50.0)
+        x[torch.arange(len(labels)), torch.tensor(labels)] = 50.0
+        return x
+
+    got = proj(torch.cat([sharp([0, 1, 1, 0, 2, 0]), sharp([3, 3, 4, 4, 1])]), [6, 5], table, 0)
+    want = table[[1, 2, 0, 3, 4, 1]]
+    assert torch.allclose(got, want, atol=1e-6)
+    got = proj(torch.cat([sharp([1, 1]), sharp([1, 0])]), [2, 2], table, 0)   # 1 | 1: two segments
+    assert torch.allclose(got, table[[1, 1]], atol=1e-6)
+    got = proj(sharp([1, 2, 3, 4]), [4], table, 0)                             # 4 segments, 2 slots
+    assert torch.allclose(got, torch.stack([table[1], table[2:5].mean(0)]), atol=1e-6)
+    soft = torch.randn(7, 5, requires_grad=True)                               # a segment is a mean
+    logits = soft + sharp([0, 2, 2, 2, 0, 0, 0]) * 0.1
+    got = proj(logits, [7], table, 0)
+    want = (torch.softmax(logits, -1) @ table)[1:4].mean(0)
+    assert torch.allclose(got[0], want, atol=1e-6) and torch.allclose(got[1:], table[[0, 0, 0]], atol=1e-6)
+    got.sum().backward()
+    assert soft.grad[1:4].abs().sum() > 0

@@ -9,7 +9,8 @@ from typing import Any, Optional
 from west.schema import build, section, setting
 from west.shapes import SUBSAMPLING_LAYERS, SpeechShape
 
-PROJECTOR_TYPES = ("mlp", "ctc_posterior")
+POSTERIOR_TYPES = ("ctc_posterior", "ctc_compact")  # read the CTC head's posteriors
+PROJECTOR_TYPES = ("mlp", *POSTERIOR_TYPES)
 LLM_DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -45,7 +46,8 @@ class ProjectorConfig:
     stride: int = setting(2, min=1)         # encoder frames stacked per LLM slot (ceil, zero-filled tail)
     hidden_dim: int = setting(2048, min=1)  # MLP hidden size
     # mlp: stacked frames -> MLP. ctc_posterior: the CTC head's posteriors times the LLM's
-    # input embeddings (needs model.ctc_weight > 0; west/models/projector.py)
+    # input embeddings; ctc_compact: those soft tokens one per CTC segment, blanks dropped
+    # (both need model.ctc_weight > 0; west/models/projector.py)
     type: str = setting("mlp", choices=PROJECTOR_TYPES)
     dropout: float = setting(0.0, min=0)
 
@@ -80,11 +82,11 @@ class SpeechLLMConfig:
     # tokens (a head over the LLM vocabulary + blank): a direct, alignment-free signal for the
     # encoder early on (Kim et al., 2017); 0 = no head.
     ctc_weight: float = setting(0.0, min=0, rule=(
-        lambda v, m: v > 0 or m.projector.type != "ctc_posterior",
-        "must be > 0 with model.projector.type ctc_posterior (the CTC head it reads posteriors from "
-        "is trained by the CTC loss)"))
+        lambda v, m: v > 0 or m.projector.type not in POSTERIOR_TYPES,
+        "must be > 0 with model.projector.type ctc_posterior or ctc_compact (the CTC head it reads "
+        "posteriors from is trained by the CTC loss)"))
     # The CTC blank: None = an extra class after the vocabulary (with its own learned
-    # embedding for the ctc_posterior projector), or a token id (e.g. the pad token)
+    # embedding for the posterior projectors), or a token id (e.g. the pad token)
     # whose embedding then stands for blank frames.
     ctc_blank: Optional[int] = setting(None, min=0)
 

@@ -23,10 +23,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from west.batch import IGNORE_INDEX, Batch
-from west.models.config import LLMConfig, LoraSettings, SpeechLLMConfig
+from west.models.config import POSTERIOR_TYPES, LLMConfig, LoraSettings, SpeechLLMConfig
 from west.models.conformer import ConformerEncoder
 from west.models.hf_attention import ATTN_NAME, packed_kwargs, register
-from west.models.projector import PosteriorProjector, Projector, group_frames
+from west.models.projector import CompactPosteriorProjector, PosteriorProjector, Projector, group_frames
 from west.shapes import num_speech_tokens
 
 CONFIG_FILE = "west_model.json"
@@ -73,8 +73,9 @@ class SpeechLLM(nn.Module):
         self.encoder = ConformerEncoder(cfg.encoder)
         llm = llm if llm is not None else load_llm(cfg.llm)
         hidden = llm.config.get_text_config().hidden_size
-        if cfg.projector.type == "ctc_posterior":
-            self.projector = PosteriorProjector(cfg.projector)
+        if cfg.projector.type in POSTERIOR_TYPES:
+            kind = CompactPosteriorProjector if cfg.projector.type == "ctc_compact" else PosteriorProjector
+            self.projector = kind(cfg.projector)
         else:
             self.projector = Projector(cfg.encoder.d_model, hidden, cfg.projector)
         if cfg.freeze_encoder:
@@ -92,7 +93,7 @@ class SpeechLLM(nn.Module):
                 raise ValueError(f"model.ctc_blank {cfg.ctc_blank} is outside the LLM vocabulary ({vocab})")
             extra = cfg.ctc_blank is None
             self.ctc_head = nn.Linear(cfg.encoder.d_model, vocab + extra)
-            if extra and cfg.projector.type == "ctc_posterior":
+            if extra and cfg.projector.type in POSTERIOR_TYPES:
                 self.blank_embedding = nn.Parameter(torch.zeros(hidden))
 
     def gradient_checkpointing_enable(self) -> None:
@@ -139,7 +140,9 @@ class SpeechLLM(nn.Module):
                 f"(subsampling_rate={self.subsampling_rate}, stride={self.projector_stride}); keys={batch.keys}")
         if isinstance(self.projector, PosteriorProjector):
             logits = self.ctc_head(x)
-            return self.projector(logits, layout.lengths, self._ctc_class_embeddings()), x, layout.lengths, logits
+            extra = (self.ctc_blank_id,) if isinstance(self.projector, CompactPosteriorProjector) else ()
+            speech = self.projector(logits, layout.lengths, self._ctc_class_embeddings(), *extra)
+            return speech, x, layout.lengths, logits
         return self.projector(x, layout.lengths), x, layout.lengths, None
 
     @property

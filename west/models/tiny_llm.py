@@ -107,7 +107,8 @@ def build_tiny_llm(texts: Iterable[str], out_dir: str | Path, vocab_size: int = 
 
 def pretrain_transcriber(llm_dir: str | Path, texts: Sequence[str], steps: int = 1500, lr: float = 3e-3,
                          batch_size: int = 16, prompt: str = "<|speech|>Transcribe the speech.",
-                         max_blanks: int = 5, seed: int = 0, progress: bool = True) -> dict:
+                         max_blanks: int = 5, compact: bool = False, seed: int = 0,
+                         progress: bool = True) -> dict:
     """Text-only pretraining of the tiny LLM in ``llm_dir`` (overwritten), so that it plays
     the part a pretrained Qwen2 plays: reading token-like input and repeating it.
 
@@ -116,7 +117,10 @@ def pretrain_transcriber(llm_dir: str | Path, texts: Sequence[str], steps: int =
     1..``max_blanks`` pad tokens (the blank). The answer is the clean transcript plus
     the end token; only the answer is scored. With ``projector.type: ctc_posterior``
     and ``model.ctc_blank`` = the pad id, speech later reaches the LLM as exactly such
-    a stream of (soft) token embeddings. Returns the mean loss / answer-token accuracy of the
+    a stream of (soft) token embeddings. With ``compact`` the stream is the tokens once
+    each, then as many pad tokens as the CTC-like stream would have had: what the
+    ``ctc_compact`` projector sends (one soft token per CTC segment, blank rows after).
+    Returns the mean loss / answer-token accuracy of the
     first and the last tenth of the steps."""
     import random
 
@@ -144,6 +148,8 @@ def pretrain_transcriber(llm_dir: str | Path, texts: Sequence[str], steps: int =
         stream = []
         for t in ids:
             stream += [t] * rng.randint(1, 2) + [blank] * rng.randint(1, max_blanks)
+        if compact:
+            stream = ids + [blank] * (len(stream) - len(ids))
         x = before + stream + after + ids + [eos]
         first = len(x) - len(ids) - 2          # predicts the first answer token
         y = [-100] * first + x[first + 1:] + [-100]
