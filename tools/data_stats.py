@@ -17,6 +17,7 @@ in west-train (e.g. ``--data.pack_algorithm ffd --model.projector.stride 3``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Sequence
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         raw = merge(a.config, flags + split_overrides(rest))
         base = DataConfig.from_dict(raw.get("data", {}))
         shape = SpeechLLMConfig.from_dict(raw.get("model", {})).speech_shape()
-        confs = {mode: base.replace(batch_type=mode) for mode in a.batch_type}
+        confs = {mode: dataclasses.replace(base, batch_type=mode) for mode in a.batch_type}
     except ConfigError as e:
         p.error(str(e))
     from transformers import AutoTokenizer
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         rows[mode] = mode_stats(a.data_list, tok, conf, shape, a.world_size, a.seed)
         if mode == "pack":
             other = "padded" if conf.encoder_layout == "packed" else "packed"
-            rows[f"pack (encoder {other})"] = mode_stats(a.data_list, tok, conf.replace(encoder_layout=other),
+            rows[f"pack (encoder {other})"] = mode_stats(a.data_list, tok, dataclasses.replace(conf, encoder_layout=other),
                                                          shape, a.world_size, a.seed)
     print("| mode | batches | steps | utts/batch | LLM real/computed | encoder real/computed | skipped |")
     print("|---|---|---|---|---|---|---|")

@@ -45,9 +45,12 @@ def setting(default: Any, *, rule: tuple[Callable[[Any, Any], bool], str] | None
 
 @typing.dataclass_transform(field_specifiers=(dataclasses.field, setting))
 def section(where: str) -> Callable[[type], type]:
-    """``@section("model.encoder")``: a dataclass that types and checks its fields when built."""
+    """``@section("model.encoder")``: a dataclass that types and checks its fields when built,
+    with ``from_dict(mapping)`` (unknown keys fail naming them) and ``to_dict()``."""
     def wrap(klass: type) -> type:
         klass.__post_init__ = lambda self: check(self, where)
+        klass.from_dict = classmethod(lambda cls, d: build(cls, dict(d or {}), where))
+        klass.to_dict = getattr(klass, "to_dict", dataclasses.asdict)
         return dataclasses.dataclass(klass)
     return wrap
 

@@ -5,11 +5,10 @@ Loaded as the ``data`` section (west.config) or built in code, it is checked the
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Optional
 
 from west.data.packing import ALGORITHMS, COSTS
-from west.schema import build, section, setting
+from west.schema import section, setting
 from west.shapes import SPEECH_MARKER
 
 ENCODER_LAYOUTS = ("packed", "padded")
@@ -64,14 +63,3 @@ class DataConfig:
     prefetch_factor: int = setting(2, min=1)
     pin_memory: bool = False
     max_warnings: int = setting(20, min=0)              # warnings per skip category per worker and epoch
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "DataConfig":
-        """Build from a mapping (YAML or strings); an unknown key is an error that names it."""
-        return build(cls, dict(d or {}), "data")
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def replace(self, **changes: Any) -> "DataConfig":
-        return dataclasses.replace(self, **changes)

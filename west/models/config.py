@@ -3,10 +3,10 @@ its field (checked on construction, west.schema). The data side needs only ``spe
 """
 from __future__ import annotations
 
-from dataclasses import asdict, field
-from typing import Any, Optional
+from dataclasses import field
+from typing import Optional
 
-from west.schema import build, section, setting
+from west.schema import section, setting
 from west.shapes import SUBSAMPLING_LAYERS, SpeechShape
 
 POSTERIOR_TYPES = ("ctc_posterior", "ctc_compact")  # read the CTC head's posteriors
@@ -93,11 +93,3 @@ class SpeechLLMConfig:
     def speech_shape(self) -> SpeechShape:
         """The geometry the data side needs (how many LLM slots T frames take)."""
         return SpeechShape(self.encoder.subsampling_rate, self.projector.stride)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "SpeechLLMConfig":
-        """Build from a nested dict (YAML ``model`` section). Unknown keys raise, naming the key."""
-        return build(cls, dict(d or {}), "model")
