@@ -21,8 +21,9 @@
 #   3  CMVN: tools/compute_cmvn.py on --cmvn_utts train utterances -> data/train/global_cmvn.json.
 #   4  LLM: --llm_path DIR if given (any Hugging Face causal LM dir, e.g. Qwen2-1.5B), else a tiny
 #      tokenizer (one token per Han character) + random Qwen2 built from the train transcripts,
-#      then pretrained on those transcripts (text only, --llm_pretrain_steps) to copy a CTC-like
-#      token stream into its answer: the stand-in for a pretrained LLM -> exp/tiny_llm.
+#      then pretrained on those transcripts (text only, --llm_pretrain_steps) to copy a token
+#      stream shaped like the config's projector output into its answer: the stand-in for a
+#      pretrained LLM -> exp/tiny_llm.
 #   5  train: west-train --config CONFIG --cv_data data/dev/data.list -> exp/EXP_NAME
 #      (checkpoints, train_log.jsonl); the dev loss (and the greedy CER of --eval_decode_utts dev
 #      utterances) every --eval_every steps and at epoch ends; keeps the --keep_best checkpoints
@@ -61,19 +62,19 @@
 #   --cmvn_utts N                 utterances for CMVN statistics, 0 = all [500]
 #   --llm_path DIR                existing LLM dir (tokenizer + weights); empty = build a tiny one []
 #   --llm_vocab_size N            tiny LLM tokenizer vocabulary [1000]
-#   --llm_pretrain_steps N        text-only pretraining steps of the tiny LLM, 0 = keep it random [1000]
+#   --llm_pretrain_steps N        text-only pretraining steps of the tiny LLM, 0 = keep it random [3000]
 #   --config FILE                 west-train config, relative to recipes/aishell [conf/tiny_cpu.yaml]
 #   --exp_name NAME               run dir exp/NAME [tiny_cpu]
 #   --batch_type static|dynamic|pack   training batches; empty = the config's []
 #   --batch_size N / --max_tokens_in_batch N / --pack_tokens N   size for that batch type []
-#   --max_steps N                 optimizer steps (450 = ~4.5 epochs of the default corpus in packs of
-#                                 2048 tokens); empty = the config's max_epochs [450]
+#   --max_steps N                 optimizer steps (700 = 5 epochs of the default corpus in packs of
+#                                 1024 tokens); empty = the config's max_epochs [700]
 #   --seed N                      training seed (model init, data order) [42]
 #   --train_threads N             torch threads of west-train (OMP_NUM_THREADS), 0 = torch's default;
 #                                 1 + one loader worker keeps both cores busy and is not slowed down
 #                                 by other processes the way two threads are [1]
 #   --num_workers N               data loader worker processes of west-train [1]
-#   --eval_every N                steps between dev evaluations, 0 = at epoch ends only [50]
+#   --eval_every N                steps between dev evaluations, 0 = at epoch ends only [100]
 #   --eval_decode_utts N          dev utterances greedily decoded at each evaluation for the dev
 #                                 CER (up to --max_new_tokens tokens), 0 = dev loss only [100]
 #   --keep_best N                 also keep the N best checkpoints by --best_metric [3]
@@ -118,18 +119,18 @@ num_utts_per_shard=1000
 cmvn_utts=500
 llm_path=
 llm_vocab_size=1000
-llm_pretrain_steps=1000
+llm_pretrain_steps=3000
 config=conf/tiny_cpu.yaml
 exp_name=tiny_cpu
 batch_type=
 batch_size=
 max_tokens_in_batch=
 pack_tokens=
-max_steps=450
+max_steps=700
 seed=42
 train_threads=1
 num_workers=1
-eval_every=50
+eval_every=100
 eval_decode_utts=100
 keep_best=3
 best_metric=cv_cer
@@ -250,7 +251,8 @@ if runs 4; then
     log "stage 4: using the LLM in $llm_path"
   else
     log "stage 4: tiny tokenizer (vocab $llm_vocab_size) + Qwen2 pretrained for $llm_pretrain_steps steps on the train transcripts -> $llm"
-    "$python" "$recipe_dir/local/make_tiny_llm.py" "$data/train/text" "$llm" "$llm_vocab_size" "$llm_pretrain_steps"
+    "$python" "$recipe_dir/local/make_tiny_llm.py" "$data/train/text" "$llm" "$llm_vocab_size" "$llm_pretrain_steps" \
+      --config "$config"
   fi
 fi
 
