@@ -1,6 +1,7 @@
 """Bad input end to end: convert what is convertible, skip and count the rest, in every mode."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import numpy as np
@@ -65,7 +66,7 @@ def test_bad_input_is_skipped_and_counted(messy, tokenizer, caplog, batch_type, 
     path, good, skips = messy
     conf = DataConfig(batch_type=batch_type, num_workers=num_workers, **SIZES)
     if batch_type == "static":
-        conf = conf.replace(max_duration=8.0)    # static has no token budget: the duration filter drops 'long'
+        conf = dataclasses.replace(conf, max_duration=8.0)    # static has no token budget: the duration filter drops 'long'
     with caplog.at_level(logging.WARNING, logger="west.data"):
         loader, ds = build_dataloader(str(path), tokenizer, conf)
         batches = list(loader)
@@ -123,7 +124,7 @@ def test_dummy_batch_shape(tokenizer, corpus, batch_type):
     if batch_type == "pack":   # 3 tokens, trimmed to pack_pad_multiple (8): one 5-token dummy tail
         assert b.input_ids.shape == (1, 8) and b.cu_seqlens.tolist() == [0, 3, 8]
         assert b.position_ids[0, 3:].tolist() == list(range(5))
-        fixed = build_dataloader(str(corpus["list"]), tokenizer, conf.replace(pack_pad_multiple=0))[1].dummy_batch()
+        fixed = build_dataloader(str(corpus["list"]), tokenizer, dataclasses.replace(conf, pack_pad_multiple=0))[1].dummy_batch()
         assert fixed.input_ids.shape == (1, 64) and fixed.cu_seqlens.tolist() == [0, 3, 64]
     else:
         assert b.input_ids.shape == (1, 3) and b.attention_mask.tolist() == [[1, 1, 1]]

@@ -1,6 +1,7 @@
 """The loader end to end: coverage, batch contract, budgets, shares, determinism, resume."""
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import pytest
@@ -203,7 +204,7 @@ def _resume_case(corpus, tokenizer, k, workers_before, workers_after, **kw):
         next(it)
     state = ds.state_dict()
     del it
-    conf2 = conf.replace(num_workers=workers_after)
+    conf2 = dataclasses.replace(conf, num_workers=workers_after)
     loader2, ds2 = build_dataloader(data, tokenizer, conf2, SHAPE, seed=5, epoch=0)
     ds2.load_state_dict(state)
     rest = list(loader2)

@@ -24,6 +24,7 @@ west.bench.report; this module loads each mode's batches and runs the comparison
 """
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from typing import Optional, Sequence
@@ -85,7 +86,7 @@ def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, trai
     enc_cfg, shape = model.cfg.encoder, model.cfg.speech_shape()
     loaded, results = {}, {}
     for m in modes:
-        conf = data_conf.replace(**{**m.data, "num_workers": 0})
+        conf = dataclasses.replace(data_conf, **{**m.data, "num_workers": 0})
         batches, load_s, skipped = load_batches(data_list, tokenizer, conf, shape, seed)
         keys = sorted(k for b in batches for k in b.keys)
         loaded[m.name] = batches
