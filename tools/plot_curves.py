@@ -51,10 +51,10 @@ def smooth(values: list[float], window: int) -> list[float]:
     return out
 
 
-def _mark_best(ax, point: tuple[int, float], text: str, color: str) -> None:
-    """Label the best dev point, to its left when it is near the right edge."""
+def _mark_best(ax, point: tuple[int, float], text: str, color: str, dy: int = 8) -> None:
+    """Label the best dev point, to its left when it is near the right edge (``dy`` < 0: below)."""
     right = point[0] >= 0.8 * max(ax.get_xlim()[1], 1)
-    ax.annotate(text, point, textcoords="offset points", xytext=(-4 if right else 4, 8),
+    ax.annotate(text, point, textcoords="offset points", xytext=(-4 if right else 4, dy),
                 ha="right" if right else "left", fontsize=8, color=color)
 
 
@@ -90,7 +90,10 @@ def plot_curves(run_dir: Path, out: Path) -> Path:
         x, y = zip(*dev_loss)
         ax.plot(x, y, "o-", color="tab:orange", markersize=3.5, linewidth=1.4, label="dev loss")
         best = min(dev_loss, key=lambda sv: sv[1])
-        _mark_best(ax, best, f"best {best[1]:.3f} @ {best[0]}", "tab:orange")
+        _mark_best(ax, best, f"best {best[1]:.3f} @ {best[0]}", "tab:orange", dy=-14)
+    losses = [v for _, v in train + dev_loss]
+    if losses and min(losses) > 0 and max(losses) > 20 * min(losses):  # a fall over decades: log scale
+        ax.set_yscale("log")
     ax.set_ylabel("loss (per token)")
     ax.grid(alpha=0.3)
     ax.legend(loc="upper right", fontsize=8)
