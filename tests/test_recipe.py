@@ -178,7 +178,7 @@ def test_stage1_lists(tiny_run):
 def test_stage4_5_llm_and_checkpoint(tiny_run):
     work, out = tiny_run
     assert (work / "exp/tiny_llm/config.json").is_file() and (work / "exp/tiny_llm/tokenizer.json").is_file()
-    assert "tiny LLM pretraining: answer loss" in out
+    assert "tiny LLM pretraining on compact streams: answer loss" in out  # conf/tiny_cpu.yaml: ctc_compact
     run = work / "exp/tiny_cpu"
     lines = [json.loads(x) for x in (run / "train_log.jsonl").read_text().splitlines()]
     assert [s["step"] for s in lines if "event" not in s] == [1, 2]
