@@ -34,3 +34,16 @@ def test_pretraining_teaches_the_copy_task_and_saves(tmp_path):
     assert not torch.equal(before, after)          # the pretrained weights were written back
     with pytest.raises(ValueError, match="speech"):
         pretrain_transcriber(d, TEXTS, steps=1, prompt="no marker", progress=False)
+
+
+def test_speech_streams_match_the_projectors_layouts():
+    import random
+
+    from west.models.tiny_llm import speech_stream
+
+    ids = [5, 6, 5, 7]
+    ctc = speech_stream(ids, 0, random.Random(1), max_blanks=3)
+    collapsed = [t for i, t in enumerate(ctc) if t != 0 and (i == 0 or ctc[i - 1] != t)]
+    assert collapsed == ids and ctc[-1] == 0 and 2 * len(ids) <= len(ctc) <= 5 * len(ids)
+    compact = speech_stream(ids, 0, random.Random(1), max_blanks=3, compact=True)
+    assert compact == ids + [0] * (len(ctc) - len(ids))    # same length, tokens first

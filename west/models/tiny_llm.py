@@ -105,6 +105,16 @@ def build_tiny_llm(texts: Iterable[str], out_dir: str | Path, vocab_size: int = 
     return out_dir
 
 
+def speech_stream(ids: Sequence[int], blank: int, rng, max_blanks: int = 5, compact: bool = False) -> list[int]:
+    """What the LLM is pretrained to read in place of speech: every token once or twice, each
+    followed by 1..max_blanks blanks; ``compact``: the tokens once each, then as many blanks
+    as make up the same length (the ``ctc_compact`` projector's layout)."""
+    stream: list[int] = []
+    for t in ids:
+        stream += [t] * rng.randint(1, 2) + [blank] * rng.randint(1, max_blanks)
+    return list(ids) + [blank] * (len(stream) - len(ids)) if compact else stream
+
+
 def pretrain_transcriber(llm_dir: str | Path, texts: Sequence[str], steps: int = 1500, lr: float = 3e-3,
                          batch_size: int = 16, prompt: str = "<|speech|>Transcribe the speech.",
                          max_blanks: int = 5, compact: bool = False, seed: int = 0,
@@ -145,12 +155,7 @@ def pretrain_transcriber(llm_dir: str | Path, texts: Sequence[str], steps: int =
     torch.manual_seed(seed)
 
     def example(ids: list[int]) -> tuple[list[int], list[int]]:
-        stream = []
-        for t in ids:
-            stream += [t] * rng.randint(1, 2) + [blank] * rng.randint(1, max_blanks)
-        if compact:
-            stream = ids + [blank] * (len(stream) - len(ids))
-        x = before + stream + after + ids + [eos]
+        x = before + speech_stream(ids, blank, rng, max_blanks, compact) + after + ids + [eos]
         first = len(x) - len(ids) - 2          # predicts the first answer token
         y = [-100] * first + x[first + 1:] + [-100]
         return x, y
