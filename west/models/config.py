@@ -76,6 +76,10 @@ class SpeechLLMConfig:
     projector: ProjectorConfig = field(default_factory=ProjectorConfig)
     llm: LLMConfig = field(default_factory=LLMConfig)
     freeze_encoder: bool = False
+    # Freeze the subsampling and the first N Conformer blocks (fine-tuning a pretrained
+    # encoder: the low blocks keep their acoustics, the top ones adapt); freeze_encoder freezes all.
+    freeze_encoder_blocks: int = setting(0, min=0, rule=(
+        lambda v, m: v <= m.encoder.num_blocks, "must be <= model.encoder.num_blocks"))
     freeze_llm: bool = True        # WEST default: train encoder + projector, LLM frozen
     lora: Optional[LoraSettings] = None
     # Hybrid CTC/LLM loss = CE + ctc_weight * CTC of the encoder output against the transcript

@@ -66,6 +66,17 @@ def apply_lora(llm: nn.Module, lora: LoraSettings) -> nn.Module:
     return get_peft_model(llm, conf)
 
 
+def freeze_encoder_blocks(encoder: ConformerEncoder, n: int) -> None:
+    """Freeze the subsampling and the first ``n`` blocks (n = 0: nothing). The rest, and the
+    final norm, stay as they are: a pretrained encoder's low blocks keep their acoustics."""
+    if n > len(encoder.blocks):
+        raise ValueError(f"model.freeze_encoder_blocks {n} > the encoder's {len(encoder.blocks)} blocks")
+    if n > 0:
+        encoder.subsampling.requires_grad_(False)
+        for block in encoder.blocks[:n]:
+            block.requires_grad_(False)
+
+
 class SpeechLLM(nn.Module):
     def __init__(self, cfg: SpeechLLMConfig, llm: Optional[nn.Module] = None):
         super().__init__()
@@ -80,6 +91,7 @@ class SpeechLLM(nn.Module):
             self.projector = Projector(cfg.encoder.d_model, hidden, cfg.projector)
         if cfg.freeze_encoder:
             self.encoder.requires_grad_(False)
+        freeze_encoder_blocks(self.encoder, cfg.freeze_encoder_blocks)
         if cfg.freeze_llm or cfg.lora is not None:
             llm.requires_grad_(False)
         if cfg.llm.gradient_checkpointing:

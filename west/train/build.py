@@ -18,6 +18,7 @@ from west.models.speech_llm import SpeechLLM
 from west.train.distributed import DistInfo, cleanup, init_distributed
 from west.train.evaluate import build_evaluator
 from west.train.loop import Trainer
+from west.train.schedule import describe_groups
 
 
 class LoaderData:
@@ -89,8 +90,11 @@ def build_trainer(cfg: Config, info: DistInfo) -> Trainer:
         print(f"model: {total / 1e6:.2f} M parameters, {trainable / 1e6:.2f} M trainable; "
               f"data: {cfg.data.batch_type} batches, {len(dataset)} batches per epoch per rank (planned); "
               f"{info.world_size} rank(s) on {info.device.type}", flush=True)
-    return Trainer(cfg.train, cfg.run, model, LoaderData(loader, dataset, cfg.train.seed), info,
-                   dataset.dummy_batch, evaluator)
+    trainer = Trainer(cfg.train, cfg.run, model, LoaderData(loader, dataset, cfg.train.seed), info,
+                      dataset.dummy_batch, evaluator)
+    if info.is_main:
+        print(describe_groups(model, trainer.optimizer, cfg.train.projector_warmup_steps), flush=True)
+    return trainer
 
 
 def train(cfg: Config) -> dict:

@@ -6,6 +6,7 @@ west.config.
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 from west.schema import section, setting
 
@@ -28,6 +29,16 @@ class TrainConfig:
 
     seed: int = 42
     lr: float = setting(1e-4, gt=0)
+    # Peak lr per module (None = train.lr); lr_llm covers the LoRA adapters with model.lora,
+    # lr_projector also the CTC head and blank embedding (west/train/schedule.py).
+    lr_encoder: Optional[float] = setting(None, gt=0)
+    lr_projector: Optional[float] = setting(None, gt=0)
+    lr_llm: Optional[float] = setting(None, gt=0)
+    # The first N optimizer steps move only the projector side (the others' lr is exactly 0,
+    # then they get their own warmup + cosine over the remaining steps).
+    projector_warmup_steps: int = setting(0, min=0, rule=(
+        lambda v, t: v == 0 or t.max_steps == 0 or v < t.max_steps,
+        "must be < train.max_steps (nothing but the projector would ever train)"))
     min_lr_ratio: float = setting(0.0, min=0, max=1)  # cosine floor as a fraction of lr
     warmup_steps: int = setting(100, min=0)
     max_steps: int = setting(0, min=0, rule=(      # 0 = no step limit (max_epochs decides)

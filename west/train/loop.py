@@ -36,7 +36,7 @@ from west.train.evaluate import Evaluator
 from west.train.gpu_monitor import build_monitor
 from west.train.metrics import EpochTotals, MetricsLogger, peak_memory_mb, step_record
 from west.train.profiling import build_profiler
-from west.train.schedule import build_optimizer, build_scheduler
+from west.train.schedule import optimizer_from_config, scheduler_from_config
 from west.train.step import BadStepGuard, StepResult, plan_step, train_step
 
 
@@ -81,9 +81,8 @@ class Trainer:
             enable_grad_checkpointing(model)
         self.model = wrap_model(model, info, fsdp=train.fsdp,
                                 find_unused_parameters=train.find_unused_parameters)
-        self.optimizer = build_optimizer(self.model, train.lr, train.weight_decay, train.betas, train.eps)
-        self.scheduler = build_scheduler(self.optimizer, train.warmup_steps, self._total_steps(),
-                                         train.min_lr_ratio)
+        self.optimizer = optimizer_from_config(self.model, train)
+        self.scheduler = scheduler_from_config(self.optimizer, train, self._total_steps())
         self.ckpt_root = f"{run.output_dir}/checkpoints"
         self.step = 0
         self.epoch = 0
