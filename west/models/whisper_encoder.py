@@ -1,0 +1,210 @@
+"""Hugging Face's own WhisperEncoder, run packed: no 30 s padding, nothing crosses an utterance.
+
+The weights and layers are transformers' (``WhisperEncoder.from_pretrained``); west only
+changes how a batch is laid out around them, following ``WhisperEncoder.forward``'s order
+(transformers 5.23): conv1 -> GELU -> conv2 -> GELU -> + embed_positions -> dropout ->
+layers -> layer_norm.
+
+* Convolutions: every utterance sits in a zero-gap buffer at an even offset with >= 1 zero
+  frame after it, the conv1+GELU output is re-zeroed on the gaps before conv2 (stride 2),
+  so each frame sees exactly its own utterance's zero padding.
+* Positions: utterance frames take rows 0..T'-1 of ``embed_positions``.
+* Attention: the layers are called unchanged on one packed row; they forward keyword
+  arguments to the attention function, and with ``attn_implementation="west_varlen"``
+  (west.models.hf_attention) ``cu_seq_lens_q`` makes it attend within each utterance.
+
+``pad_to_30s=True`` runs the stock padded encoder instead (what users run today) and keeps
+each utterance's first T' output rows.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from west.models.attention import SegmentPlan
+from west.models.hf_attention import ATTN_NAME, packed_kwargs, register
+from west.models.layout import FrameLayout
+
+# Rows of a Whisper checkpoint that belong to the encoder, by the class that saved it.
+_KEY_MAPPING = {r"^model\.encoder\.": "", r"^encoder\.": ""}
+
+
+def whisper_encoder_frames(n_frames: int) -> int:
+    """Encoder frames for ``n_frames`` mel frames: conv2 (k3, s2, p1) gives (T - 1) // 2 + 1."""
+    return (int(n_frames) - 1) // 2 + 1 if n_frames > 0 else 0
+
+
+def load_hf_whisper_encoder(path: str, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """The encoder half of a local Whisper directory, with west's varlen attention registered."""
+    from transformers import AutoConfig
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder
+    from transformers.utils import logging as hf_logging
+
+    if not Path(path).is_dir():
+        raise FileNotFoundError(f"model.encoder.path {path!r} is not a directory")
+    try:
+        conf = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"model.encoder.path {path!r} is not a Hugging Face model directory: {e}") from e
+    if conf.model_type != "whisper":
+        raise ValueError(f"model.encoder.path {path!r} has config.json model_type={conf.model_type!r}, "
+                         "expected 'whisper' (model.encoder.type whisper)")
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the decoder's rows are "unexpected" by design
+    try:
+        enc, info = WhisperEncoder.from_pretrained(
+            path, key_mapping=_KEY_MAPPING, output_loading_info=True,
+            attn_implementation=register(), dtype=dtype)
+    finally:
+        hf_logging.set_verbosity(level)
+    missing = [k for k in info["missing_keys"]]
+    if missing:
+        raise ValueError(f"model.encoder.path {path!r}: the Whisper checkpoint lacks encoder weights {missing[:5]}"
+                         f"{' ...' if len(missing) > 5 else ''}")
+    return enc
+
+
+class WhisperPackedEncoder(nn.Module):
+    """log-mel feats -> encoder frames, packed ``(ΣT, n_mels)+cu_seqlens`` or padded ``(N, T, n_mels)+lengths``.
+
+    Output is always flat ``(ΣT', d_model)`` in utterance order (a packed FrameLayout)."""
+
+    def __init__(self, hf_encoder: nn.Module, pad_to_30s: bool = False, backend: str = "auto"):
+        super().__init__()
+        if getattr(hf_encoder.config, "_attn_implementation", None) != ATTN_NAME and not pad_to_30s:
+            raise ValueError(f"packed Whisper needs the encoder loaded with attn_implementation={ATTN_NAME!r}")
+        self.hf = hf_encoder
+        self.pad_to_30s = pad_to_30s
+        self.backend = backend
+
+    @classmethod
+    def from_pretrained(cls, path: str, pad_to_30s: bool = False, backend: str = "auto",
+                        dtype: torch.dtype = torch.float32) -> "WhisperPackedEncoder":
+        return cls(load_hf_whisper_encoder(path, dtype), pad_to_30s, backend)
+
+    @property
+    def output_dim(self) -> int:
+        return self.hf.config.d_model
+
+    @property
+    def num_mel_bins(self) -> int:
+        return self.hf.config.num_mel_bins
+
+    @property
+    def max_frames(self) -> int:
+        """Mel frames in Whisper's window (3000 = 30 s): longer utterances are refused."""
+        return self.hf.config.max_source_positions * self.hf.conv1.stride[0] * self.hf.conv2.stride[0]
+
+    @property
+    def gradient_checkpointing(self) -> bool:
+        return bool(getattr(self.hf, "gradient_checkpointing", False))
+
+    @gradient_checkpointing.setter
+    def gradient_checkpointing(self, on: bool) -> None:
+        if on:
+            self.hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            self.hf.gradient_checkpointing_disable()
+
+    # ------------------------------------------------------------------ forward
+    def forward_flat(
+        self,
+        feats: torch.Tensor,
+        lengths: Optional[torch.Tensor] = None,
+        cu_seqlens: Optional[torch.Tensor] = None,
+    ) -> tuple[torch.Tensor, FrameLayout]:
+        """Encoder output as flat rows ``(ΣT', D)`` plus its (packed) layout."""
+        mel, lens = self._packed_input(feats, lengths, cu_seqlens)
+        out_lens = [whisper_encoder_frames(n) for n in lens]
+        run = self._forward_padded_30s if self.pad_to_30s else self._forward_packed
+        x = run(mel, lens, out_lens)
+        return x, FrameLayout(out_lens, x.device)
+
+    def forward(
+        self,
+        feats: torch.Tensor,
+        lengths: Optional[torch.Tensor] = None,
+        cu_seqlens: Optional[torch.Tensor] = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (``(ΣT', D)`` rows in utterance order, per-utterance T' as int64)."""
+        x, layout = self.forward_flat(feats, lengths, cu_seqlens)
+        return x, torch.tensor(layout.lengths, dtype=torch.int64, device=x.device)
+
+    def _packed_input(self, feats, lengths, cu_seqlens) -> tuple[torch.Tensor, list[int]]:
+        if (lengths is None) == (cu_seqlens is None):
+            raise ValueError("pass exactly one of lengths (padded feats) or cu_seqlens (packed feats)")
+        if feats.shape[-1] != self.num_mel_bins:
+            raise ValueError(f"Whisper expects {self.num_mel_bins} mel bins (its config), feats have {feats.shape[-1]}")
+        if cu_seqlens is not None:
+            if feats.dim() != 2:
+                raise ValueError(f"packed feats must be (ΣT, n_mels), got {tuple(feats.shape)}")
+            lens = torch.diff(cu_seqlens.detach().to("cpu", torch.int64)).tolist()
+            if sum(lens) != feats.shape[0]:
+                raise ValueError(f"cu_seqlens covers {sum(lens)} frames, feats have {feats.shape[0]}")
+            mel = feats
+        else:
+            if feats.dim() != 3:
+                raise ValueError(f"padded feats must be (N, T, n_mels), got {tuple(feats.shape)}")
+            lens = lengths.detach().to("cpu", torch.int64).tolist()
+            if len(lens) != feats.shape[0] or max(lens, default=0) > feats.shape[1]:
+                raise ValueError(f"lengths {lens} do not fit padded feats {tuple(feats.shape)}")
+            valid = torch.arange(feats.shape[1], device=feats.device)[None, :] < lengths.to(feats.device)[:, None]
+            mel = feats[valid]
+        too_long = [i for i, n in enumerate(lens) if n > self.max_frames]
+        if too_long:
+            raise ValueError(
+                f"utterances {too_long} have {[lens[i] for i in too_long]} mel frames, more than Whisper's "
+                f"{self.max_frames}-frame (30 s) window; the data pipeline must skip them (counted), never truncate")
+        if any(n < 1 for n in lens):
+            raise ValueError(f"every utterance needs >= 1 mel frame, got lengths {lens}")
+        return mel, lens
+
+    def _forward_packed(self, mel: torch.Tensor, lens: list[int], out_lens: list[int]) -> torch.Tensor:
+        hf, dev = self.hf, mel.device
+        # Zero-gap buffer: utterance i at even offset s_i, slot width round_up_even(T_i + 1).
+        widths = torch.tensor([n + 1 + (n + 1) % 2 for n in lens])
+        starts = torch.cumsum(widths, 0) - widths
+        seg = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens))
+        first = torch.repeat_interleave(torch.tensor([0] + lens[:-1]).cumsum(0), torch.tensor(lens))
+        in_rows = (starts[seg] + torch.arange(sum(lens)) - first).to(dev)
+        out_seg = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(out_lens))
+        positions = torch.cat([torch.arange(n) for n in out_lens])
+        out_rows = (starts[out_seg] // 2 + positions).to(dev)
+
+        buf = mel.new_zeros(int(widths.sum()), mel.shape[1]).index_copy(0, in_rows, mel)
+        keep = torch.zeros(buf.shape[0], 1, dtype=mel.dtype, device=dev).index_fill(0, in_rows, 1.0)
+        h = F.gelu(hf.conv1(buf.t()[None]))          # (1, D, L)
+        h = F.gelu(hf.conv2(h * keep.t()[None]))     # gaps re-zeroed: conv2 sees per-utterance zero padding
+        h = h[0].t().index_select(0, out_rows)       # (ΣT', D)
+        h = h + hf.embed_positions(positions.to(dev))
+        h = F.dropout(h, p=hf.dropout, training=self.training)[None]
+
+        cu = torch.zeros(len(out_lens) + 1, dtype=torch.int32)
+        cu[1:] = torch.tensor(out_lens).cumsum(0)
+        cu = cu.to(dev)
+        plan = None
+        if self.backend in ("auto", "sdpa_segments"):
+            plan = SegmentPlan.from_lengths(out_lens, dev, buckets_per_octave=8)
+        kw = packed_kwargs(cu, max(out_lens), backend=self.backend, plan=plan)
+        for layer in hf.layers:
+            if self.training and hf.layerdrop > 0.0 and torch.rand([]) < hf.layerdrop:
+                continue
+            h = layer(h, None, **kw)
+        return hf.layer_norm(h)[0]
+
+    def _forward_padded_30s(self, mel: torch.Tensor, lens: list[int], out_lens: list[int]) -> torch.Tensor:
+        """Stock path: each utterance padded to the 30 s window with the value the feature
+        extractor gives silence (the utterance's floor, max(feat) - 2, never below -1.5)."""
+        full = self.max_frames
+        parts = torch.split(mel, lens)
+        batch = torch.stack([
+            F.pad(p.t(), (0, full - p.shape[0]), value=max(float(p.max()) - 2.0, -1.5)) for p in parts])
+        y = self.hf(input_features=batch).last_hidden_state   # (N, 1500, D)
+        return torch.cat([y[i, :n] for i, n in enumerate(out_lens)])
+
+
+__all__ = ["WhisperPackedEncoder", "load_hf_whisper_encoder", "whisper_encoder_frames"]
