@@ -7,6 +7,7 @@ embeddings. Both sides import these functions, so they cannot disagree.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 # The text that stands for one speech segment in a prompt; the data pipeline replaces it
 # with ``SpeechShape.slots(T)`` placeholder ids, the model splices embeddings there.
@@ -48,24 +49,52 @@ def projected_frames(n_encoder_frames: int, stride: int = 2) -> int:
     return -(-int(n_encoder_frames) // stride)
 
 
+def whisper_frames(n_frames: int) -> int:
+    """Whisper encoder frames for ``n_frames`` log-mel frames: conv1 (k3, s1, p1) keeps T,
+    conv2 (k3, s2, p1) gives (T - 1) // 2 + 1 (0 for T = 0)."""
+    return (int(n_frames) - 1) // 2 + 1 if n_frames > 0 else 0
+
+
 def num_speech_tokens(n_frames: int, subsampling_rate: int = 4, projector_stride: int = 2) -> int:
     """LLM placeholder slots for a speech segment of ``n_frames`` fbank frames."""
     return projected_frames(subsampled_frames(n_frames, subsampling_rate), projector_stride)
+
+
+ENCODER_TYPES = ("conformer", "whisper")
 
 
 @dataclass(frozen=True)
 class SpeechShape:
     """The model geometry the data side needs, derived once from the model config
     (``SpeechLLMConfig.speech_shape()``) and handed to the loader; never copied into
-    the data config."""
+    the data config.
+
+    ``encoder_type`` picks the frame formula (conformer: Conv2d subsampling; whisper: its
+    two convolutions); ``max_frames`` is the longest input the encoder takes (Whisper's
+    30 s window: longer utterances are a counted ``too_long`` skip when the epoch is
+    planned); ``num_mel_bins`` is the feature width the encoder reads, when the model
+    fixes it (Whisper's config: 80 or 128)."""
 
     subsampling_rate: int = 4
     projector_stride: int = 2
+    encoder_type: str = "conformer"
+    max_frames: Optional[int] = None
+    num_mel_bins: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.encoder_type not in ENCODER_TYPES:
+            raise ValueError(f"encoder_type must be one of {ENCODER_TYPES}, got {self.encoder_type!r}")
+
+    def encoder_frames(self, n_frames: int) -> int:
+        """Encoder output frames for ``n_frames`` feature frames."""
+        if self.encoder_type == "whisper":
+            return whisper_frames(n_frames)
+        return subsampled_frames(n_frames, self.subsampling_rate)
 
     def slots(self, n_frames: int) -> int:
         """LLM placeholder slots for ``n_frames`` feature frames."""
-        return num_speech_tokens(n_frames, self.subsampling_rate, self.projector_stride)
+        return projected_frames(self.encoder_frames(n_frames), self.projector_stride)
 
     def min_frames(self) -> int:
         """Fewest feature frames that still give one slot."""
-        return min_fbank_frames(self.subsampling_rate)
+        return 1 if self.encoder_type == "whisper" else min_fbank_frames(self.subsampling_rate)

@@ -4,10 +4,11 @@ its field (checked on construction, west.schema). The data side needs only ``spe
 from __future__ import annotations
 
 from dataclasses import field
+from functools import lru_cache
 from typing import Optional
 
 from west.schema import section, setting
-from west.shapes import SUBSAMPLING_LAYERS, SpeechShape
+from west.shapes import ENCODER_TYPES, SUBSAMPLING_LAYERS, SpeechShape
 
 POSTERIOR_TYPES = ("ctc_posterior", "ctc_compact")  # read the CTC head's posteriors
 PROJECTOR_TYPES = ("mlp", *POSTERIOR_TYPES)
@@ -16,6 +17,14 @@ LLM_DTYPES = ("float32", "bfloat16", "float16")
 
 @section("model.encoder")
 class ConformerConfig:
+    # conformer: west's packed Conformer, built from the keys below. whisper: the encoder of the
+    # local Hugging Face Whisper dir model.encoder.path, run packed (west/models/whisper_encoder.py);
+    # its architecture is that dir's config, so the Conformer keys below are not used.
+    type: str = setting("conformer", choices=ENCODER_TYPES, rule=(
+        lambda v, c: v != "whisper" or bool(c.path),
+        "whisper needs model.encoder.path DIR (a local Hugging Face Whisper directory)"))
+    path: Optional[str] = None
+    pad_to_30s: bool = False      # whisper: the stock padded encoder (every utterance padded to 30 s)
     input_dim: int = setting(80, min=1)
     d_model: int = setting(256, min=1, rule=(lambda v, c: v % c.num_heads == 0,
                                              "must be divisible by model.encoder.num_heads"))
@@ -78,8 +87,9 @@ class SpeechLLMConfig:
     freeze_encoder: bool = False
     # Freeze the subsampling and the first N Conformer blocks (fine-tuning a pretrained
     # encoder: the low blocks keep their acoustics, the top ones adapt); freeze_encoder freezes all.
+    # (whisper: its convolutions and first N layers, checked against its config when built)
     freeze_encoder_blocks: int = setting(0, min=0, rule=(
-        lambda v, m: v <= m.encoder.num_blocks, "must be <= model.encoder.num_blocks"))
+        lambda v, m: m.encoder.type == "whisper" or v <= m.encoder.num_blocks, "must be <= model.encoder.num_blocks"))
     freeze_llm: bool = True        # WEST default: train encoder + projector, LLM frozen
     lora: Optional[LoraSettings] = None
     # Hybrid CTC/LLM loss = CE + ctc_weight * CTC of the encoder output against the transcript
@@ -95,5 +105,19 @@ class SpeechLLMConfig:
     ctc_blank: Optional[int] = setting(None, min=0)
 
     def speech_shape(self) -> SpeechShape:
-        """The geometry the data side needs (how many LLM slots T frames take)."""
+        """The geometry the data side needs (how many LLM slots T frames take); for Whisper,
+        its window and mel bins are read from ``model.encoder.path``'s config."""
+        if self.encoder.type == "whisper":
+            n_mels, max_frames = whisper_geometry(self.encoder.path)
+            return SpeechShape(projector_stride=self.projector.stride, encoder_type="whisper",
+                               max_frames=max_frames, num_mel_bins=n_mels)
         return SpeechShape(self.encoder.subsampling_rate, self.projector.stride)
+
+
+@lru_cache(maxsize=8)
+def whisper_geometry(path: str) -> tuple[int, int]:
+    """(num_mel_bins, max mel frames) of the Whisper dir ``path`` (read once per path)."""
+    from west.models.whisper_encoder import read_whisper_config, whisper_max_frames
+
+    conf = read_whisper_config(path)
+    return int(conf.num_mel_bins), whisper_max_frames(conf)

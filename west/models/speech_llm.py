@@ -1,4 +1,4 @@
-"""SpeechLLM: Conformer -> Projector -> spliced into a stock HF causal LM.
+"""SpeechLLM: encoder (packed Conformer | packed HF Whisper) -> Projector -> spliced into a stock HF causal LM.
 
 One forward for every batch mode (see west/batch.py):
 * speech: the encoder runs padded (N, T, F)+feat_lens or packed (ΣT, F)+feat_cu_seqlens;
@@ -23,11 +23,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from west.batch import IGNORE_INDEX, Batch
-from west.models.config import POSTERIOR_TYPES, LLMConfig, LoraSettings, SpeechLLMConfig
+from west.models.config import POSTERIOR_TYPES, ConformerConfig, LLMConfig, LoraSettings, SpeechLLMConfig
 from west.models.conformer import ConformerEncoder
 from west.models.hf_attention import ATTN_NAME, packed_kwargs, register
 from west.models.projector import CompactPosteriorProjector, PosteriorProjector, Projector, group_frames
-from west.shapes import num_speech_tokens
 
 CONFIG_FILE = "west_model.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -66,9 +65,25 @@ def apply_lora(llm: nn.Module, lora: LoraSettings) -> nn.Module:
     return get_peft_model(llm, conf)
 
 
-def freeze_encoder_blocks(encoder: ConformerEncoder, n: int) -> None:
-    """Freeze the subsampling and the first ``n`` blocks (n = 0: nothing). The rest, and the
-    final norm, stay as they are: a pretrained encoder's low blocks keep their acoustics."""
+def build_encoder(cfg: ConformerConfig, attn_backend: str = "auto") -> nn.Module:
+    """The encoder of ``model.encoder.type``: west's Conformer, or the Whisper encoder of
+    ``model.encoder.path`` run packed (or padded to 30 s with ``pad_to_30s``)."""
+    if cfg.type == "whisper":
+        from west.models.whisper_encoder import WhisperPackedEncoder
+
+        enc = WhisperPackedEncoder.from_pretrained(cfg.path, pad_to_30s=cfg.pad_to_30s, backend=attn_backend)
+        enc.gradient_checkpointing = cfg.gradient_checkpointing
+        return enc
+    return ConformerEncoder(cfg)
+
+
+def freeze_encoder_blocks(encoder: nn.Module, n: int) -> None:
+    """Freeze the front end (subsampling / convolutions) and the first ``n`` blocks (n = 0:
+    nothing). The rest, and the final norm, stay as they are: a pretrained encoder's low
+    blocks keep their acoustics."""
+    if hasattr(encoder, "freeze_blocks"):   # WhisperPackedEncoder
+        encoder.freeze_blocks(n)
+        return
     if n > len(encoder.blocks):
         raise ValueError(f"model.freeze_encoder_blocks {n} > the encoder's {len(encoder.blocks)} blocks")
     if n > 0:
@@ -81,14 +96,15 @@ class SpeechLLM(nn.Module):
     def __init__(self, cfg: SpeechLLMConfig, llm: Optional[nn.Module] = None):
         super().__init__()
         self.cfg = cfg
-        self.encoder = ConformerEncoder(cfg.encoder)
+        self.encoder = build_encoder(cfg.encoder, cfg.llm.attn_backend)
+        self.shape = cfg.speech_shape()
         llm = llm if llm is not None else load_llm(cfg.llm)
         hidden = llm.config.get_text_config().hidden_size
         if cfg.projector.type in POSTERIOR_TYPES:
             kind = CompactPosteriorProjector if cfg.projector.type == "ctc_compact" else PosteriorProjector
             self.projector = kind(cfg.projector)
         else:
-            self.projector = Projector(cfg.encoder.d_model, hidden, cfg.projector)
+            self.projector = Projector(self.encoder.output_dim, hidden, cfg.projector)
         if cfg.freeze_encoder:
             self.encoder.requires_grad_(False)
         freeze_encoder_blocks(self.encoder, cfg.freeze_encoder_blocks)
@@ -104,12 +120,12 @@ class SpeechLLM(nn.Module):
             if cfg.ctc_blank is not None and cfg.ctc_blank >= vocab:
                 raise ValueError(f"model.ctc_blank {cfg.ctc_blank} is outside the LLM vocabulary ({vocab})")
             extra = cfg.ctc_blank is None
-            self.ctc_head = nn.Linear(cfg.encoder.d_model, vocab + extra)
+            self.ctc_head = nn.Linear(self.encoder.output_dim, vocab + extra)
             if extra and cfg.projector.type in POSTERIOR_TYPES:
                 self.blank_embedding = nn.Parameter(torch.zeros(hidden))
 
     def gradient_checkpointing_enable(self) -> None:
-        """Recompute activations in backward: Conformer blocks and LLM layers (trainer hook)."""
+        """Recompute activations in backward: encoder blocks and LLM layers (trainer hook)."""
         self.encoder.gradient_checkpointing = True
         self._base_llm().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
@@ -123,7 +139,7 @@ class SpeechLLM(nn.Module):
         return self.cfg.projector.stride
 
     def num_speech_tokens(self, n_frames: int) -> int:
-        return num_speech_tokens(n_frames, self.subsampling_rate, self.projector_stride)
+        return self.shape.slots(n_frames)
 
     # ------------------------------------------------------------------ inputs
     def encode_speech(self, batch: Batch) -> Optional[torch.Tensor]:
@@ -149,7 +165,7 @@ class SpeechLLM(nn.Module):
         if spans.shape[0] != len(expected) or spans[:, 2].tolist() != expected:
             raise ValueError(
                 f"speech_spans lengths {spans[:, 2].tolist()} != encoder+projector output {expected} "
-                f"(subsampling_rate={self.subsampling_rate}, stride={self.projector_stride}); keys={batch.keys}")
+                f"({self.shape}); keys={batch.keys}")
         if isinstance(self.projector, PosteriorProjector):
             logits = self.ctc_head(x)
             extra = (self.ctc_blank_id,) if isinstance(self.projector, CompactPosteriorProjector) else ()

@@ -28,23 +28,20 @@ import torch.nn.functional as F
 from west.models.attention import SegmentPlan
 from west.models.hf_attention import ATTN_NAME, packed_kwargs, register
 from west.models.layout import FrameLayout
+from west.shapes import whisper_frames
 
 # Rows of a Whisper checkpoint that belong to the encoder, by the class that saved it.
 _KEY_MAPPING = {r"^model\.encoder\.": "", r"^encoder\.": ""}
 
 
-def whisper_encoder_frames(n_frames: int) -> int:
-    """Encoder frames for ``n_frames`` mel frames: conv2 (k3, s2, p1) gives (T - 1) // 2 + 1."""
-    return (int(n_frames) - 1) // 2 + 1 if n_frames > 0 else 0
+whisper_encoder_frames = whisper_frames  # the one formula lives in west.shapes
 
 
-def load_hf_whisper_encoder(path: str, dtype: torch.dtype = torch.float32) -> nn.Module:
-    """The encoder half of a local Whisper directory, with west's varlen attention registered."""
+def read_whisper_config(path: str):
+    """The HF config of a local Whisper directory; a clear error naming model.encoder.path otherwise."""
     from transformers import AutoConfig
-    from transformers.models.whisper.modeling_whisper import WhisperEncoder
-    from transformers.utils import logging as hf_logging
 
-    if not Path(path).is_dir():
+    if not path or not Path(path).is_dir():
         raise FileNotFoundError(f"model.encoder.path {path!r} is not a directory")
     try:
         conf = AutoConfig.from_pretrained(path)
@@ -53,6 +50,20 @@ def load_hf_whisper_encoder(path: str, dtype: torch.dtype = torch.float32) -> nn
     if conf.model_type != "whisper":
         raise ValueError(f"model.encoder.path {path!r} has config.json model_type={conf.model_type!r}, "
                          "expected 'whisper' (model.encoder.type whisper)")
+    return conf
+
+
+def whisper_max_frames(conf) -> int:
+    """Mel frames in Whisper's window (3000 = 30 s): max_source_positions times conv2's stride 2."""
+    return 2 * int(conf.max_source_positions)
+
+
+def load_hf_whisper_encoder(path: str, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """The encoder half of a local Whisper directory, with west's varlen attention registered."""
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder
+    from transformers.utils import logging as hf_logging
+
+    read_whisper_config(path)
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the decoder's rows are "unexpected" by design
     try:
@@ -78,6 +89,9 @@ class WhisperPackedEncoder(nn.Module):
         if getattr(hf_encoder.config, "_attn_implementation", None) != ATTN_NAME and not pad_to_30s:
             raise ValueError(f"packed Whisper needs the encoder loaded with attn_implementation={ATTN_NAME!r}")
         self.hf = hf_encoder
+        # Whisper's positions are fixed sinusoids: WhisperEncoder.__init__ freezes them, but
+        # from_pretrained (transformers 5.23) hands them back trainable; freeze them again.
+        self.hf.embed_positions.requires_grad_(False)
         self.pad_to_30s = pad_to_30s
         self.backend = backend
 
@@ -98,6 +112,16 @@ class WhisperPackedEncoder(nn.Module):
     def max_frames(self) -> int:
         """Mel frames in Whisper's window (3000 = 30 s): longer utterances are refused."""
         return self.hf.config.max_source_positions * self.hf.conv1.stride[0] * self.hf.conv2.stride[0]
+
+    def freeze_blocks(self, n: int) -> None:
+        """Freeze the convolutions and the first ``n`` layers (the positions are always frozen)."""
+        if n > len(self.hf.layers):
+            raise ValueError(f"model.freeze_encoder_blocks {n} > the Whisper encoder's {len(self.hf.layers)} layers")
+        if n > 0:
+            self.hf.conv1.requires_grad_(False)
+            self.hf.conv2.requires_grad_(False)
+            for layer in self.hf.layers[:n]:
+                layer.requires_grad_(False)
 
     @property
     def gradient_checkpointing(self) -> bool:
@@ -207,4 +231,5 @@ class WhisperPackedEncoder(nn.Module):
         return torch.cat([y[i, :n] for i, n in enumerate(out_lens)])
 
 
-__all__ = ["WhisperPackedEncoder", "load_hf_whisper_encoder", "whisper_encoder_frames"]
+__all__ = ["WhisperPackedEncoder", "load_hf_whisper_encoder", "read_whisper_config", "whisper_encoder_frames",
+           "whisper_max_frames"]
