@@ -106,6 +106,31 @@ def validate(cfg: Config) -> None:
     require(os.path.isfile(os.path.join(llm.path, "config.json")), "model.llm.path",
             f"{llm.path} is not a Hugging Face model directory (no config.json)")
     check_attention_device(cfg)
+    check_encoder(cfg)
+
+
+def check_encoder(cfg: Config) -> None:
+    """The encoder and the features must match; a Whisper dir is read here (its config only),
+    so a wrong path fails before any data is read. Whisper's mel bin count becomes data.num_mel_bins."""
+    enc, data = cfg.model.encoder, cfg.data
+    require((enc.type == "whisper") == (data.features == "whisper"), "data.features",
+            f"{data.features} does not match model.encoder.type {enc.type}: the whisper encoder reads "
+            "--data.features whisper, the conformer reads fbank")
+    if enc.type != "whisper":
+        return
+    from west.models.whisper_encoder import read_whisper_config
+
+    try:
+        hf = read_whisper_config(enc.path)
+    except (OSError, ValueError) as e:
+        raise ConfigError(str(e).replace(f"model.encoder.path {enc.path!r}", f"model.encoder.path: {enc.path!r}", 1)) \
+            from None
+    require(cfg.model.freeze_encoder_blocks <= hf.encoder_layers, "model.freeze_encoder_blocks",
+            f"must be <= the Whisper encoder's {hf.encoder_layers} layers, got {cfg.model.freeze_encoder_blocks}")
+    require("data.num_mel_bins" not in cfg.explicit or data.num_mel_bins == hf.num_mel_bins, "data.num_mel_bins",
+            f"{data.num_mel_bins} != {hf.num_mel_bins}, the mel bins of the Whisper model in {enc.path} "
+            "(leave it out: whisper features take the model's)")
+    cfg.data = dataclasses.replace(data, num_mel_bins=hf.num_mel_bins)
 
 
 def check_attention_device(cfg: Config) -> None:

@@ -29,7 +29,7 @@ import numpy as np
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from west.batch import Batch
-from west.data.config import DataConfig
+from west.data.config import DataConfig, for_shape
 from west.data.features import GlobalCMVN
 from west.data.metadata import LengthTable
 from west.data.plan import EpochPlan, epoch_order, plan_epoch
@@ -62,6 +62,7 @@ class SpeechDataset(IterableDataset):
         paths = [p for p in data_lists.split(",") if p] if isinstance(data_lists, str) else list(data_lists)
         if conf.weights is not None and len(conf.weights) != len(paths):
             raise ValueError(f"data.weights: {len(conf.weights)} weight(s) for {len(paths)} list(s)")
+        conf = for_shape(conf, shape)
         self.conf, self.shape, self.rank, self.world_size = conf, shape, rank, world_size
         self.seed, self.epoch, self.training = seed, epoch, training
         self.encoder = PromptEncoder(tokenizer, conf, shape)
@@ -184,7 +185,10 @@ class SpeechDataset(IterableDataset):
 
 def _fingerprint(conf: DataConfig, shape: SpeechShape, paths: list[str]) -> str:
     keep = {k: getattr(conf, k) for k in BATCHING_KEYS}
-    keep.update(shape=[shape.subsampling_rate, shape.projector_stride], lists=[os.path.abspath(p) for p in paths])
+    geometry = [shape.subsampling_rate, shape.projector_stride]
+    if shape.encoder_type != "conformer":   # (conformer runs keep the fingerprint they had)
+        geometry += [shape.encoder_type, shape.max_frames, conf.features]
+    keep.update(shape=geometry, lists=[os.path.abspath(p) for p in paths])
     return hashlib.sha1(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -23,6 +23,7 @@ import soxr
 
 from west.data.config import DataConfig
 from west.data.stats import SkipSample
+from west.data.whisper_features import whisper_frames
 
 # Durations in lists are usually rounded to 10 ms: planning rounds them up by
 # half of that so a planned pack is never shorter than what decoding produces.
@@ -117,16 +118,24 @@ def fbank_frames(num_samples: int, conf: DataConfig) -> int:
 
 
 def estimate_frames(spec: dict, conf: DataConfig) -> Optional[int]:
-    """Fbank frames of an audio spec from metadata: exact ``num_frames`` if given,
-    else an upper bound from ``duration`` (or end - start); None if unknown."""
-    if spec.get("num_frames") is not None:
+    """Feature frames of an audio spec from metadata; None if unknown.
+
+    fbank: exact ``num_frames`` if given, else an upper bound from ``duration`` (or end - start).
+    whisper (``num_samples // 160``): an upper bound from the duration, else from the list's
+    ``num_frames``, which counts fbank frames (the most samples that give that many)."""
+    whisper = conf.features == "whisper"
+    if spec.get("num_frames") is not None and not whisper:
         return int(spec["num_frames"])
     dur = spec.get("duration")
     if dur is None and spec.get("start") is not None and spec.get("end") is not None:
         dur = spec["end"] - spec["start"]
     if dur is None:
+        if whisper and spec.get("num_frames") is not None:
+            win, shift = window_and_shift(conf)
+            return whisper_frames(win + int(spec["num_frames"]) * shift - 1)
         return None
-    return fbank_frames(math.ceil((dur + DURATION_MARGIN_S) * conf.sample_rate), conf)
+    n = math.ceil((dur + DURATION_MARGIN_S) * conf.sample_rate)
+    return whisper_frames(n) if whisper else fbank_frames(n, conf)
 
 
 def _options(conf: DataConfig) -> knf.FbankOptions:

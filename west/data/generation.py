@@ -1,6 +1,6 @@
 """Prompt-only batches for decoding, built on the training feature path.
 
-Records go through the same stages as in training (audio, fbank, CMVN; no
+Records go through the same stages as in training (audio, features: fbank + CMVN or whisper; no
 dither, SpecAugment or duration filter since ``training=False``), then
 ``PromptEncoder.encode_prompt`` renders the chat prompt up to the assistant
 header with ``SpeechShape.slots(T)`` placeholders per audio part. Batches are
@@ -15,10 +15,10 @@ from typing import Iterable, Iterator, Optional
 
 from west.batch import IGNORE_INDEX, Batch
 from west.data.policies import collate_padded, dummy_sample
-from west.data.config import DataConfig
+from west.data.config import DataConfig, for_shape
 from west.data.features import GlobalCMVN
 from west.data.lists import iter_records
-from west.data.processors import DecodeContext, cmvn, fbank, load_audio
+from west.data.processors import FEATURE_STAGES, DecodeContext, load_audio
 from west.data.stats import DataStats, SkipSample
 from west.data.tokenize import Encoded, PromptEncoder
 from west.shapes import SpeechShape
@@ -56,11 +56,12 @@ def prompt_batches(data_list: str, tokenizer, conf: DataConfig, shape: SpeechSha
     (record i goes to rank i % world_size), so dev decoding splits over ranks."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    conf = for_shape(conf, shape)
     encoder = PromptEncoder(tokenizer, conf, shape)
     ctx = DecodeContext(conf, encoder, stats, GlobalCMVN.from_json(conf.cmvn) if conf.cmvn else None,
                         training=False)
     stream: Iterable[dict] = islice(iter_records(data_list, stats, conf.data_type), rank, limit, world_size)
-    for stage in (load_audio, fbank, cmvn):
+    for stage in (load_audio, *FEATURE_STAGES[conf.features]):
         stream = stage(stream, ctx)
     group: list[dict] = []
     for sample in tokenize_prompt(stream, encoder, stats):
@@ -75,6 +76,7 @@ def prompt_batches(data_list: str, tokenizer, conf: DataConfig, shape: SpeechSha
 def dummy_prompt_batch(tokenizer, conf: DataConfig, shape: SpeechShape) -> Batch:
     """A one-row prompt of minimal silent speech: what a rank with nothing left to decode feeds
     ``generate`` so that every rank calls it equally often (FSDP gathers weights per call)."""
+    conf = for_shape(conf, shape)
     encoder = PromptEncoder(tokenizer, conf, shape)
     return collate_padded([dummy_sample(encoder.pad_id, encoder.placeholder_id, conf.num_mel_bins, shape)],
                           encoder.pad_id, conf.num_mel_bins)

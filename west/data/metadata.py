@@ -2,10 +2,10 @@
 
 Every epoch is planned, so every sample's length is needed up front.
 ``LengthTable`` gets each record while its list is parsed (one pass), takes
-fbank frames from ``num_frames`` (exact) or ``duration`` (an upper bound),
+feature frames from ``num_frames`` (exact fbank) or ``duration`` (an upper bound),
 tokenizes transcripts in batches, and applies the length filters, here and
-only here: empty audio, min/max duration, and the batching policy's per-sample
-token budget. A record without a length is an error that names the line and
+only here: empty audio, min/max duration, the encoder's window (Whisper: 30 s)
+and the batching policy's per-sample token budget. A record without a length is an error that names the line and
 ``tools/compute_lengths.py``. Skips found here are counted once, at start-up.
 """
 from __future__ import annotations
@@ -35,6 +35,14 @@ def check_budget(n_tokens: int, budget: Optional[int]) -> None:
         raise SkipSample("too_long", f"{n_tokens} LLM tokens > budget {budget}")
 
 
+def check_window(frames: list[int], max_frames: Optional[int]) -> None:
+    """An audio part longer than the encoder's window (Whisper: 3000 frames, 30 s) is skipped, never truncated."""
+    longest = max(frames, default=0)
+    if max_frames is not None and longest > max_frames:
+        raise SkipSample("too_long", f"{longest} feature frames > the encoder's window of {max_frames} "
+                                     "(Whisper: 30 s); skipped, not truncated")
+
+
 def check_record(secs: float, n_tokens: int, conf: DataConfig, budget: Optional[int], has_audio: bool) -> None:
     """The length filters of one record (raises SkipSample)."""
     if has_audio and secs <= 0:
@@ -60,6 +68,9 @@ class LengthTable:
         self._chunk: list[tuple[dict, list[int]]] = []
 
     def add(self, rec: dict) -> None:
+        if self.conf.features == "whisper" and any(a.get("ark") is not None for a in rec["audio"]):
+            raise ValueError(f"{rec['src']}: {rec['key']} has precomputed Kaldi features; data.features whisper "
+                             "computes its features from audio (give a list of wav files)")
         frames = [estimate_frames(a, self.conf) for a in rec["audio"]]
         if any(f is None for f in frames):
             raise ValueError(f"{rec['src']}: {rec['key']} has no duration/num_frames, and every epoch is planned "
@@ -77,6 +88,7 @@ class LengthTable:
             secs = sum(_seconds(a, f, shift_s) for a, f in zip(rec["audio"], fr))
             try:
                 check_record(secs, length, self.conf, self.budget, bool(rec["audio"]))
+                check_window(fr, self.encoder.shape.max_frames)
                 keep = True
             except SkipSample as e:
                 self.stats.skip(e.category, f"{rec['src']} (key {rec['key']})", e.message)

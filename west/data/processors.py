@@ -1,6 +1,9 @@
 """Per-sample pipeline stages, each a plain generator over sample dicts.
 
-    records -> load_audio -> fbank -> cmvn -> spec_augment -> tokenize
+    records -> load_audio -> fbank -> cmvn -> spec_augment -> tokenize      (data.features fbank)
+    records -> load_audio -> whisper_features -> spec_augment -> tokenize   (data.features whisper)
+
+The feature stages are chosen once, from ``data.features`` (``FEATURE_STAGES``).
 
 Length filters ran when the epoch was planned (``west.data.metadata``); here
 only the hard limit is checked again: a sample whose decoded length exceeds the
@@ -24,6 +27,7 @@ from west.data.features import GlobalCMVN, compute_fbank, load_audio as _load_au
 from west.data.metadata import check_budget
 from west.data.stats import DataStats, SkipSample
 from west.data.tokenize import PromptEncoder
+from west.data.whisper_features import MAX_FRAMES, whisper_log_mel
 
 
 @dataclass
@@ -114,6 +118,22 @@ def cmvn(samples: Iterable[dict], ctx: DecodeContext) -> Iterator[dict]:
     return _each(samples, ctx.stats, run)
 
 
+def whisper_features(samples: Iterable[dict], ctx: DecodeContext) -> Iterator[dict]:
+    """Waveforms -> (T, n_mels) Whisper log-mel (no 30 s padding, no CMVN, no dither); longer
+    than the model's window: a counted ``too_long`` skip, never truncated."""
+    max_frames = ctx.encoder.shape.max_frames or MAX_FRAMES
+
+    def run(s: dict) -> dict:
+        if s["feats"]:
+            raise ValueError(f"{s['src']} (key {s['key']}): data.features whisper computes features from "
+                             "audio; precomputed Kaldi features (feats.scp) cannot be used")
+        s["feats"] = [whisper_log_mel(w, ctx.conf.num_mel_bins, max_frames) for w in s["waves"]]
+        s["waves"] = []
+        return s
+
+    return _each(samples, ctx.stats, run)
+
+
 def spec_augment(samples: Iterable[dict], ctx: DecodeContext) -> Iterator[dict]:
     """Time/frequency masking, training only."""
     if not (ctx.training and ctx.conf.spec_aug):
@@ -138,12 +158,18 @@ def tokenize(samples: Iterable[dict], ctx: DecodeContext) -> Iterator[dict]:
     return _each(samples, ctx.stats, run)
 
 
-STAGES = (load_audio, fbank, cmvn, spec_augment, tokenize)
+FEATURE_STAGES = {"fbank": (fbank, cmvn), "whisper": (whisper_features,)}
+STAGES = (load_audio, *FEATURE_STAGES["fbank"], spec_augment, tokenize)
+
+
+def stages(conf: DataConfig) -> tuple:
+    """The whole chain for ``conf.features``."""
+    return (load_audio, *FEATURE_STAGES[conf.features], spec_augment, tokenize)
 
 
 def decode(records: Iterable[dict], ctx: DecodeContext) -> Iterator[dict]:
-    """Records -> samples ready to batch (every stage of STAGES in order)."""
+    """Records -> samples ready to batch (every stage of ``stages(conf)`` in order)."""
     stream: Iterable[dict] = records
-    for stage in STAGES:
+    for stage in stages(ctx.conf):
         stream = stage(stream, ctx)
     return iter(stream)
