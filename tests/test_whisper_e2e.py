@@ -57,7 +57,7 @@ def model_config(env: dict, **encoder):
     return SpeechLLMConfig.from_dict(raw)
 
 
-def one_step(env: dict, data_kw: dict, dtype: torch.dtype = torch.float32) -> dict:
+def one_step(env: dict, data_kw: dict, dtype: torch.dtype = torch.float32, **encoder) -> dict:
     """All batches of epoch 0 as the micro-batches of one SGD step (as test_train_real_model)."""
     from transformers import AutoTokenizer
 
@@ -67,7 +67,7 @@ def one_step(env: dict, data_kw: dict, dtype: torch.dtype = torch.float32) -> di
     from west.train.step import plan_step, train_step
 
     tok = AutoTokenizer.from_pretrained(env["llm"])
-    cfg = model_config(env)
+    cfg = model_config(env, **encoder)
     loader, _ = build_dataloader(env["list"], tok, DataConfig(features="whisper", **data_kw), cfg.speech_shape(),
                                  seed=3, epoch=0, training=True)
     batches = list(loader)
@@ -116,6 +116,13 @@ def test_same_loss_and_gradients_in_every_mode(results, name, dtype):
         assert (got["grads"][k] - g).abs().max().item() <= rtol * scale, (name, k)
 
 
+def test_pad_to_30s_is_the_same_function_in_static_and_pack(env):
+    """The stock padded encoder (every utterance padded to 3000 frames) also sees each utterance alone."""
+    static, pack = (one_step(env, CASES[n], pad_to_30s=True) for n in ("static_1x8", "pack"))
+    assert pack["micro"] > 1 and pack["keys"] == static["keys"]
+    assert pack["loss"] == pytest.approx(static["loss"], rel=1e-5)
+
+
 # ----------------------------------------------------------------------------- model
 
 def test_model_uses_whisper_width_and_freezes_its_blocks(env):
@@ -139,6 +146,18 @@ def test_model_uses_whisper_width_and_freezes_its_blocks(env):
     assert SpeechLLM(model_config(env, gradient_checkpointing=True)).encoder.gradient_checkpointing
 
 
+def test_export_round_trip_by_path(env, tmp_path):
+    from west.models.speech_llm import SpeechLLM
+
+    torch.manual_seed(1)
+    model = SpeechLLM(model_config(env))
+    with torch.no_grad():
+        model.encoder.hf.layers[0].fc1.weight.add_(1.0)   # trained weights, not the Whisper dir's
+    back = SpeechLLM.from_pretrained(model.save_pretrained(tmp_path / "export"))
+    for k, v in model.state_dict().items():
+        assert torch.equal(back.state_dict()[k], v), k
+
+
 # ----------------------------------------------------------------------------- data
 
 def test_over_30s_is_a_counted_skip_at_plan_time(env, tmp_path):
@@ -157,6 +176,21 @@ def test_over_30s_is_a_counted_skip_at_plan_time(env, tmp_path):
     batches = list(iter(ds))
     assert sorted(k for b, _ in batches if b is not None for k in b.keys) == ["u0", "u2"]
     assert batches[0][0].feats.shape[-1] == 80 and batches[0][0].feat_lens.tolist() == [100, 70]
+    from west.models.speech_llm import SpeechLLM
+
+    out = SpeechLLM(model_config(env))(ds.dummy_batch())   # what an idle rank trains on: 1 frame
+    assert out["n_tokens"] == 0 and torch.isfinite(out["loss_sum"])
+
+
+def test_kaldi_features_are_refused_with_whisper(env, list_kinds):
+    from transformers import AutoTokenizer
+
+    from west.data.config import DataConfig
+    from west.data.dataset import SpeechDataset
+
+    with pytest.raises(ValueError, match="precomputed Kaldi features; data.features whisper"):
+        SpeechDataset(str(list_kinds["kaldi"]), AutoTokenizer.from_pretrained(env["llm"]),
+                      DataConfig(features="whisper"), model_config(env).speech_shape())
 
 
 def test_a_list_that_understates_the_length_is_skipped_when_decoded(env, tmp_path):

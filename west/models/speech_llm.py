@@ -72,7 +72,8 @@ def build_encoder(cfg: ConformerConfig, attn_backend: str = "auto") -> nn.Module
         from west.models.whisper_encoder import WhisperPackedEncoder
 
         enc = WhisperPackedEncoder.from_pretrained(cfg.path, pad_to_30s=cfg.pad_to_30s, backend=attn_backend)
-        enc.gradient_checkpointing = cfg.gradient_checkpointing
+        if cfg.gradient_checkpointing:
+            enc.gradient_checkpointing = True
         return enc
     return ConformerEncoder(cfg)
 
