@@ -271,8 +271,12 @@ def test_missing_llm_path_and_gpu_config_on_cpu(setup, tmp_path, capsys):
     if torch.cuda.is_available():
         pytest.skip("the GPU config is valid on a CUDA machine")
     err = _train_error(["--config", str(ROOT / "recipes/aishell/conf/seed_gpu.yaml"),
-                        "--model.llm.path", str(setup.llm), *argv], capsys)
+                        "--model.llm.path", str(setup.llm), "--model.llm.attn_backend", "flash", *argv], capsys)
     assert "model.llm.attn_backend: flash needs a CUDA device" in err and "--model.llm.attn_backend auto" in err
+    for backend, why in (("torch_varlen", "torch's CUDA kernel"), ("flex", "no CPU backward")):
+        err = _train_error(["--config", str(ROOT / "recipes/aishell/conf/seed_gpu.yaml"),
+                            "--model.llm.path", str(setup.llm), "--model.llm.attn_backend", backend, *argv], capsys)
+        assert f"model.llm.attn_backend: {backend}" in err and why in err
 
 
 def test_missing_or_unwritable_output_dir(setup, tmp_path, capsys):

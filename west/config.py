@@ -152,6 +152,8 @@ def check_attention_device(cfg: Config) -> None:
                 f"{flash[1]} needs the flash-attn package: pip install 'west[gpu]'")
     require(not (on_cpu and impl == "west_varlen" and backend == "flex"), "model.llm.attn_backend",
             "flex cannot train on CPU (FlexAttention has no CPU backward); use auto")
+    require(not (on_cpu and impl == "west_varlen" and backend == "torch_varlen"), "model.llm.attn_backend",
+            "torch_varlen is torch's CUDA kernel; on CPU use auto (per-sample SDPA, exact)")
 
 
 def split_overrides(rest: Sequence[str]) -> list[tuple[str, str]]:

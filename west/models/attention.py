@@ -1,28 +1,28 @@
 """Attention over packed segments: every segment attends only to itself.
 
 Tensors use the flash-attn "varlen" layout: q (total, Hq, D), k/v (total, Hkv, D)
-with int32 ``cu_seqlens`` giving segment boundaries. Backends:
+with int32 ``cu_seqlens`` giving segment boundaries. Backends (:data:`BACKENDS`):
 
-* ``segment_sdpa``: any device. Segments of equal (or bucketed) length are
-  gathered into one (G, H, n, D) batch and run through SDPA, so the cost follows
-  Σ len², never (Σ len)². Optional additive score bias (Conformer rel-pos).
-* ``flash_varlen``: the exact ``flash_attn_varlen_func`` signature. The real
-  kernel is imported lazily and used on CUDA; elsewhere a pure-torch reference
-  with the same signature runs (that is how CPU tests exercise the flash path).
-* ``flex_document_attention``: FlexAttention with a document mask (GPU; on CPU
-  torch 2.13 runs it forward-only).
-* ``reference_attention``: dense float64 block-diagonal attention, for tests.
+* ``sdpa_segments`` (:func:`segment_sdpa`): any device, any dtype. Segments of equal (or
+  bucketed) length are gathered into one (G, H, n, D) batch and run through SDPA, so the
+  cost follows Σ len², never (Σ len)². Optional additive score bias (Conformer rel-pos).
+* ``flash``, ``torch_varlen``, ``flex``: kernels that take ``cu_seqlens`` directly
+  (west.models.varlen_kernels).
+* ``auto``: :func:`west.models.varlen_kernels.choose_backend` per device and dtype.
+* :func:`reference_attention`: dense float64 block-diagonal attention, for tests.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache, wraps
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
 
-BACKENDS = ("auto", "sdpa_segments", "flash", "flex")
+from west.models.varlen_kernels import (HALF, _check_cu, choose_backend, flash_attn_varlen_reference,
+                                        flash_available, flash_varlen, flex_document_attention, torch_varlen)
+
+BACKENDS = ("auto", "sdpa_segments", "flash", "torch_varlen", "flex")
 
 
 # --------------------------------------------------------------------------- plan
@@ -177,109 +177,20 @@ def segment_sdpa(
     return out if plan.inverse is None else out[plan.inverse]
 
 
-# --------------------------------------------------------------------------- flash varlen
-def flash_attn_varlen_reference(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    dropout_p: float = 0.0,
-    softmax_scale: Optional[float] = None,
-    causal: bool = False,
-) -> torch.Tensor:
-    """Pure-torch stand-in with ``flash_attn.flash_attn_varlen_func``'s signature and
-    semantics (GQA by head groups, causal mask aligned bottom-right). Slow; CPU tests."""
-    if dropout_p:
-        raise NotImplementedError("the reference implementation has no dropout")
-    _check_cu(cu_seqlens_q, q.shape[0], "cu_seqlens_q")
-    _check_cu(cu_seqlens_k, k.shape[0], "cu_seqlens_k")
-    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
-    rep = q.shape[1] // k.shape[1]
-    out = q.new_zeros(q.shape[0], q.shape[1], v.shape[-1])
-    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
-    if max(b - a for a, b in zip(cq, cq[1:])) > max_seqlen_q or max(b - a for a, b in zip(ck, ck[1:])) > max_seqlen_k:
-        raise ValueError("a segment is longer than max_seqlen")
-    for (qa, qb), (ka, kb) in zip(zip(cq, cq[1:]), zip(ck, ck[1:])):
-        if qb == qa:
-            continue
-        qs = q[qa:qb].transpose(0, 1).float()
-        ks = k[ka:kb].repeat_interleave(rep, dim=1).transpose(0, 1).float()
-        vs = v[ka:kb].repeat_interleave(rep, dim=1).transpose(0, 1).float()
-        s = qs @ ks.transpose(1, 2) * scale
-        if causal:
-            lq, lk = qb - qa, kb - ka
-            keep = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq)
-            s = s.masked_fill(~keep, float("-inf"))
-        p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # rows with no key -> 0, like flash
-        out[qa:qb] = (p @ vs).transpose(0, 1).to(q.dtype)
-    return out
-
-
-@lru_cache(maxsize=1)
-def _flash_kernel():
-    try:
-        from flash_attn import flash_attn_varlen_func  # type: ignore
-    except Exception:  # ImportError, or a CUDA/ABI mismatch raised at import
-        return None
-    return flash_attn_varlen_func
-
-
-def flash_available(device: torch.device) -> bool:
-    return torch.device(device).type == "cuda" and _flash_kernel() is not None
-
-
-@wraps(flash_attn_varlen_reference, assigned=())   # flash-attn's exact signature, stated once
-def flash_varlen(*args, **kwargs) -> torch.Tensor:
-    """``flash_attn_varlen_func`` on CUDA when importable, else the reference (same signature)."""
-    q = args[0] if args else kwargs["q"]
-    fn = (_flash_kernel() if q.is_cuda else None) or flash_attn_varlen_reference
-    return fn(*args, **kwargs)
-
-
-# --------------------------------------------------------------------------- flex
-_compiled_flex = None
-_last_block_mask: tuple = ()  # (cu_seqlens object, causal, block mask): one build per batch, not per layer
-
-
-def flex_document_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
-                            causal: bool = False, scale: Optional[float] = None) -> torch.Tensor:
-    """FlexAttention with a document mask (tokens see only their own segment).
-
-    Compiled on CUDA. On CPU torch 2.13 has no FlexAttention backward, so it is
-    refused when grad is needed; forward runs unfused (materialises scores)."""
-    global _compiled_flex, _last_block_mask
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-    total = q.shape[0]
-    _check_cu(cu_seqlens, total, "cu_seqlens")
-    if not q.is_cuda and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        raise NotImplementedError("FlexAttention has no backward on CPU; use backend 'sdpa_segments'")
-    if _last_block_mask and _last_block_mask[0] is cu_seqlens and _last_block_mask[1] == causal:
-        block_mask = _last_block_mask[2]
-    else:
-        cu = cu_seqlens.to(q.device, torch.int64)
-        doc = torch.searchsorted(cu[1:], torch.arange(total, device=q.device), right=True)
-
-        def mask_mod(b, h, qi, ki):
-            same = doc[qi] == doc[ki]
-            return same & (qi >= ki) if causal else same
-
-        block_mask = create_block_mask(mask_mod, None, None, total, total, device=q.device)
-        _last_block_mask = (cu_seqlens, causal, block_mask)
-    fn = flex_attention
-    if q.is_cuda:
-        if _compiled_flex is None:
-            _compiled_flex = torch.compile(flex_attention, dynamic=True)
-        fn = _compiled_flex
-    out = fn(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-             block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
-    return out[0].transpose(0, 1)
-
-
 # --------------------------------------------------------------------------- dispatch
+class LazySegmentPlan:
+    """A batch's :class:`SegmentPlan`, built on first use and then shared by every layer:
+    kernels that take ``cu_seqlens`` directly never pay its host sync."""
+
+    def __init__(self, cu_seqlens: torch.Tensor, buckets_per_octave: Optional[int] = 8) -> None:
+        self.cu_seqlens, self.buckets, self._plan = cu_seqlens, buckets_per_octave, None
+
+    def get(self, device: torch.device) -> SegmentPlan:
+        if self._plan is None:
+            self._plan = SegmentPlan.from_cu_seqlens(self.cu_seqlens, device=device, buckets_per_octave=self.buckets)
+        return self._plan
+
+
 def varlen_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -290,26 +201,27 @@ def varlen_attention(
     scale: Optional[float] = None,
     dropout_p: float = 0.0,
     backend: str = "auto",
-    plan: Optional[SegmentPlan] = None,
+    plan: Union[SegmentPlan, LazySegmentPlan, None] = None,
 ) -> torch.Tensor:
-    """Self-attention within each segment; q (rows, Hq, D), k/v (rows, Hkv, D).
-
-    ``auto``: flash-attn on CUDA with fp16/bf16 when installed, else per-segment SDPA."""
+    """Self-attention within each segment; q (rows, Hq, D), k/v (rows, Hkv, D)."""
     if backend not in BACKENDS:
         raise ValueError(f"attention backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
-        use_flash = flash_available(q.device) and q.dtype in (torch.float16, torch.bfloat16)
-        backend = "flash" if use_flash else "sdpa_segments"
+        backend = choose_backend(q.device, q.dtype, dropout=dropout_p > 0)
+    if backend in ("flash", "torch_varlen") and q.is_cuda and q.dtype not in HALF:
+        raise ValueError(f"{backend} needs fp16/bf16 inputs, got {q.dtype} (use bf16 precision or backend 'auto')")
     if backend == "flash":
-        if q.is_cuda and q.dtype not in (torch.float16, torch.bfloat16):
-            raise ValueError(f"flash-attn needs fp16/bf16 inputs, got {q.dtype} (use bf16 precision or backend 'auto')")
         return flash_varlen(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
                             dropout_p=dropout_p, softmax_scale=scale, causal=causal)
+    if backend in ("flex", "torch_varlen") and dropout_p:
+        raise NotImplementedError(f"{backend} backend: attention dropout is not supported (use auto)")
+    if backend == "torch_varlen":
+        return torch_varlen(q, k, v, cu_seqlens, max_seqlen, causal=causal, scale=scale)
     if backend == "flex":
-        if dropout_p:
-            raise NotImplementedError("flex backend: attention dropout is not supported")
         return flex_document_attention(q, k, v, cu_seqlens, causal=causal, scale=scale)
-    if plan is None:
+    if isinstance(plan, LazySegmentPlan):
+        plan = plan.get(q.device)
+    elif plan is None:
         plan = SegmentPlan.from_cu_seqlens(cu_seqlens, device=q.device, buckets_per_octave=8)
     return segment_sdpa(q, k, v, plan, causal=causal, scale=scale, dropout_p=dropout_p)
 
@@ -337,15 +249,8 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_se
     return torch.einsum("hqk,khd->qhd", p, v)
 
 
-def _check_cu(cu: torch.Tensor, total: int, name: str) -> None:
-    if cu.dtype != torch.int32:
-        raise TypeError(f"{name} must be int32 (flash-attn convention), got {cu.dtype}")
-    if int(cu[-1]) != total:
-        raise ValueError(f"{name}[-1]={int(cu[-1])} but the tensor has {total} rows")
-
-
 __all__ = [
-    "BACKENDS", "SegmentPlan", "SegmentGroup", "bucket_length", "segment_sdpa",
-    "flash_attn_varlen_reference", "flash_varlen", "flash_available",
+    "BACKENDS", "SegmentPlan", "SegmentGroup", "LazySegmentPlan", "bucket_length", "segment_sdpa",
+    "flash_attn_varlen_reference", "flash_varlen", "flash_available", "torch_varlen", "choose_backend",
     "flex_document_attention", "varlen_attention", "reference_attention",
 ]

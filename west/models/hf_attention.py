@@ -7,7 +7,7 @@ model is then loaded with ``attn_implementation=ATTN_NAME``.
 How the pieces meet (transformers 5.x, probed):
 * Keyword arguments given to ``model(...)`` reach every attention call unchanged, so
   packed batches pass the standard flash-attn names ``cu_seq_lens_q/k``,
-  ``max_length_q/k`` (see :func:`packed_kwargs`) plus a prebuilt
+  ``max_length_q/k`` (see :func:`packed_kwargs`) plus a (lazily built)
   :class:`SegmentPlan` under ``west_segment_plan`` and the backend name under
   ``west_attn_backend``. With them, attention runs per segment.
 * Without ``cu_seq_lens_q`` the call is delegated to transformers' own SDPA
@@ -23,7 +23,7 @@ from typing import Optional
 
 import torch
 
-from west.models.attention import BACKENDS, SegmentPlan, varlen_attention
+from west.models.attention import BACKENDS, LazySegmentPlan, SegmentPlan, varlen_attention
 
 ATTN_NAME = "west_varlen"
 _registered = False
@@ -98,7 +98,7 @@ def packed_kwargs(
     cu_seqlens: torch.Tensor,
     max_seqlen: Optional[int] = None,
     backend: str = "auto",
-    plan: Optional[SegmentPlan] = None,
+    plan: Optional[SegmentPlan | LazySegmentPlan] = None,
     west_extras: bool = True,
 ) -> dict:
     """Keyword arguments for ``model(...)`` on a packed row (R=1, position_ids restart per segment).
@@ -116,7 +116,7 @@ def packed_kwargs(
               max_length_q=int(max_seqlen), max_length_k=int(max_seqlen))
     if west_extras:
         if plan is None and backend in ("auto", "sdpa_segments"):
-            plan = SegmentPlan.from_cu_seqlens(cu_seqlens, buckets_per_octave=8)
+            plan = LazySegmentPlan(cu_seqlens, buckets_per_octave=8)
         kw.update(west_segment_plan=plan, west_attn_backend=backend)
     return kw
 

@@ -1,0 +1,218 @@
+"""Varlen attention kernels that take ``cu_seqlens`` directly, and the choice among them.
+
+Layout: q (rows, Hq, D), k/v (rows, Hkv, D), int32 ``cu_seqlens``; every segment attends
+only to itself. Kernels:
+
+* ``flash``: flash-attn's ``flash_attn_varlen_func`` (optional package, CUDA). Elsewhere a
+  pure-torch reference with the same signature runs, so CPU tests exercise the call.
+* ``torch_varlen``: torch's own ``torch.nn.attention.varlen.varlen_attn`` (CUDA, fp16/bf16),
+  for GPU machines without flash-attn. Its keyword set changed across torch releases
+  (``is_causal`` vs ``window_size``, ``scale``, ``enable_gqa``); :func:`torch_varlen` adapts.
+* ``flex``: FlexAttention with a document mask (compiled on CUDA; forward-only on CPU).
+
+:func:`choose_backend` resolves ``auto`` per (device, dtype) and logs the choice once.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+from functools import lru_cache, wraps
+from typing import Callable, Optional
+
+import torch
+
+log = logging.getLogger(__name__)
+
+# --------------------------------------------------------------------------- flash-attn
+def flash_attn_varlen_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+) -> torch.Tensor:
+    """Pure-torch stand-in with ``flash_attn.flash_attn_varlen_func``'s signature and
+    semantics (GQA by head groups, causal mask aligned bottom-right). Slow; CPU tests."""
+    if dropout_p:
+        raise NotImplementedError("the reference implementation has no dropout")
+    _check_cu(cu_seqlens_q, q.shape[0], "cu_seqlens_q")
+    _check_cu(cu_seqlens_k, k.shape[0], "cu_seqlens_k")
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    rep = q.shape[1] // k.shape[1]
+    out = q.new_zeros(q.shape[0], q.shape[1], v.shape[-1])
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    if max(b - a for a, b in zip(cq, cq[1:])) > max_seqlen_q or max(b - a for a, b in zip(ck, ck[1:])) > max_seqlen_k:
+        raise ValueError("a segment is longer than max_seqlen")
+    for (qa, qb), (ka, kb) in zip(zip(cq, cq[1:]), zip(ck, ck[1:])):
+        if qb == qa:
+            continue
+        qs = q[qa:qb].transpose(0, 1).float()
+        ks = k[ka:kb].repeat_interleave(rep, dim=1).transpose(0, 1).float()
+        vs = v[ka:kb].repeat_interleave(rep, dim=1).transpose(0, 1).float()
+        s = qs @ ks.transpose(1, 2) * scale
+        if causal:
+            lq, lk = qb - qa, kb - ka
+            keep = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq)
+            s = s.masked_fill(~keep, float("-inf"))
+        p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # rows with no key -> 0, like flash
+        out[qa:qb] = (p @ vs).transpose(0, 1).to(q.dtype)
+    return out
+
+
+@lru_cache(maxsize=1)
+def _flash_kernel():
+    try:
+        from flash_attn import flash_attn_varlen_func  # type: ignore
+    except Exception:  # ImportError, or a CUDA/ABI mismatch raised at import
+        return None
+    return flash_attn_varlen_func
+
+
+def flash_available(device: torch.device) -> bool:
+    return torch.device(device).type == "cuda" and _flash_kernel() is not None
+
+
+@wraps(flash_attn_varlen_reference, assigned=())   # flash-attn's exact signature, stated once
+def flash_varlen(*args, **kwargs) -> torch.Tensor:
+    """``flash_attn_varlen_func`` on CUDA when importable, else the reference (same signature)."""
+    q = args[0] if args else kwargs["q"]
+    fn = (_flash_kernel() if q.is_cuda else None) or flash_attn_varlen_reference
+    return fn(*args, **kwargs)
+
+
+# --------------------------------------------------------------------------- flex
+_compiled_flex = None
+_last_block_mask: tuple = ()  # (cu_seqlens object, causal, block mask): one build per batch, not per layer
+
+
+def flex_document_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+                            causal: bool = False, scale: Optional[float] = None) -> torch.Tensor:
+    """FlexAttention with a document mask (tokens see only their own segment).
+
+    Compiled on CUDA. On CPU torch 2.13 has no FlexAttention backward, so it is
+    refused when grad is needed; forward runs unfused (materialises scores)."""
+    global _compiled_flex, _last_block_mask
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    total = q.shape[0]
+    _check_cu(cu_seqlens, total, "cu_seqlens")
+    if not q.is_cuda and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise NotImplementedError("FlexAttention has no backward on CPU; use backend 'sdpa_segments'")
+    if _last_block_mask and _last_block_mask[0] is cu_seqlens and _last_block_mask[1] == causal:
+        block_mask = _last_block_mask[2]
+    else:
+        cu = cu_seqlens.to(q.device, torch.int64)
+        doc = torch.searchsorted(cu[1:], torch.arange(total, device=q.device), right=True)
+
+        def mask_mod(b, h, qi, ki):
+            same = doc[qi] == doc[ki]
+            return same & (qi >= ki) if causal else same
+
+        block_mask = create_block_mask(mask_mod, None, None, total, total, device=q.device)
+        _last_block_mask = (cu_seqlens, causal, block_mask)
+    fn = flex_attention
+    if q.is_cuda:
+        if _compiled_flex is None:
+            _compiled_flex = torch.compile(flex_attention, dynamic=True)
+        fn = _compiled_flex
+    out = fn(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+             block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    return out[0].transpose(0, 1)
+
+
+# --------------------------------------------------------------------------- torch varlen
+@lru_cache(maxsize=1)
+def _torch_varlen_kernel() -> Optional[Callable]:
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except Exception:  # torch < 2.9
+        return None
+    return varlen_attn
+
+
+def torch_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+                 causal: bool = False, scale: Optional[float] = None,
+                 kernel: Optional[Callable] = None) -> torch.Tensor:
+    """Self-attention per segment through ``torch.nn.attention.varlen.varlen_attn``.
+
+    Keywords the installed kernel lacks are emulated exactly: a causal flag as
+    ``window_size=(-1, 0)`` (torch >= 2.10) or ``is_causal``; a non-default scale by
+    rescaling q; GQA by repeating k/v heads. ``kernel`` replaces the real one in CPU tests."""
+    fn = kernel or _torch_varlen_kernel()
+    if fn is None:
+        raise RuntimeError("torch.nn.attention.varlen is not in this torch build (torch >= 2.9 needed)")
+    _check_cu(cu_seqlens, q.shape[0], "cu_seqlens")
+    params = inspect.signature(fn).parameters
+    kw: dict = {}
+    if causal:
+        if "window_size" in params:
+            kw["window_size"] = (-1, 0)
+        elif "is_causal" in params:
+            kw["is_causal"] = True
+        else:
+            raise RuntimeError("this torch's varlen_attn has no causal option")
+    if scale is not None:
+        if "scale" in params:
+            kw["scale"] = scale
+        else:
+            q = q * (scale * q.shape[-1] ** 0.5)
+    if q.shape[1] != k.shape[1]:
+        if "enable_gqa" in params:
+            kw["enable_gqa"] = True
+        else:
+            rep = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    return fn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, **kw)
+
+
+# --------------------------------------------------------------------------- choice
+HALF = (torch.float16, torch.bfloat16)
+_logged: set = set()
+
+
+def choose_backend(device: torch.device, dtype: torch.dtype, dropout: bool = False,
+                   flash: Optional[bool] = None, torch_varlen_ok: Optional[bool] = None) -> str:
+    """What ``auto`` runs: on CUDA with fp16/bf16, flash-attn when installed, else torch's
+    varlen kernel (no dropout) when this torch has it; everywhere else per-segment SDPA.
+    Logged once per distinct answer. ``flash`` / ``torch_varlen_ok`` override detection (tests)."""
+    device = torch.device(device)
+    cuda_half = device.type == "cuda" and dtype in HALF
+    flash = _flash_kernel() is not None if flash is None else flash
+    if torch_varlen_ok is None:
+        torch_varlen_ok = _torch_varlen_kernel() is not None and cuda_half and _sm80(device)
+    if cuda_half and flash:
+        name, why = "flash", "flash-attn is installed"
+    elif cuda_half and torch_varlen_ok and not dropout:
+        name, why = "torch_varlen", "flash-attn is not installed; torch.nn.attention.varlen"
+    else:
+        name = "sdpa_segments"
+        why = ("CUDA needs fp16/bf16 for a varlen kernel" if device.type == "cuda" and not cuda_half
+               else "attention dropout" if device.type == "cuda" and dropout
+               else "no varlen kernel on this device" if device.type == "cuda" else f"{device.type}")
+    key = (device.type, str(dtype), name)
+    if key not in _logged:
+        _logged.add(key)
+        log.info("packed attention on %s/%s: %s (%s)", device.type, str(dtype).replace("torch.", ""), name, why)
+    return name
+
+
+def _sm80(device: torch.device) -> bool:
+    """torch's varlen kernel is FlashAttention-2 inside: Ampere (sm80) or newer."""
+    try:
+        return torch.cuda.get_device_capability(device) >= (8, 0)
+    except Exception:
+        return False
+
+
+def _check_cu(cu: torch.Tensor, total: int, name: str) -> None:
+    if cu.dtype != torch.int32:
+        raise TypeError(f"{name} must be int32 (flash-attn convention), got {cu.dtype}")
+    if int(cu[-1]) != total:
+        raise ValueError(f"{name}[-1]={int(cu[-1])} but the tensor has {total} rows")
+
+
