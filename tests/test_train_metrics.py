@@ -142,6 +142,29 @@ def test_nvml_sampler_windows_with_fake_module():
     assert calls["by_uuid"] == ["GPU-abc"] and calls["by_index"] == [] and calls["shutdown"] == 1
 
 
+def test_nvml_sm_samples_are_windowed_by_timestamp():
+    mod, _ = fake_pynvml()
+    log = [(5, 10.0), (7, 20.0), (12, 80.0), (15, 60.0), (20, 40.0)]   # (timestamp, smUtil) the driver holds
+    seen = []
+    now = {"t": 7}
+
+    def proc_util(handle, last):
+        seen.append(last)
+        return [types.SimpleNamespace(timeStamp=t, smUtil=u) for t, u in log if last < t <= now["t"]]
+
+    mod.nvmlDeviceGetProcessUtilization = proc_util
+    s = G.NvmlSampler(nvml=mod)
+    s.start(thread=False)          # samples up to t=7 predate the window
+    now["t"] = 15
+    s.sample()
+    assert s.read()["gpu_sm_pct"] == 70.0
+    now["t"] = 20
+    s.sample()
+    assert s.read()["gpu_sm_pct"] == 40.0
+    assert seen == [0, 7, 15]
+    s.stop()
+
+
 def test_nvml_sampler_thread_and_index_fallback():
     mod, calls = fake_pynvml()
     mod.nvmlDeviceGetHandleByUUID = lambda u: (_ for _ in ()).throw(RuntimeError("unknown uuid"))

@@ -116,6 +116,10 @@ def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, trai
         r["util_pct"] = statistics.median(x["util_pct"] for x in r["runs"])
         r["cpu_s"] = statistics.median(x["cpu_s"] for x in r["runs"])
         r["mean_loss"] = r["runs"][0]["mean_loss"]
+        r["peak_mem_gib"] = max(x["peak_mem_gib"] for x in r["runs"])
+        sm = [x["sm_pct"] for x in r["runs"] if x.get("sm_pct") is not None]
+        r["sm_pct"] = statistics.median(sm) if sm else None
+        r["gflops_per_s"] = r["flops"]["total"] / 1e9 / r["time_s"]
     ref = "static" if "static" in results else modes[0].name
     compare(results, ref)
     checks = [c for c in (pairwise(results, "pack", ref), pairwise(results, "pack", "pack_encoder_padded")) if c]

@@ -94,10 +94,25 @@ def count_flops(model: torch.nn.Module, batches: Sequence[Batch], device: torch.
     forward FLOPs of each top-level part (``fwd_<child>``; the encoder is what the root's
     forward does outside its called children). Weights are not updated; this pass doubles
     as the warm-up that sees every batch shape once. (Per-module numbers come from forward
-    hooks only: torch's attribution of backward ops to modules is approximate.)"""
-    from torch.utils.flop_counter import FlopCounterMode
+    hooks only: torch's attribution of backward ops to modules is approximate.) Packed LLM
+    attention is counted as segment SDPA runs it (segments padded to their bucket), an upper
+    bound of what a varlen kernel computes."""
 
     model.train()
+    llm_cfg = getattr(getattr(model, "cfg", None), "llm", None)
+    backend = getattr(llm_cfg, "attn_backend", None)
+    if backend is not None:   # count packed LLM attention as segment SDPA on every device: the
+        llm_cfg.attn_backend = "sdpa_segments"  # flop counter cannot see into varlen kernels' custom ops
+    try:
+        return _count(model, batches, device)
+    finally:
+        if backend is not None:
+            llm_cfg.attn_backend = backend
+
+
+def _count(model: torch.nn.Module, batches: Sequence[Batch], device: torch.device) -> dict:
+    from torch.utils.flop_counter import FlopCounterMode
+
     root = type(model).__name__
     children = [name for name, _ in model.named_children()]
     out = {"total": 0, "forward": 0, "backward": 0, **{f"fwd_{c}": 0 for c in children}}

@@ -31,11 +31,17 @@ def seed_table(res: dict) -> str:
     env = res["env"]
     util = ("GPU busy % (NVML)" if env["device"] == "cuda"
             else f"CPU util % (process CPU time / wall, psutil; 100 = all {env['cpu_count']} cores)")
-    lines = [f"| method | configuration | {util} | time on training {res['num_utts']} utts | speed-up vs static |",
-             "|---|---|---|---|---|"]
+    mem = "peak GPU memory allocated" if env["device"] == "cuda" else "peak process RSS"
+    sm = any(r.get("sm_pct") is not None for r in res["modes"].values())
+    util = util + (" | NVML SM util % (process samples)" if sm else "")
+    lines = [f"| method | configuration | {util} | time on training {res['num_utts']} utts | speed-up vs static "
+             f"| achieved GFLOP/s | {mem} |", "|---|---|---|---|---|---|---|" + ("---|" if sm else "")]
     for r in res["modes"].values():
-        lines.append(f"| {r['method']} | {r['configuration']} | {r['util_pct']:.1f} | {_fmt_time(r['time_s'])} "
-                     f"| {r['speedup']:.2f}x |")
+        u = f"{r['util_pct']:.1f}" + (f" | {r['sm_pct']:.1f}" if r.get("sm_pct") is not None
+                                      else " | n/a" if sm else "")
+        lines.append(f"| {r['method']} | {r['configuration']} | {u} | {_fmt_time(r['time_s'])} "
+                     f"| {r['speedup']:.2f}x | {r.get('gflops_per_s', float('nan')):.1f} "
+                     f"| {r.get('peak_mem_gib', float('nan')):.2f} GiB |")
     return "\n".join(lines)
 
 
@@ -81,8 +87,9 @@ def notes(res: dict) -> str:
                f"collated beforehand, {res['warmup_steps']} warm-up step(s) untimed, same initial weights); "
                f"predicted speed-up = FLOPs(static) / FLOPs(mode), FLOPs counted by torch.utils.flop_counter "
                f"on the exact batches")
+    gpu = f" ({env['gpu']})" if env.get("gpu") else ""
     out.append(f"- machine: {env['cpu_model']}, {env['cpu_count']} cores, torch {env['torch']} "
-               f"({env['threads']} threads), device {env['device']}; load average {env['load_before']} before, "
+               f"({env['threads']} threads), device {env['device']}{gpu}; load average {env['load_before']} before, "
                f"{env['load_after']} after; {env['date']}")
     return "\n".join(out)
 
@@ -91,7 +98,7 @@ def profile_diff(c: dict, rows: int = 12) -> str:
     """Ops by how much more self time the faster-by-FLOPs mode spends in them (same N utterances)."""
     fast, slow = c["profile"]["fast_ms"], c["profile"]["slow_ms"]
     ops = sorted(set(fast) | set(slow), key=lambda k: fast.get(k, 0.0) - slow.get(k, 0.0), reverse=True)
-    lines = [f"| op (self CPU time, one pass over the same utterances) | {c['fast']} ms | {c['slow']} ms "
+    lines = [f"| op (self time: CPU ops, or CUDA kernels on a GPU; one pass over the same utterances) | {c['fast']} ms | {c['slow']} ms "
              f"| {c['fast']} − {c['slow']} ms |", "|---|---|---|---|"]
     for k in ops[:rows]:
         lines.append(f"| {k} | {fast.get(k, 0.0):.0f} | {slow.get(k, 0.0):.0f} | {fast.get(k, 0.0) - slow.get(k, 0.0):+.0f} |")
@@ -162,7 +169,8 @@ def machine(device: str) -> dict:
             cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
     except OSError:
         pass
-    return {"cpu_model": cpu, "cpu_count": os.cpu_count(), "torch": torch.__version__,
+    gpu = torch.cuda.get_device_name(torch.device(device)) if str(device).startswith("cuda") else None
+    return {"cpu_model": cpu, "cpu_count": os.cpu_count(), "torch": torch.__version__, "gpu": gpu,
             "threads": torch.get_num_threads(), "device": device, "python": platform.python_version(),
             "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
             "load_before": [round(x, 2) for x in os.getloadavg()]}

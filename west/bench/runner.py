@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gc
+import resource
 import statistics
 import time
 from typing import Sequence
@@ -48,6 +49,8 @@ class PassRunner:
         monitor = build_monitor(self.device.type, self.device.index or 0)
         monitor.start()
         self._sync()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
         t0, c0 = time.perf_counter(), time.process_time()
         steps, losses = [], []
         for b in batches:
@@ -62,7 +65,14 @@ class PassRunner:
         if util is None:  # CPU sampler: 100 = one core; report the share of all cores
             util = hw.get("cpu_util_pct", float("nan")) / max(hw.get("cpu_count", 1.0), 1.0)
         return {"time_s": total, "cpu_s": cpu, "step_s": steps, "util_pct": util,
-                "mean_loss": statistics.fmean(losses)}
+                "mean_loss": statistics.fmean(losses), "peak_mem_gib": self._peak_gib(),
+                "sm_pct": hw.get("gpu_sm_pct")}
+
+    def _peak_gib(self) -> float:
+        """CUDA: peak allocated by this pass. CPU: the process's peak RSS so far (never reset)."""
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) / 2**30
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20   # KiB on Linux
 
     def profile_pass(self, batches: Sequence[Batch], rows: int = 20) -> tuple[dict, str]:
         """torch.profiler over one whole training pass: ({op: self ms}, table by input shape)."""
@@ -74,7 +84,8 @@ class PassRunner:
             for b in batches:
                 self.step(b, opt, sched)
             self._sync()
-        ops = {e.key: e.self_cpu_time_total / 1000.0 for e in prof.key_averages()}
+        key = "self_device_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
+        ops = {e.key: getattr(e, key) / 1000.0 for e in prof.key_averages()}
         table = prof.key_averages(group_by_input_shape=True).table(
-            sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=45, max_shapes_column_width=90)
+            sort_by=key, row_limit=rows, max_name_column_width=45, max_shapes_column_width=90)
         return ops, table

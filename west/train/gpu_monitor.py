@@ -7,7 +7,8 @@ NVML in a background thread: ``gpu_busy_pct`` is ``nvmlDeviceGetUtilizationRates
 kernel was running (what ``nvidia-smi`` shows as GPU-Util). It is NOT DCGM's
 SM activity (``DCGM_FI_PROF_SM_ACTIVE``: fraction of SMs with a resident warp)
 and NOT the PyTorch profiler's estimated SM efficiency; a single tiny kernel
-keeps it at 100 %. On CPU, :class:`CpuSampler` reports this process's CPU use.
+keeps it at 100 %. Where the driver provides them, ``gpu_sm_pct`` is the mean of NVML's
+per-process SM utilisation samples (``nvmlDeviceGetProcessUtilization().smUtil``). On CPU, :class:`CpuSampler` reports this process's CPU use.
 pynvml (package ``nvidia-ml-py``, extra ``gpu``) is imported only when needed.
 """
 from __future__ import annotations
@@ -70,6 +71,8 @@ class NvmlSampler:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        self._sm_ok: Optional[bool] = None
+        self._sm_seen = 0
         self._reset()
 
     def _reset(self) -> None:
@@ -77,12 +80,30 @@ class NvmlSampler:
         self._busy = 0.0
         self._mem_busy = 0.0
         self._mem_max = 0.0
+        self._sm: list[float] = []
+
+    def _sm_samples(self) -> None:
+        """NVML's per-process SM utilisation samples since the last call (the % of the driver's
+        sample period in which this GPU's SMs ran the process's kernels); skipped where the
+        driver does not provide them."""
+        if self._sm_ok is False:
+            return
+        try:
+            rows = self._nvml.nvmlDeviceGetProcessUtilization(self._handle, self._sm_seen)
+        except Exception:
+            self._sm_ok = self._sm_ok or False   # never worked: stop asking; worked once: no new samples
+            return
+        self._sm_ok = True
+        for r in rows:
+            self._sm_seen = max(self._sm_seen, int(r.timeStamp))
+            self._sm.append(float(r.smUtil))
 
     def sample(self) -> None:
         """Take one sample now (the thread calls this; tests call it directly)."""
         util = self._nvml.nvmlDeviceGetUtilizationRates(self._handle)
         mem = self._nvml.nvmlDeviceGetMemoryInfo(self._handle)
         with self._lock:
+            self._sm_samples()
             self._n += 1
             self._busy += float(util.gpu)
             self._mem_busy += float(util.memory)
@@ -107,6 +128,7 @@ class NvmlSampler:
         if self._handle is None:
             self._handle = self._nvml.nvmlDeviceGetHandleByIndex(self._index)
         self.sample()
+        self._sm.clear()   # SM samples from before start() belong to nobody's window
         if thread:
             self._thread = threading.Thread(target=self._run, name="nvml-sampler", daemon=True)
             self._thread.start()
@@ -120,6 +142,8 @@ class NvmlSampler:
                        "gpu_mem_busy_pct": self._mem_busy / self._n,
                        "gpu_mem_used_mb": self._mem_max,
                        "gpu_samples": float(self._n)}
+                if self._sm:
+                    out["gpu_sm_pct"] = sum(self._sm) / len(self._sm)
             self._reset()
         return out
 
