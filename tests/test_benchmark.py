@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from west.bin import benchmark as cli
-from west.bench.costs import cpu_sdpa_flops
+from west.bench.costs import sdpa_flops
 from west.bench.modes import ALL_MODES, standard_modes
 
 CONFIG = """\
@@ -128,13 +128,13 @@ def test_flops_and_speedups(result):
         assert "| op (self time" in text and "**all ops**" in text
 
 
-def test_cpu_sdpa_flop_formula():
+def test_sdpa_flop_formula_with_gqa():
     from torch.utils.flop_counter import FlopCounterMode
 
     b, h, hkv, n, d = 2, 4, 2, 10, 8
     q = torch.randn(b, h, n, d, requires_grad=True)
     k, v = (torch.randn(b, hkv, n, d, requires_grad=True) for _ in range(2))
-    with FlopCounterMode(display=False, custom_mapping=cpu_sdpa_flops()) as fc:
+    with FlopCounterMode(display=False, custom_mapping=sdpa_flops()) as fc:
         F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).sum().backward()
     fwd = 4 * b * h * n * n * d   # QK^T and PV
     assert fc.get_total_flops() == fwd + 2.5 * fwd   # backward: recomputed scores + 4 matmuls

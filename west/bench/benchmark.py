@@ -104,7 +104,8 @@ def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, trai
         t0 = time.perf_counter()
         runner.model.load_state_dict(runner.init)
         results[m.name]["flops"] = count_flops(model, loaded[m.name], dev)
-        log(f"[benchmark] {m.name}: FLOP count + warm-up pass {time.perf_counter() - t0:.1f} s")
+        log(f"[benchmark] {m.name}: FLOP count + warm-up pass {time.perf_counter() - t0:.1f} s; "
+            f"{results[m.name]['flops']['total'] / 1e12:.2f} TFLOP fwd+bwd")
     for rep in range(repeats):
         for m in modes:
             r = runner.run(loaded[m.name], warmup_steps)

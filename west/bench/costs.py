@@ -2,8 +2,8 @@
 
 Attention terms Σ len² (real) are set against what the kernels run (padded B·Lmax²;
 packed Σ over segments, incl. a row's dummy tail, bucketed as west's segment SDPA groups
-them). FLOPs are counted by ``torch.utils.flop_counter`` on the exact batches, with the
-CPU SDPA kernels registered here.
+them). FLOPs are counted by ``torch.utils.flop_counter`` on the exact batches, with
+GQA-safe formulas for the fused SDPA kernels registered here.
 """
 from __future__ import annotations
 
@@ -73,20 +73,35 @@ def summarize(shapes: Sequence[dict]) -> dict:
     return tot
 
 
-def cpu_sdpa_flops() -> dict:
-    """FLOP formulas for the CPU SDPA kernels, which torch.utils.flop_counter does not count."""
-    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+def _sdpa_fwd_flops(q, k, v) -> int:
+    """QKᵀ and PV of SDPA from shapes (B, Hq, L, D), (B, Hkv, S, D), (B, Hkv, S, Dv); GQA-safe
+    (the kv heads are shared, the products still run per query head)."""
+    b, h, lq, d = q[-4:] if len(q) == 4 else (1, *q[-3:])
+    s, dv = k[-2], v[-1]
+    return 2 * b * h * lq * s * d + 2 * b * h * lq * s * dv
 
+
+def sdpa_flops() -> dict:
+    """FLOP formulas for every fused SDPA kernel (CPU and CUDA) that hold with GQA shapes:
+    torch's own are missing on CPU and assert on GQA in some releases (torch 2.11 on CUDA).
+    Backward = 2.5 × forward (recomputed scores + dV, dP, dQ, dK), torch's convention."""
     aten = torch.ops.aten
 
     def fwd(q, k, v, *args, out_shape=None, **kwargs):
-        return sdpa_flop_count(q, k, v)
+        return _sdpa_fwd_flops(q, k, v)
 
     def bwd(grad_out, q, k, v, *args, out_shape=None, **kwargs):
-        return sdpa_backward_flop_count(grad_out, q, k, v)
+        return 5 * _sdpa_fwd_flops(q, k, v) // 2
 
-    return {aten._scaled_dot_product_flash_attention_for_cpu: fwd,
-            aten._scaled_dot_product_flash_attention_for_cpu_backward: bwd}
+    names = ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+             "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention")
+    table = {}
+    for n in names:
+        if hasattr(aten, n):
+            table[getattr(aten, n)] = fwd
+        if hasattr(aten, n + "_backward"):
+            table[getattr(aten, n + "_backward")] = bwd
+    return table
 
 
 def count_flops(model: torch.nn.Module, batches: Sequence[Batch], device: torch.device) -> dict:
@@ -117,8 +132,8 @@ def _count(model: torch.nn.Module, batches: Sequence[Batch], device: torch.devic
     children = [name for name, _ in model.named_children()]
     out = {"total": 0, "forward": 0, "backward": 0, **{f"fwd_{c}": 0 for c in children}}
     for b in batches:
-        fwd = FlopCounterMode(display=False, custom_mapping=cpu_sdpa_flops())
-        bwd = FlopCounterMode(display=False, custom_mapping=cpu_sdpa_flops())
+        fwd = FlopCounterMode(display=False, custom_mapping=sdpa_flops())
+        bwd = FlopCounterMode(display=False, custom_mapping=sdpa_flops())
         with fwd:
             loss = model(b.to(device))["loss_sum"]
         with bwd:
@@ -127,7 +142,7 @@ def _count(model: torch.nn.Module, batches: Sequence[Batch], device: torch.devic
         counts = fwd.get_flop_counts()
         called = 0
         for c in children:
-            n = int(sum(counts.get(f"{root}.{c}", {}).values()))
+            n = _subtree_flops(counts, f"{root}.{c}")
             out[f"fwd_{c}"] += n
             called += n
         out["forward"] += int(fwd.get_total_flops())
@@ -135,8 +150,22 @@ def _count(model: torch.nn.Module, batches: Sequence[Batch], device: torch.devic
         # a child the root calls through a method (not __call__) has no hook: its FLOPs are the rest
         rest = int(sum(counts.get(root, {}).values())) - called
         for c in children:
-            if getattr(model, c) is not None and f"{root}.{c}" not in counts:
+            if getattr(model, c) is not None and not any(k == f"{root}.{c}" or k.startswith(f"{root}.{c}.")
+                                                         for k in counts):
                 out[f"fwd_{c}"] += rest
                 break
     out["total"] = out["forward"] + out["backward"]
     return out
+
+
+def _subtree_flops(counts: dict, name: str) -> int:
+    """FLOPs of module ``name``: its own entry when it was called, else the sum over its
+    outermost called descendants (a parent's entry already holds its children's)."""
+    if name in counts:
+        return int(sum(counts[name].values()))
+    inside = sorted((k for k in counts if k.startswith(name + ".")), key=lambda k: k.count("."))
+    top: list[str] = []
+    for k in inside:
+        if not any(k.startswith(t + ".") for t in top):
+            top.append(k)
+    return int(sum(sum(counts[k].values()) for k in top))

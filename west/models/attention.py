@@ -129,6 +129,12 @@ class SegmentPlan:
 
 
 # --------------------------------------------------------------------------- segment SDPA
+def gather_rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``t[index]`` for a (G, n) row index, as one ``index_select``: its backward is a single
+    ``index_add_``, where advanced indexing's is a sorting ``index_put_`` (slow on the host)."""
+    return t.index_select(0, index.reshape(-1)).view(*index.shape, *t.shape[1:])
+
+
 BiasFn = Callable[[torch.Tensor, int], torch.Tensor]
 
 
@@ -154,7 +160,7 @@ def segment_sdpa(
     parts = []
     for g in plan.groups:
         G, n = g.index.shape
-        qg, kg, vg = (t[g.index].transpose(1, 2) for t in (q, k, v))  # (G, H, n, D)
+        qg, kg, vg = (gather_rows(t, g.index).transpose(1, 2) for t in (q, k, v))  # (G, H, n, D)
         mask, is_causal = None, causal
         if bias_fn is not None:
             mask = bias_fn(g.index, n).to(qg.dtype)
@@ -170,11 +176,11 @@ def segment_sdpa(
             qg, kg, vg, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=gqa
         )
         og = og.transpose(1, 2).reshape(G * n, og.shape[1], og.shape[-1])
-        parts.append(og if g.select is None else og[g.select])
+        parts.append(og if g.select is None else og.index_select(0, g.select))
     if not parts:
         return q.new_zeros(q.shape[0], q.shape[1], v.shape[-1])
     out = parts[0] if len(parts) == 1 else torch.cat(parts)
-    return out if plan.inverse is None else out[plan.inverse]
+    return out if plan.inverse is None else out.index_select(0, plan.inverse)
 
 
 # --------------------------------------------------------------------------- dispatch

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from west.models.attention import segment_sdpa
+from west.models.attention import gather_rows, segment_sdpa
 from west.models.config import ConformerConfig
 from west.models.layout import FrameLayout
 from west.models.subsampling import Conv2dSubsampling
@@ -71,7 +71,7 @@ class RelPositionAttention(nn.Module):
 
         def rel_bias(index: torch.Tensor, n: int) -> torch.Tensor:
             g = index.shape[0]
-            qg = q_v[index].transpose(1, 2)                            # (G, h, n, dk)
+            qg = gather_rows(q_v, index).transpose(1, 2)               # (G, h, n, dk)
             pn = p[m - n: m + n - 1].permute(1, 2, 0)                  # (h, dk, 2n-1)
             full = torch.matmul(qg, pn).contiguous()                   # (G, h, n, 2n-1)
             # out[i, j] = full[i, (n-1) - i + j]  (relative distance i - j): a strided view.

@@ -7,7 +7,8 @@ One forward for every batch mode (see west/batch.py):
   ``cu_seq_lens_*`` so attention stays inside each sample (west_varlen, flash-attn 2)
   or rely on position-id detection (stock eager/sdpa). Always ``use_cache=False``.
 * loss: labels are pre-shifted, so CE(logits[t], labels[t]) with no shift; only
-  label positions are projected to the vocabulary (``logits_to_keep`` mask).
+  label positions are projected to the vocabulary (the decoder's last hidden states at
+  those positions times the output embedding: no (R, L, vocab) logits are ever built).
   With ``ctc_weight > 0`` a CTC head on the encoder output adds
   ``ctc_weight * CTC`` (summed over utterances, like the CE over tokens), so the
   step's per-token normalisation and the mode equivalence are unchanged.
@@ -26,7 +27,8 @@ from west.batch import IGNORE_INDEX, Batch
 from west.models.config import POSTERIOR_TYPES, ConformerConfig, LLMConfig, LoraSettings, SpeechLLMConfig
 from west.models.conformer import ConformerEncoder
 from west.models.hf_attention import ATTN_NAME, packed_kwargs, register
-from west.models.projector import CompactPosteriorProjector, PosteriorProjector, Projector, group_frames
+from west.models.ctc import segment_ctc
+from west.models.projector import CompactPosteriorProjector, PosteriorProjector, Projector
 
 CONFIG_FILE = "west_model.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -225,12 +227,8 @@ class SpeechLLM(nn.Module):
         embeds, encoded = self._embed(batch)
         labels = batch.labels.to(embeds.device)
         keep = labels != IGNORE_INDEX
-        out = self.llm(inputs_embeds=embeds, position_ids=batch.position_ids, use_cache=False,
-                       logits_to_keep=keep, **self._llm_kwargs(batch))
-        logits = out.logits.float()
+        logits = self._label_logits(embeds, batch, keep).float()
         target = labels[keep]
-        if logits.shape[0] != target.shape[0]:
-            raise RuntimeError("LLM ignored the boolean logits_to_keep mask (transformers >= 5 needed)")
         ce_sum = F.cross_entropy(logits, target, reduction="sum")
         n_correct = int((logits.detach().argmax(-1) == target).sum())
         out = dict(loss_sum=ce_sum, ce_sum=ce_sum.detach(), n_tokens=int(target.numel()), n_correct=n_correct)
@@ -240,6 +238,18 @@ class SpeechLLM(nn.Module):
                        ctc_sum=ctc["ctc_sum"].detach(), ctc_utts=ctc["ctc_utts"],
                        ctc_infeasible=ctc["ctc_infeasible"])
         return out
+
+    def _label_logits(self, embeds: torch.Tensor, batch: Batch, keep: torch.Tensor) -> torch.Tensor:
+        """(#labels, vocab) logits: the LLM's decoder, then its output embedding on the label
+        positions only (transformers releases differ in whether ``logits_to_keep`` takes a mask)."""
+        base = self._base_llm()
+        conf = base.config
+        if getattr(conf, "final_logit_softcapping", None) or getattr(conf, "logit_scale", None):
+            raise NotImplementedError(f"{type(base).__name__} post-processes its logits; west's loss path "
+                                      "projects hidden states with the output embedding only")
+        hidden = base.get_decoder()(inputs_embeds=embeds, position_ids=batch.position_ids, use_cache=False,
+                                    **self._llm_kwargs(batch)).last_hidden_state
+        return base.get_output_embeddings()(hidden[keep])
 
     def ctc_loss(self, batch: Batch, encoded) -> dict:
         """Summed CTC of every speech segment that has a transcript (blank: :attr:`ctc_blank_id`,
@@ -254,32 +264,10 @@ class SpeechLLM(nn.Module):
         _, x, frames, logits = encoded
         if lens.shape[0] != len(frames):
             raise ValueError(f"{lens.shape[0]} CTC targets for {len(frames)} speech segments; keys={batch.keys}")
-        lens_l, targets = lens.tolist(), batch.ctc_targets.tolist()
-        keep, tgt, need, offset = [], [], [], 0
-        for i, k in enumerate(lens_l):
-            t = targets[offset:offset + k]
-            offset += k
-            if k:
-                keep.append(i)
-                tgt += t
-                need.append(k + sum(a == b for a, b in zip(t, t[1:])))
-        dev = x.device
         logits = logits if logits is not None else self.ctc_head(x)
-        kept = [frames[i] for i in keep]
-        if len(keep) < len(frames):   # only the frames of segments with a transcript
-            starts = torch.tensor([0] + frames[:-1]).cumsum(0)
-            rows = torch.cat([torch.arange(int(starts[i]), int(starts[i]) + frames[i]) for i in keep]).to(dev)
-            logits = logits.index_select(0, rows)
-        logp = F.log_softmax(logits.float(), dim=-1)
-        # (T, N, C) zero-padded: grouping by the longest segment gives one zero-filled row per
-        # segment, in one index_copy (a per-segment slice copy costs an autograd node each)
-        per_seg = group_frames(logp, kept, max(kept)).transpose(0, 1)
-        losses = F.ctc_loss(per_seg, torch.tensor(tgt, device=dev),
-                            torch.tensor(kept, device=dev),
-                            torch.tensor([lens_l[i] for i in keep], device=dev),
-                            blank=self.ctc_blank_id, reduction="none", zero_infinity=True)
-        infeasible = sum(frames[i] < k for i, k in zip(keep, need))
-        return dict(ctc_sum=losses.sum() + zero, ctc_utts=len(keep), ctc_infeasible=infeasible)
+        total, utts, infeasible = segment_ctc(logits, frames, lens.tolist(), batch.ctc_targets.tolist(),
+                                              self.ctc_blank_id)
+        return dict(ctc_sum=total + zero, ctc_utts=utts, ctc_infeasible=infeasible)
 
     # ------------------------------------------------------------------ decoding
     @torch.no_grad()
