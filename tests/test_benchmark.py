@@ -149,3 +149,32 @@ def test_modes_and_bad_arguments(setup, tmp_path):
     bad.write_text("utt1 /x.wav\n", encoding="utf-8")
     assert cli.main(["--config", str(setup["conf"]), "--model.llm.path", str(setup["llm"]), "--data", str(bad),
                      "--num_utts", "1", "--out_dir", str(tmp_path / "c")]) == 2
+
+
+def test_whisper_benchmark_adds_the_30s_padded_row(setup, tmp_path):
+    """With a Whisper encoder the default modes gain "Whisper padded to 30 s"; its encoder
+    computes every utterance at 1500 frames, and the removed share is reported."""
+    from test_whisper_encoder import tiny_whisper_dir
+
+    wdir = tiny_whisper_dir(tmp_path / "whisper")
+    out = tmp_path / "out"
+    threads = torch.get_num_threads()
+    rc = cli.main(args(setup, out, "--num_utts", "6", "--repeats", "1", "--batch_size", str(BATCH),
+                       "--max_tokens_in_batch", str(MAX_TOKENS), "--pack_tokens", str(PACK), "--profile", "never",
+                       "--threads", "1", "--model.encoder.type", "whisper", "--model.encoder.path", wdir,
+                       "--data.features", "whisper"))
+    torch.set_num_threads(threads)
+    assert rc == 0
+    res = json.loads((out / "benchmark.json").read_text(encoding="utf-8"))
+    m = res["modes"]
+    assert list(m) == ["static", "dynamic", "pack", "pack_encoder_padded", "whisper_padded_30s"]
+    padded = m["whisper_padded_30s"]
+    assert padded["method"] == "Whisper padded to 30 s"
+    assert padded["totals"]["enc_sub_frames_computed"] == 6 * 1500
+    assert m["pack"]["totals"]["enc_sub_frames_computed"] == m["pack"]["totals"]["enc_sub_frames_real"] < 6 * 1500
+    removed = m["pack"]["encoder_compute_removed_vs_30s"]
+    assert removed == pytest.approx(1 - m["pack"]["flops"]["fwd_encoder"] / padded["flops"]["fwd_encoder"])
+    assert 0.5 < removed < 1   # utterances of a few seconds against a 30 s window
+    assert "encoder compute removed by packing Whisper" in (out / "benchmark.md").read_text(encoding="utf-8")
+    conformer = cli.main(args(setup, tmp_path / "c", "--num_utts", "4", "--modes", "static,whisper_padded_30s"))
+    assert conformer == 2   # the row needs a Whisper encoder: refused before any work

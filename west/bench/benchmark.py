@@ -33,7 +33,7 @@ import torch
 
 from west.batch import Batch
 from west.bench.costs import batch_shapes, count_flops, summarize
-from west.bench.modes import Mode
+from west.bench.modes import WHISPER_PADDED, Mode, model_overrides
 from west.bench.runner import PassRunner
 from west.data.config import DataConfig
 from west.data.dataset import build_dataloader
@@ -83,14 +83,17 @@ def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, trai
     dev = torch.device(device)
     model.to(dev)
     runner = PassRunner(model, train, dev, seed)
-    enc_cfg, shape = model.cfg.encoder, model.cfg.speech_shape()
+    shape = model.cfg.speech_shape()
+    buckets = getattr(model.cfg.encoder, "buckets_per_octave", 8) if shape.encoder_type == "conformer" else 8
+    full_window = shape.encoder_frames(shape.max_frames) if shape.max_frames else None
     loaded, results = {}, {}
     for m in modes:
         conf = dataclasses.replace(data_conf, **{**m.data, "num_workers": 0})
         batches, load_s, skipped = load_batches(data_list, tokenizer, conf, shape, seed)
         keys = sorted(k for b in batches for k in b.keys)
         loaded[m.name] = batches
-        shapes = [batch_shapes(b, enc_cfg) for b in batches]
+        padded = full_window if m.model.get("encoder.pad_to_30s") else None
+        shapes = [batch_shapes(b, shape, buckets, padded) for b in batches]
         results[m.name] = {"method": m.method, "configuration": m.configuration, "data": m.data,
                            "load_s": load_s, "skipped": skipped, "keys": keys, "batches": shapes,
                            "totals": summarize(shapes)}
@@ -103,12 +106,14 @@ def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, trai
     for m in modes:
         t0 = time.perf_counter()
         runner.model.load_state_dict(runner.init)
-        results[m.name]["flops"] = count_flops(model, loaded[m.name], dev)
+        with model_overrides(model, m.model):
+            results[m.name]["flops"] = count_flops(model, loaded[m.name], dev)
         log(f"[benchmark] {m.name}: FLOP count + warm-up pass {time.perf_counter() - t0:.1f} s; "
             f"{results[m.name]['flops']['total'] / 1e12:.2f} TFLOP fwd+bwd")
     for rep in range(repeats):
         for m in modes:
-            r = runner.run(loaded[m.name], warmup_steps)
+            with model_overrides(model, m.model):
+                r = runner.run(loaded[m.name], warmup_steps)
             results[m.name].setdefault("runs", []).append(r)
             log(f"[benchmark] repeat {rep + 1}/{repeats} {m.name}: {r['time_s']:.2f} s (CPU {r['cpu_s']:.2f} s), "
                 f"util {r['util_pct']:.0f}%, mean loss {r['mean_loss']:.3f}")
@@ -124,6 +129,10 @@ def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, trai
     ref = "static" if "static" in results else modes[0].name
     compare(results, ref)
     checks = [c for c in (pairwise(results, "pack", ref), pairwise(results, "pack", "pack_encoder_padded")) if c]
+    whisper = results.get(WHISPER_PADDED)
+    if whisper and "pack" in results:   # the share of encoder compute that padding to 30 s costs
+        results["pack"]["encoder_compute_removed_vs_30s"] = (
+            1 - results["pack"]["flops"]["fwd_encoder"] / whisper["flops"]["fwd_encoder"])
     profiles: dict = {}
     for c in checks:
         c["below_90pct"] = c["ratio"] < 0.9
@@ -132,7 +141,8 @@ def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, trai
         for name in (c["fast"], c["slow"]):
             if name not in profiles:
                 log(f"[benchmark] profiling one pass of {name}")
-                profiles[name] = runner.profile_pass(loaded[name])
+                with model_overrides(model, next(m.model for m in modes if m.name == name)):
+                    profiles[name] = runner.profile_pass(loaded[name])
         c["profile"] = {"fast_ms": profiles[c["fast"]][0], "slow_ms": profiles[c["slow"]][0],
                         "fast_table": profiles[c["fast"]][1], "slow_table": profiles[c["slow"]][1]}
     runner.model.load_state_dict(runner.init)

@@ -13,8 +13,7 @@ import torch
 
 from west.batch import IGNORE_INDEX, Batch
 from west.models.attention import SegmentPlan
-from west.models.config import ConformerConfig
-from west.shapes import subsampled_frames
+from west.shapes import SpeechShape
 
 # west.models.hf_attention.packed_kwargs groups packed LLM segments with 8 buckets per octave.
 LLM_BUCKETS_PER_OCTAVE = 8
@@ -26,8 +25,11 @@ def _plan_cost(lengths: Sequence[int], buckets: Optional[int]) -> int:
     return sum(int(g.index.shape[0]) * g.length ** 2 for g in plan.groups)
 
 
-def batch_shapes(b: Batch, enc: ConformerConfig) -> dict:
-    """What one batch holds (real) and what the model computes for it."""
+def batch_shapes(b: Batch, shape: SpeechShape, buckets: Optional[int] = 8,
+                 padded_frames: Optional[int] = None) -> dict:
+    """What one batch holds (real) and what the model computes for it. ``shape`` gives the
+    encoder's frame formula, ``buckets`` its packed attention grouping; ``padded_frames``:
+    every utterance runs at this many encoder frames (Whisper padded to 30 s: 1500)."""
     rows, width = (int(x) for x in b.input_ids.shape)
     out = {"rows": rows, "width": width, **{k: int(v) for k, v in b.counters.items()}}
     if b.is_packed:
@@ -42,14 +44,17 @@ def batch_shapes(b: Batch, enc: ConformerConfig) -> dict:
         out["llm_attn_computed"] = out["llm_attn_dense_segments"] = rows * width * width
     out["llm_attn_real"] = sum(int(n) ** 2 for n in lens)
     feat_lens = b.feat_lens.tolist() if b.feat_lens is not None else []
-    sub = [subsampled_frames(int(t), enc.subsampling_rate) for t in feat_lens]
+    sub = [shape.encoder_frames(int(t)) for t in feat_lens]
     out["enc_sub_frames_real"] = sum(sub)
     out["enc_attn_real"] = sum(n * n for n in sub)
-    if b.encoder_packed or not sub:
+    if padded_frames:
+        out["enc_sub_frames_computed"] = len(sub) * padded_frames
+        out["enc_attn_computed"] = len(sub) * padded_frames ** 2
+    elif b.encoder_packed or not sub:
         out["enc_sub_frames_computed"] = sum(sub)
-        out["enc_attn_computed"] = _plan_cost(sub, enc.buckets_per_octave)
+        out["enc_attn_computed"] = _plan_cost(sub, buckets)
     else:
-        t = subsampled_frames(int(b.feats.shape[1]), enc.subsampling_rate)
+        t = shape.encoder_frames(int(b.feats.shape[1]))
         out["enc_sub_frames_computed"] = len(sub) * t
         out["enc_attn_computed"] = len(sub) * t * t
     return out

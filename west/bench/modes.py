@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import json
 import random
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 DEFAULT_MODES = ("static", "dynamic", "pack", "pack_encoder_padded")
-ALL_MODES = DEFAULT_MODES + ("pack_nf",)
+WHISPER_PADDED = "whisper_padded_30s"   # added for a Whisper encoder: what users run today
+ALL_MODES = DEFAULT_MODES + ("pack_nf",)           # every mode any encoder runs
 
 
 @dataclass(frozen=True)
@@ -17,6 +19,7 @@ class Mode:
     method: str          # first column of the seed table
     configuration: str   # second column
     data: dict = field(default_factory=dict)   # DataConfig overrides
+    model: dict = field(default_factory=dict)  # model attributes set for this mode's passes ("encoder.x")
 
 
 def standard_modes(names: Sequence[str] = DEFAULT_MODES, batch_size: int = 32, max_tokens: int = 4096,
@@ -34,11 +37,32 @@ def standard_modes(names: Sequence[str] = DEFAULT_MODES, batch_size: int = 32, m
                                     {**pack, "encoder_layout": "padded"}),
         "pack_nf": Mode("pack_nf", "sequence pack, next-fit", f"pack token {pack_tokens}, next-fit",
                         {**pack, "pack_algorithm": "nf"}),
+        WHISPER_PADDED: Mode(WHISPER_PADDED, "Whisper padded to 30 s", f"batch size {batch_size}, every "
+                             "utterance's encoder input padded to 30 s", dict(batch_type="static", batch_size=batch_size),
+                             {"encoder.pad_to_30s": True}),
     }
     unknown = [n for n in names if n not in table]
     if unknown:
         raise ValueError(f"unknown benchmark mode(s) {unknown}; choose from {list(table)}")
     return [table[n] for n in names]
+
+
+@contextmanager
+def model_overrides(model, attrs: dict):
+    """Set ``attrs`` ("child.attr": value) on ``model`` for the block, then restore them."""
+    saved = []
+    try:
+        for dotted, value in attrs.items():
+            owner_path, name = dotted.rsplit(".", 1)
+            owner = model.get_submodule(owner_path)
+            if not hasattr(owner, name):
+                raise ValueError(f"mode sets {dotted}, which {type(owner).__name__} does not have")
+            saved.append((owner, name, getattr(owner, name)))
+            setattr(owner, name, value)
+        yield model
+    finally:
+        for owner, name, value in reversed(saved):
+            setattr(owner, name, value)
 
 
 def select_utterances(data_list: str, n: int, out_path: Path, seed: int = 0) -> list[str]:

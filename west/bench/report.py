@@ -76,6 +76,10 @@ def notes(res: dict) -> str:
         if "llm_useful_wo_least_filled" in t:
             out.append(f"- pack LLM useful without the least-filled pack (the epoch's last, partial one): "
                        f"{_pct(t['llm_useful_wo_least_filled'])}")
+    removed = (pack or {}).get("encoder_compute_removed_vs_30s")
+    if removed is not None:
+        out.append(f"- encoder compute removed by packing Whisper instead of padding every utterance to 30 s: "
+                   f"{100 * removed:.1f}% of the encoder's forward FLOPs")
     for c in res["checks"]:
         verdict = (f"BELOW 90% of the prediction: profile in {c.get('profile_file', '(not written)')}"
                    if c["below_90pct"] else "at least 90% of the prediction")

@@ -17,7 +17,7 @@ from typing import Sequence
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
-    from west.bench.modes import ALL_MODES, DEFAULT_MODES
+    from west.bench.modes import ALL_MODES, DEFAULT_MODES, WHISPER_PADDED
 
     p = argparse.ArgumentParser(prog="west-benchmark", description=__doc__.split("\n\n")[0],
                                 epilog="Any config key can be overridden as --section.key VALUE "
@@ -26,8 +26,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", required=True, help="jsonl data list to draw the utterances from")
     p.add_argument("--num_utts", type=int, required=True, help="N: utterances trained on in every mode")
     p.add_argument("--out_dir", required=True, help="writes benchmark.json, benchmark.md, benchmark.png")
-    p.add_argument("--modes", default=",".join(DEFAULT_MODES),
-                   help=f"comma-separated, from {','.join(ALL_MODES)} (default: %(default)s)")
+    p.add_argument("--modes", default=None,
+                   help=f"comma-separated, from {','.join(ALL_MODES)},{WHISPER_PADDED} (default: {','.join(DEFAULT_MODES)}, "
+                        "plus whisper_padded_30s with a Whisper encoder)")
     p.add_argument("--batch_size", type=int, default=32, help="static batch size (seed: 32)")
     p.add_argument("--max_tokens_in_batch", type=int, default=4096, help="dynamic budget (seed: 4096)")
     p.add_argument("--pack_tokens", type=int, default=8192, help="pack row length (seed: 8192)")
@@ -52,9 +53,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError("--num_utts and --repeats must be >= 1, --warmup_steps >= 0")
         if not Path(args.data).is_file():
             raise ConfigError(f"--data: no such file: {args.data}")
-        from west.bench.modes import standard_modes
+        from west.bench.modes import DEFAULT_MODES, WHISPER_PADDED, standard_modes
 
-        modes = standard_modes([m.strip() for m in args.modes.split(",") if m.strip()], args.batch_size,
+        names = [m.strip() for m in args.modes.split(",") if m.strip()] if args.modes else (
+            [*DEFAULT_MODES, WHISPER_PADDED] if cfg.model.encoder.type == "whisper" else list(DEFAULT_MODES))
+        if WHISPER_PADDED in names and cfg.model.encoder.type != "whisper":
+            raise ConfigError(f"--modes {WHISPER_PADDED} needs model.encoder.type whisper")
+        modes = standard_modes(names, args.batch_size,
                                args.max_tokens_in_batch, args.pack_tokens)
     except (ConfigError, ValueError) as e:
         print(f"west-benchmark: error: {e}", file=sys.stderr)
