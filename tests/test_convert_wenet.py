@@ -32,7 +32,8 @@ INPUT_LAYER = {4: "conv2d", 6: "conv2d6", 8: "conv2d8"}
 
 def _west(rate=4, seed=0):
     torch.manual_seed(seed)
-    enc = ConformerEncoder(ConformerConfig.preset("tiny", subsampling_rate=rate, dropout=0.0)).eval()
+    enc = ConformerEncoder(ConformerConfig.preset("tiny", subsampling_rate=rate, dropout=0.0,
+                                                  pos_enc="wenet")).eval()
     with torch.no_grad():   # non-trivial norms, so a swapped norm would show in the outputs
         for name, p in enc.named_parameters():
             if "norm" in name:
@@ -172,10 +173,10 @@ def test_round_trip_same_weights_and_outputs(tmp_path, rate, capsys):
     enc = _west(rate)
     sd = wenet_state(enc, rate)
     sd["encoder.global_cmvn.mean"], sd["encoder.global_cmvn.istd"] = torch.randn(80), torch.rand(80) + 0.5
-    rc, out = _convert(tmp_path, sd, train_yaml(rate), "--accept_wenet_pos_enc")
+    rc, out = _convert(tmp_path, sd, train_yaml(rate))
     assert rc == 0
-    assert "positional term differs" in capsys.readouterr().out
     cfg = ConformerConfig.from_dict(yaml.safe_load((out / "encoder.yaml").read_text())["model"]["encoder"])
+    assert cfg.pos_enc == "wenet" and cfg.init == str((out / "encoder.safetensors").resolve())
     assert (cfg.d_model, cfg.num_blocks, cfg.subsampling_rate, cfg.conv_kernel, cfg.ffn_dim) == (64, 2, rate, 7, 128)
     back = ConformerEncoder(cfg).eval()
     back.load_state_dict(load_file(str(out / "encoder.safetensors")), strict=True)
@@ -190,13 +191,13 @@ def test_round_trip_same_weights_and_outputs(tmp_path, rate, capsys):
 
 
 @pytest.mark.parametrize("rate", [4, 8])
-def test_mapping_matches_wenet_math_except_the_positional_term(tmp_path, rate):
-    """Every tensor lands where WeNet's forward uses it: with the positional term written as
-    west computes it, WeNet's layer math over the WeNet names gives west's output; with WeNet's
-    own term (key's absolute position) it does not, which is why rel_pos needs the flag."""
+def test_converted_encoder_computes_wenets_function(tmp_path, rate):
+    """Every tensor lands where WeNet's forward uses it, and the written config (pos_enc: wenet)
+    makes west compute WeNet's own positional term, pe of the key's position: WeNet's layer math
+    over the WeNet names gives west's output; with the relative term pe(i−j) it would not."""
     enc = _west(rate, seed=3)
     sd = wenet_state(enc, rate)
-    rc, out = _convert(tmp_path, sd, train_yaml(rate), "--accept_wenet_pos_enc")
+    rc, out = _convert(tmp_path, sd, train_yaml(rate))
     assert rc == 0
     back = ConformerEncoder(ConformerConfig.from_dict(
         yaml.safe_load((out / "encoder.yaml").read_text())["model"]["encoder"])).eval()
@@ -204,12 +205,41 @@ def test_mapping_matches_wenet_math_except_the_positional_term(tmp_path, rate):
     feats = torch.randn(77, 80)
     with torch.no_grad():
         got = back(feats[None], torch.tensor([77]))[0][0].double()
-    torch.testing.assert_close(got, wenet_forward(sd, rate, 4, feats, relative=True), rtol=1e-4, atol=1e-4)
-    assert (got - wenet_forward(sd, rate, 4, feats, relative=False)).abs().max() > 1e-2
+    torch.testing.assert_close(got, wenet_forward(sd, rate, 4, feats, relative=False), rtol=1e-4, atol=1e-4)
+    assert (got - wenet_forward(sd, rate, 4, feats, relative=True)).abs().max() > 1e-2
+
+
+def test_relative_and_wenet_terms_agree_with_their_references():
+    """West's default pos_enc (relative) is the Transformer-XL term of the same weights."""
+    enc = _west(4, seed=5)
+    rel = ConformerEncoder(ConformerConfig.preset("tiny", dropout=0.0)).eval()
+    rel.load_state_dict(enc.state_dict())
+    sd = wenet_state(enc, 4)
+    feats = torch.randn(53, 80)
+    with torch.no_grad():
+        got = rel(feats[None], torch.tensor([53]))[0][0].double()
+    torch.testing.assert_close(got, wenet_forward(sd, 4, 4, feats, relative=True), rtol=1e-4, atol=1e-4)
+
+
+def test_init_loads_the_converted_weights_or_names_the_key(tmp_path):
+    from types import SimpleNamespace
+
+    from west.train.build import load_encoder_init
+
+    enc = _west(4, seed=7)
+    rc, out = _convert(tmp_path, wenet_state(enc, 4), train_yaml(4))
+    assert rc == 0
+    cfg = ConformerConfig.from_dict(yaml.safe_load((out / "encoder.yaml").read_text())["model"]["encoder"])
+    model = SimpleNamespace(encoder=ConformerEncoder(cfg))
+    load_encoder_init(model, cfg.init)
+    for (name, a), (_, b) in zip(enc.state_dict().items(), model.encoder.state_dict().items()):
+        assert torch.equal(a, b), name
+    other = SimpleNamespace(encoder=ConformerEncoder(ConformerConfig.preset("tiny", num_blocks=3)))
+    with pytest.raises(ValueError, match="model.encoder.init .*does not fit model.encoder"):
+        load_encoder_init(other, cfg.init)
 
 
 REFUSALS = [
-    (dict(), "encoder_conf.pos_enc_layer_type"),                       # rel_pos without the flag
     (dict(pos_enc_layer_type="abs_pos"), "encoder_conf.pos_enc_layer_type"),
     (dict(pos_enc_layer_type="rel_pos_firered"), "encoder_conf.pos_enc_layer_type"),
     (dict(causal=True), "encoder_conf.causal"),
@@ -234,8 +264,7 @@ def test_refusals_name_the_option(tmp_path, capsys, overrides, option):
     conf = train_yaml(4, **overrides)
     if overrides.get("cnn_module_norm", "") is None:
         del conf["encoder_conf"]["cnn_module_norm"]
-    extra = () if not overrides else ("--accept_wenet_pos_enc",)
-    rc, out = _convert(tmp_path, wenet_state(_west(), 4), conf, *extra)
+    rc, out = _convert(tmp_path, wenet_state(_west(), 4), conf)
     err = capsys.readouterr().err
     assert rc == 2 and option in err and "refused" in err, err
     assert not out.exists()
@@ -244,13 +273,13 @@ def test_refusals_name_the_option(tmp_path, capsys, overrides, option):
 def test_refuses_other_encoders_and_foreign_tensors(tmp_path, capsys):
     sd = wenet_state(_west(), 4)
     conf = dict(train_yaml(4), encoder="branchformer")
-    assert _convert(tmp_path, sd, conf, "--accept_wenet_pos_enc")[0] == 2
+    assert _convert(tmp_path, sd, conf)[0] == 2
     assert "encoder: 'branchformer'" in capsys.readouterr().err
     extra = dict(sd, **{"encoder.encoders.0.self_attn.layer_norm_q.weight": torch.ones(64)})
-    assert _convert(tmp_path, extra, train_yaml(4), "--accept_wenet_pos_enc")[0] == 2
+    assert _convert(tmp_path, extra, train_yaml(4))[0] == 2
     assert "encoder.encoders.0.self_attn.layer_norm_q.weight" in capsys.readouterr().err
     # a checkpoint with more blocks than train.yaml says: named, not half-loaded
-    assert _convert(tmp_path, sd, train_yaml(4, num_blocks=3), "--accept_wenet_pos_enc")[0] == 2
+    assert _convert(tmp_path, sd, train_yaml(4, num_blocks=3))[0] == 2
     assert "blocks.2" in capsys.readouterr().err
 
 
@@ -260,12 +289,12 @@ def test_cmvn_from_the_files_train_yaml_names(tmp_path):
              "frame_num": 2}
     exp = write_exp(tmp_path, sd, train_yaml(4))
     (exp / "global_cmvn").write_text(json.dumps(stats))       # found next to train.yaml by basename
-    assert conv.main(["--wenet_dir", str(exp), "--out", str(tmp_path / "a"), "--accept_wenet_pos_enc"]) == 0
+    assert conv.main(["--wenet_dir", str(exp), "--out", str(tmp_path / "a")]) == 0
     a = GlobalCMVN.from_json(str(tmp_path / "a" / "global_cmvn.json"))
     kaldi = "[ " + " ".join(map(str, stats["mean_stat"])) + " 2 " + " ".join(map(str, stats["var_stat"])) + " 0 ]"
     (exp / "global_cmvn").write_text(kaldi)                    # WeNet's Kaldi-text form
     assert conv.main(["--checkpoint", str(exp / "final.pt"), "--config", str(exp / "train.yaml"),
-                      "--out", str(tmp_path / "b"), "--accept_wenet_pos_enc"]) == 0
+                      "--out", str(tmp_path / "b")]) == 0
     b = GlobalCMVN.from_json(str(tmp_path / "b" / "global_cmvn.json"))
     for c in (a, b):
         assert c.mean.tolist() == [float(i) for i in range(80)]
@@ -277,8 +306,6 @@ def test_script_runs(tmp_path):
     cmd = [sys.executable, str(TOOLS / "convert_wenet_checkpoint.py"), "--wenet_dir", str(exp),
            "--out", str(tmp_path / "o")]
     r = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    assert r.returncode == 2 and "pos_enc_layer_type" in r.stderr
-    r = subprocess.run(cmd + ["--accept_wenet_pos_enc"], capture_output=True, text=True, check=False)
     assert r.returncode == 0, r.stderr
     assert "cmvn: MISSING" in r.stdout and len(r.stdout.strip().splitlines()) == 1
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["encoder.safetensors", "encoder.yaml"]

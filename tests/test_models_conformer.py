@@ -37,10 +37,11 @@ def _pad(feats, extra=0):
     return out
 
 
-@pytest.mark.parametrize("rate,bpo", [(4, 8), (6, None), (8, 2)])
-def test_packed_equals_alone_equals_padded(rate, bpo):
+@pytest.mark.parametrize("rate,bpo,pos_enc", [(4, 8, "relative"), (6, None, "relative"), (8, 2, "relative"),
+                                              (4, 8, "wenet"), (6, None, "wenet")])
+def test_packed_equals_alone_equals_padded(rate, bpo, pos_enc):
     lens = [n for n in LENS if n >= min_fbank_frames(rate)]
-    enc, feats = _encoder(rate, bpo), _feats(lens)
+    enc, feats = _encoder(rate, bpo, pos_enc=pos_enc), _feats(lens)
     with torch.no_grad():
         alone = [enc(f[None], lengths=torch.tensor([len(f)]))[0][0] for f in feats]
         packed, cu = enc(torch.cat(feats), cu_seqlens=_cu(lens))

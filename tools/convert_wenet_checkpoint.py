@@ -1,8 +1,7 @@
 #!/usr/bin/env python3
 """WeNet Conformer encoder (final.pt + train.yaml) -> west's Conformer config + safetensors.
 
-    python tools/convert_wenet_checkpoint.py --wenet_dir exp/conformer --out exp/wenet_enc \
-        --accept_wenet_pos_enc
+    python tools/convert_wenet_checkpoint.py --wenet_dir exp/conformer --out exp/wenet_enc
     python tools/convert_wenet_checkpoint.py --checkpoint final.pt --config train.yaml --out DIR
 
 Writes ``DIR/encoder.safetensors`` (west parameter names), ``DIR/encoder.yaml`` (the
@@ -10,11 +9,11 @@ Writes ``DIR/encoder.safetensors`` (west parameter names), ``DIR/encoder.yaml`` 
 (for ``data.cmvn``: WeNet applies CMVN inside its encoder, west in the data pipeline).
 
 Only options whose math west's Conformer computes are converted; anything else is refused
-(exit code 2) with a message naming the option. WeNet's ``rel_pos`` is refused unless
-``--accept_wenet_pos_enc``: its attention adds (q+v)·W_pos·pe(j), an encoding of the KEY's
-absolute position j, while west's adds (q+v)·W_pos·pe(i−j), the relative distance; every
-weight maps, but the outputs differ until fine-tuned (docs/models.md, "Converting a WeNet
-Conformer"). Mapping checked against wenet-e2e/wenet at commit 0154699 (2025-12-19).
+(exit code 2) with a message naming the option. WeNet's ``rel_pos`` attention adds
+(q+v)·W_pos·pe(j), an encoding of the KEY's position j (no rel_shift), where west's default
+adds pe(i−j); the written config sets ``pos_enc: wenet`` so west computes WeNet's term, and
+``init`` so west-train loads the weights (docs/models.md, "Converting a WeNet Conformer").
+Mapping checked against wenet-e2e/wenet at commit 0154699 (2025-12-19).
 """
 from __future__ import annotations
 
@@ -69,7 +68,7 @@ class Refusal(Exception):
     """The checkpoint uses something west's Conformer does not compute; the message names it."""
 
 
-def encoder_config(conf: dict, accept_pos_enc: bool = False) -> dict:
+def encoder_config(conf: dict) -> dict:
     """train.yaml -> ``ConformerConfig`` fields, or Refusal naming the first unsupported option."""
     kind = conf.get("encoder", "conformer")
     if kind != "conformer":
@@ -81,12 +80,6 @@ def encoder_config(conf: dict, accept_pos_enc: bool = False) -> dict:
                       "it may change the encoder's math)")
     for key, want in REQUIRED.items():
         got = enc.get(key, DEFAULTS[key])
-        if key == "pos_enc_layer_type" and got == "rel_pos" and not accept_pos_enc:
-            raise Refusal(
-                "encoder_conf.pos_enc_layer_type: 'rel_pos' in WeNet adds (q+v)·W_pos·pe(j), the key's "
-                "absolute position; west's Conformer adds pe(i−j), the relative distance. The weights "
-                "map one to one but the outputs differ until fine-tuned; pass --accept_wenet_pos_enc "
-                "to convert anyway")
         if got != want and not (isinstance(want, float) and isinstance(got, (int, float))
                                 and math.isclose(got, want)):
             raise Refusal(f"encoder_conf.{key}: {got!r} is not supported (west's Conformer computes "
@@ -102,7 +95,7 @@ def encoder_config(conf: dict, accept_pos_enc: bool = False) -> dict:
         num_heads=int(enc.get("attention_heads", 4)), ffn_dim=int(enc.get("linear_units", 2048)),
         num_blocks=int(enc.get("num_blocks", 6)), conv_kernel=int(enc.get("cnn_module_kernel", 15)),
         subsampling_rate=SUBSAMPLING[layer], dropout=float(enc.get("dropout_rate", 0.1)),
-        attn_dropout=float(enc.get("attention_dropout_rate", 0.0)))
+        attn_dropout=float(enc.get("attention_dropout_rate", 0.0)), pos_enc="wenet")
 
 
 def _hint(key: str) -> str:
@@ -183,8 +176,7 @@ def find_cmvn(conf: dict, buffers: dict, search: list[str]) -> tuple[Optional[di
     return None, f"MISSING: train.yaml names {path!r}, not found; pass data.cmvn yourself"
 
 
-def convert(checkpoint: str, config: str, out_dir: str, accept_pos_enc: bool = False,
-            write_cmvn: bool = True) -> str:
+def convert(checkpoint: str, config: str, out_dir: str, write_cmvn: bool = True) -> str:
     """Write encoder.safetensors / encoder.yaml (/ global_cmvn.json); return the summary line."""
     from safetensors.torch import save_file
 
@@ -193,7 +185,7 @@ def convert(checkpoint: str, config: str, out_dir: str, accept_pos_enc: bool = F
 
     with open(config, encoding="utf-8") as f:
         conf = yaml.safe_load(f) or {}
-    fields = encoder_config(conf, accept_pos_enc)
+    fields = encoder_config(conf)
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)
     if not isinstance(state, dict):
         raise Refusal(f"{checkpoint}: not a state dict ({type(state).__name__})")
@@ -212,16 +204,16 @@ def convert(checkpoint: str, config: str, out_dir: str, accept_pos_enc: bool = F
               os.path.join(out_dir, "encoder.safetensors"), metadata={"source": os.path.abspath(checkpoint)})
     with open(os.path.join(out_dir, "encoder.yaml"), "w", encoding="utf-8") as f:
         f.write(f"# converted from {checkpoint} ({config}) by tools/convert_wenet_checkpoint.py\n")
-        yaml.safe_dump({"model": {"encoder": cfg.to_dict()}}, f, sort_keys=False)
+        section = {**cfg.to_dict(), "init": os.path.abspath(os.path.join(out_dir, "encoder.safetensors"))}
+        yaml.safe_dump({"model": {"encoder": section}}, f, sort_keys=False)
     cmvn, source = find_cmvn(conf, buffers, [os.path.dirname(os.path.abspath(p)) for p in (config, checkpoint)])
     if cmvn is not None and write_cmvn:
         with open(os.path.join(out_dir, "global_cmvn.json"), "w", encoding="utf-8") as f:
             json.dump(cmvn, f)
     params = sum(t.numel() for t in tensors.values())
-    pos = "; positional term differs from WeNet's (--accept_wenet_pos_enc)" if accept_pos_enc else ""
     return (f"{len(tensors)} tensors ({params / 1e6:.1f}M params): {cfg.num_blocks} blocks, d_model "
             f"{cfg.d_model}, {cfg.num_heads} heads, rate {cfg.subsampling_rate} -> {out_dir}; "
-            f"cmvn: {source}{pos}")
+            f"cmvn: {source}")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -230,8 +222,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--checkpoint", help="WeNet model state dict (final.pt, avg_N.pt)")
     p.add_argument("--config", help="its train.yaml")
     p.add_argument("--out", required=True, help="output dir")
-    p.add_argument("--accept_wenet_pos_enc", action="store_true",
-                   help="convert a rel_pos model although its positional term differs from west's")
     p.add_argument("--no_cmvn", action="store_true", help="do not write global_cmvn.json")
     a = p.parse_args(argv)
     if a.wenet_dir:
@@ -246,7 +236,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"convert_wenet_checkpoint: no such file: {path}", file=sys.stderr)
             return 2
     try:
-        print(convert(ckpt, config, a.out, a.accept_wenet_pos_enc, not a.no_cmvn))
+        print(convert(ckpt, config, a.out, not a.no_cmvn))
     except Refusal as e:
         print(f"convert_wenet_checkpoint: refused: {e}", file=sys.stderr)
         return 2

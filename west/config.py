@@ -116,6 +116,9 @@ def check_encoder(cfg: Config) -> None:
     require((enc.type == "whisper") == (data.features == "whisper"), "data.features",
             f"{data.features} does not match model.encoder.type {enc.type}: the whisper encoder reads "
             "--data.features whisper, the conformer reads fbank")
+    require(enc.init is None or enc.type == "conformer", "model.encoder.init",
+            "initialises west's Conformer; a Whisper encoder's weights come from model.encoder.path")
+    require(enc.init is None or os.path.isfile(enc.init), "model.encoder.init", f"no such file: {enc.init}")
     if enc.type != "whisper":
         return
     from west.models.whisper_encoder import read_whisper_config

@@ -13,6 +13,7 @@ from west.shapes import ENCODER_TYPES, SUBSAMPLING_LAYERS, SpeechShape
 POSTERIOR_TYPES = ("ctc_posterior", "ctc_compact")  # read the CTC head's posteriors
 PROJECTOR_TYPES = ("mlp", *POSTERIOR_TYPES)
 LLM_DTYPES = ("float32", "bfloat16", "float16")
+POS_ENCODINGS = ("relative", "wenet")
 
 
 @section("model.encoder")
@@ -37,6 +38,13 @@ class ConformerConfig:
     attn_dropout: float = setting(0.0, min=0)      # dropout on attention probabilities
     buckets_per_octave: Optional[int] = 8          # packed attention grouping (None = exact lengths)
     gradient_checkpointing: bool = False
+    # Positional score term: relative = (q+v)·W_pos·pe(i−j) (Transformer-XL / ESPnet); wenet =
+    # (q+v)·W_pos·pe(j), the key's position within its utterance, as WeNet's rel_pos computes it
+    # (what tools/convert_wenet_checkpoint.py writes, so a converted encoder is the same function).
+    pos_enc: str = setting("relative", choices=POS_ENCODINGS)
+    # Encoder weights (safetensors, west names) loaded strictly before training starts, e.g. the
+    # encoder.safetensors of tools/convert_wenet_checkpoint.py; not re-read on resume or decode.
+    init: Optional[str] = None
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "ConformerConfig":

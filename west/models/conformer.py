@@ -43,10 +43,13 @@ def relative_sinusoids(max_len: int, dim: int) -> torch.Tensor:
 
 
 class RelPositionAttention(nn.Module):
-    """scores = ((q+u)·k + (q+v)·W_pos·pe(i−j)) / √d_k, per utterance."""
+    """scores = ((q+u)·k + (q+v)·W_pos·pe(i−j)) / √d_k, per utterance; with ``pos_enc="wenet"``
+    the positional term is (q+v)·W_pos·pe(j), j the key's position in its utterance (WeNet's
+    rel_pos attention has no rel_shift)."""
 
-    def __init__(self, d_model: int, num_heads: int, attn_dropout: float = 0.0):
+    def __init__(self, d_model: int, num_heads: int, attn_dropout: float = 0.0, pos_enc: str = "relative"):
         super().__init__()
+        self.key_positions = pos_enc == "wenet"
         self.h, self.dk = num_heads, d_model // num_heads
         self.linear_q = nn.Linear(d_model, d_model)
         self.linear_k = nn.Linear(d_model, d_model)
@@ -72,6 +75,8 @@ class RelPositionAttention(nn.Module):
         def rel_bias(index: torch.Tensor, n: int) -> torch.Tensor:
             g = index.shape[0]
             qg = gather_rows(q_v, index).transpose(1, 2)               # (G, h, n, dk)
+            if self.key_positions:   # row m-1-j of the table encodes +j: pe(0..n-1)
+                return torch.matmul(qg, p[m - n: m].flip(0).permute(1, 2, 0)) * scale
             pn = p[m - n: m + n - 1].permute(1, 2, 0)                  # (h, dk, 2n-1)
             full = torch.matmul(qg, pn).contiguous()                   # (G, h, n, 2n-1)
             # out[i, j] = full[i, (n-1) - i + j]  (relative distance i - j): a strided view.
@@ -116,7 +121,7 @@ class ConformerBlock(nn.Module):
         super().__init__()
         d = cfg.d_model
         self.ff1, self.ff2 = FeedForward(d, cfg.ffn_dim, cfg.dropout), FeedForward(d, cfg.ffn_dim, cfg.dropout)
-        self.attn = RelPositionAttention(d, cfg.num_heads, cfg.attn_dropout)
+        self.attn = RelPositionAttention(d, cfg.num_heads, cfg.attn_dropout, cfg.pos_enc)
         self.conv = ConvModule(d, cfg.conv_kernel, cfg.dropout)
         self.norm_ff1, self.norm_attn, self.norm_conv, self.norm_ff2, self.norm_out = (
             nn.LayerNorm(d) for _ in range(5))

@@ -61,9 +61,24 @@ def load_tokenizer(model_cfg: SpeechLLMConfig):
 
 
 def build_model(model_cfg: SpeechLLMConfig, seed: int) -> SpeechLLM:
-    """Same seed on every rank (DDP also broadcasts rank 0's weights when wrapping)."""
+    """Same seed on every rank (DDP also broadcasts rank 0's weights when wrapping); the
+    encoder then takes ``model.encoder.init``'s weights when given (a resume overwrites them)."""
     torch.manual_seed(seed)
-    return SpeechLLM(model_cfg)
+    model = SpeechLLM(model_cfg)
+    if model_cfg.encoder.init:
+        load_encoder_init(model, model_cfg.encoder.init)
+    return model
+
+
+def load_encoder_init(model: SpeechLLM, path: str) -> None:
+    """Strict load of an encoder state dict (west names) into ``model.encoder``."""
+    from safetensors.torch import load_file
+
+    try:
+        model.encoder.load_state_dict(load_file(path), strict=True)
+    except RuntimeError as e:
+        raise ValueError(f"model.encoder.init {path}: does not fit model.encoder ({str(e).splitlines()[0]} "
+                         "...); use the encoder section written next to it (encoder.yaml)") from None
 
 
 def count_params(model: torch.nn.Module) -> tuple[int, int]:
