@@ -50,7 +50,7 @@ def batch_shapes(b: Batch, shape: SpeechShape, buckets: Optional[int] = 8,
     if padded_frames:
         out["enc_sub_frames_computed"] = len(sub) * padded_frames
         out["enc_attn_computed"] = len(sub) * padded_frames ** 2
-    elif b.encoder_packed or not sub:
+    elif b.encoder_packed or not sub or shape.encoder_type == "whisper":   # Whisper packs padded input itself
         out["enc_sub_frames_computed"] = sum(sub)
         out["enc_attn_computed"] = _plan_cost(sub, buckets)
     else:
