@@ -132,6 +132,19 @@ class SpeechLLM(nn.Module):
         self.encoder.gradient_checkpointing = True
         self._base_llm().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
+    def fsdp_units(self) -> list[nn.Module]:
+        """Modules FSDP2 shards one by one: each encoder block and each LLM decoder layer.
+
+        Embeddings, head, projector and norms stay in the root unit (tied input/output
+        embeddings must share one unit), so peak memory is one layer's full weights."""
+        enc = self.encoder
+        blocks = enc.hf.layers if hasattr(enc, "hf") else enc.blocks
+        base = self._base_llm()
+        layers = getattr(getattr(base, "model", base), "layers", None)
+        if layers is None:
+            raise ValueError(f"{type(base).__name__}: no decoder layer list at .model.layers to shard")
+        return [*blocks, *layers]
+
     # ------------------------------------------------------------------ shapes
     @property
     def subsampling_rate(self) -> int:
