@@ -15,7 +15,9 @@ import yaml
 
 from west.data.config import DataConfig
 from west.models.config import SpeechLLMConfig
-from west.models.speech_llm import CONFIG_FILE, LLM_DIR, SpeechLLM, load_llm
+from west.models.llm import load_llm
+from west.models.saved import CONFIG_FILE, LLM_DIR
+from west.models.speech_llm import SpeechLLM
 from west.train.checkpoint import find_latest, load_tensors
 from west.train.distributed import pick_device
 

@@ -15,7 +15,6 @@ One forward for every batch mode (see west/batch.py):
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
@@ -24,48 +23,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from west.batch import IGNORE_INDEX, Batch
-from west.models.config import POSTERIOR_TYPES, ConformerConfig, LLMConfig, LoraSettings, SpeechLLMConfig
+from west.models.config import POSTERIOR_TYPES, ConformerConfig, SpeechLLMConfig
 from west.models.conformer import ConformerEncoder
-from west.models.hf_attention import ATTN_NAME, packed_kwargs, register
+from west.models.hf_attention import ATTN_NAME, packed_kwargs
+from west.models.llm import apply_lora, load_llm
 from west.models.ctc import segment_ctc
 from west.models.projector import CompactPosteriorProjector, PosteriorProjector, Projector
-
-CONFIG_FILE = "west_model.json"
-WEIGHTS_FILE = "model.safetensors"
-LLM_DIR = "llm"
-
-
-def load_llm(cfg: LLMConfig, hf_config=None) -> nn.Module:
-    """Stock ``AutoModelForCausalLM``: from ``cfg.path`` (from_pretrained), else from a config."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    if cfg.attn_implementation == ATTN_NAME:
-        register()
-    kw = dict(attn_implementation=cfg.attn_implementation, dtype=getattr(torch, cfg.dtype))
-    if hf_config is not None:
-        return AutoModelForCausalLM.from_config(hf_config, **kw)
-    if cfg.path:
-        if not Path(cfg.path).is_dir():
-            raise FileNotFoundError(f"model.llm.path {cfg.path!r} is not a directory")
-        return AutoModelForCausalLM.from_pretrained(cfg.path, **kw)
-    if cfg.config:
-        conf = dict(cfg.config)
-        model_type = conf.pop("model_type", None)
-        if model_type is None:
-            raise ValueError("model.llm.config needs a 'model_type' (e.g. qwen2)")
-        return AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **conf), **kw)
-    raise ValueError("model.llm needs either 'path' (local HF dir) or 'config' (HF config dict)")
-
-
-def apply_lora(llm: nn.Module, lora: LoraSettings) -> nn.Module:
-    try:
-        from peft import LoraConfig, get_peft_model
-    except ImportError as e:  # optional extra
-        raise ImportError("model.lora needs peft: pip install 'west[lora]'") from e
-    conf = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                      target_modules=list(lora.target_modules), task_type="CAUSAL_LM")
-    return get_peft_model(llm, conf)
-
 
 def build_encoder(cfg: ConformerConfig, attn_backend: str = "auto") -> nn.Module:
     """The encoder of ``model.encoder.type``: west's Conformer, or the Whisper encoder of
@@ -322,71 +285,18 @@ class SpeechLLM(nn.Module):
 
     # ------------------------------------------------------------------ save / load
     def save_pretrained(self, out_dir: str | Path, tokenizer=None, include_frozen_llm: bool = True) -> Path:
-        """Write west config, the LLM's HF config (+ tokenizer) and all weights (safetensors).
+        """See :func:`west.models.saved.save_speech_llm`."""
+        from west.models.saved import save_speech_llm
 
-        ``include_frozen_llm=False`` leaves out the LLM's frozen weights (they are
-        reloaded from ``model.llm.path``), keeping checkpoints of a frozen 1.5B LLM small."""
-        from safetensors.torch import save_file
-
-        out = Path(out_dir)
-        (out / LLM_DIR).mkdir(parents=True, exist_ok=True)
-        (out / CONFIG_FILE).write_text(json.dumps(self.cfg.to_dict(), indent=2))
-        base = self._base_llm()
-        base.config.save_pretrained(out / LLM_DIR)
-        base.generation_config.save_pretrained(out / LLM_DIR)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(out / LLM_DIR)
-        if not include_frozen_llm and not self.cfg.llm.path:
-            raise ValueError("include_frozen_llm=False needs model.llm.path to reload the LLM from")
-        skip = set() if include_frozen_llm else _frozen_llm_names(self)
-        state, seen = {}, set()
-        for name, t in self.state_dict().items():
-            if name in skip or (t.numel() and t.data_ptr() in seen):  # tied weights: stored once
-                continue
-            seen.add(t.data_ptr())
-            state[name] = t.detach().contiguous().cpu()
-        save_file(state, str(out / WEIGHTS_FILE), metadata={"llm_weights": "included" if include_frozen_llm else "path"})
-        return out
+        return save_speech_llm(self, out_dir, tokenizer, include_frozen_llm)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str | torch.device = "cpu") -> "SpeechLLM":
-        """Inverse of :meth:`save_pretrained`; the LLM architecture comes from ``path/llm``."""
-        from safetensors import safe_open
-        from safetensors.torch import load_file
-        from transformers import AutoConfig
+        """See :func:`west.models.saved.load_speech_llm`."""
+        from west.models.saved import load_speech_llm
 
-        path = Path(path)
-        cfg = SpeechLLMConfig.from_dict(json.loads((path / CONFIG_FILE).read_text()))
-        with safe_open(str(path / WEIGHTS_FILE), framework="pt") as f:
-            llm_included = (f.metadata() or {}).get("llm_weights", "included") == "included"
-        if llm_included:
-            llm = load_llm(cfg.llm, hf_config=AutoConfig.from_pretrained(path / LLM_DIR))
-        else:
-            llm = load_llm(cfg.llm)  # frozen weights from model.llm.path
-        model = cls(cfg, llm=llm)
-        missing, unexpected = model.load_state_dict(load_file(str(path / WEIGHTS_FILE)), strict=False)
-        allowed = _tied_names(model) | (set() if llm_included else _frozen_llm_names(model))
-        missing = [k for k in missing if k not in allowed]
-        if missing or unexpected:
-            raise ValueError(f"{path / WEIGHTS_FILE}: missing {missing[:5]}, unexpected {unexpected[:5]}")
-        return model.to(device)
+        return load_speech_llm(path, device)
 
 
 def _first(x):
     return x[0] if isinstance(x, (list, tuple)) else x
-
-
-def _tied_names(model: nn.Module) -> set:
-    """State-dict names whose tensor shares storage with an earlier name (tied embeddings)."""
-    seen, tied = set(), set()
-    for name, t in model.state_dict().items():
-        if t.numel() and t.data_ptr() in seen:
-            tied.add(name)
-        seen.add(t.data_ptr())
-    return tied
-
-
-def _frozen_llm_names(model: nn.Module) -> set:
-    """State-dict names of the LLM that are not trained (parameters and buffers)."""
-    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-    return {n for n in model.state_dict() if n.startswith("llm.") and n not in trainable}
