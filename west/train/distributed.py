@@ -133,25 +133,48 @@ def all_ranks(flag: bool) -> bool:
 
 # ----------------------------------------------------------------------------- wrapping
 
+def fsdp_mixed_precision(precision: str):
+    """FSDP2's policy for ``train.precision``: bf16 -> gather parameters in bf16 (compute and
+    all-gather traffic), reduce gradients in fp32; the sharded parameters and the optimizer
+    state stay fp32 (master weights). fp32 -> None (FSDP's default: no casting).
+
+    Forward inputs are not cast (``cast_forward_inputs=False``): the step's autocast decides
+    activation dtypes as it does under DDP, and finds the weights already in bf16, so nothing
+    is cast twice."""
+    if precision == "fp32":
+        return None
+    if precision != "bf16":
+        raise ValueError(f"train.precision: {precision!r} is not fp32 or bf16")
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                                cast_forward_inputs=False)
+
+
 def wrap_model(model: nn.Module, info: DistInfo, fsdp: bool = False,
-               find_unused_parameters: bool = False) -> nn.Module:
+               find_unused_parameters: bool = False, precision: str = "fp32") -> nn.Module:
     """DDP (default) or FSDP2 ``fully_shard`` around ``model``; unchanged when world size is 1.
 
     FSDP2 shards every child listed by ``model.fsdp_units()`` (e.g. the LLM's
     decoder layers and the encoder blocks) and then the root, so only one
-    unit's full parameters live on a device at a time. Gradients are averaged
-    over ranks by both wrappers, which the per-token loss scaling relies on.
+    unit's full parameters (plus the root's) live on a device at a time; with
+    ``precision="bf16"`` it gathers them in bf16 (:func:`fsdp_mixed_precision`).
+    Gradients are averaged over ranks by both wrappers, which the per-token loss
+    scaling relies on. Activation checkpointing must be enabled before wrapping
+    (the Trainer does): the recompute then re-gathers each unit through its hooks.
     """
     model = model.to(info.device)
     if fsdp:
         from torch.distributed.fsdp import fully_shard  # FSDP2 API (torch >= 2.6)
 
+        policy = fsdp_mixed_precision(precision)
         if not dist.is_initialized():
-            return model  # one process: nothing to shard across
+            return model  # one process: nothing to shard across (autocast alone does bf16)
+        kwargs = {"mp_policy": policy} if policy is not None else {}
         units = list(model.fsdp_units()) if hasattr(model, "fsdp_units") else []
         for unit in units:
-            fully_shard(unit)
-        fully_shard(model)
+            fully_shard(unit, **kwargs)
+        fully_shard(model, **kwargs)
         return model
     if not info.distributed:
         return model

@@ -79,7 +79,7 @@ class Trainer:
         self.data, self.dummy_batch, self.evaluator = data, dummy_batch, evaluator
         if train.grad_checkpointing:
             enable_grad_checkpointing(model)
-        self.model = wrap_model(model, info, fsdp=train.fsdp,
+        self.model = wrap_model(model, info, fsdp=train.fsdp, precision=train.precision,
                                 find_unused_parameters=train.find_unused_parameters)
         self.optimizer = optimizer_from_config(self.model, train)
         self.scheduler = scheduler_from_config(self.optimizer, train, self._total_steps())
