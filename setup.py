@@ -32,8 +32,9 @@ EXTRAS = {
     "torchaudio": ["torchaudio"],
     # Reference packer compared side by side in tools/bench_packing.py.
     "bench": ["lightbinpack>=0.1.1"],
-    "lora": ["peft>=0.12"],
-    "dev": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100"],
+    # LoRA adapters (model.lora); also in dev, so every LoRA test runs in CI.
+    "lora": ["peft>=0.21"],
+    "dev": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "peft>=0.21"],
 }
 
 setup(
@@ -52,6 +53,7 @@ setup(
             "west-train=west.bin.train:main",
             "west-decode=west.bin.decode:main",
             "west-benchmark=west.bin.benchmark:main",
+            "west-export=west.bin.export:main",
         ]
     },
 )

@@ -7,9 +7,11 @@
 --mode best takes the N checkpoints with the lowest dev metric in their meta.json
 (``"eval"``, written by west-train with --cv_data), --mode last the newest N. Floating
 tensors are averaged in float64 and cast back to their dtype; integer and bool tensors
-(buffers such as step counters) are taken from the newest chosen checkpoint. OUT_DIR gets a
-SpeechLLM.save_pretrained export with the tokenizer, the run's config.yaml (west-decode
-builds prompts from its data section) and averaged.json naming the steps and their figures.
+(buffers such as step counters) are taken from the newest chosen checkpoint; a lean checkpoint's
+frozen base LLM is read from model.llm.path (its fingerprint checked) and its LoRA adapters are
+averaged like any weight. OUT_DIR gets a SpeechLLM.save_pretrained export (LLM included) with
+the tokenizer, the run's config.yaml (west-decode builds prompts from its data section) and
+averaged.json naming the steps and their figures.
 Exit status 2 on a run dir without usable checkpoints.
 """
 from __future__ import annotations
@@ -19,6 +21,7 @@ import json
 import shutil
 import sys
 from pathlib import Path
+from typing import Callable, Optional
 
 import torch
 import yaml
@@ -26,6 +29,7 @@ from tqdm import tqdm
 
 from west.infer.load import build_from_run
 from west.train.checkpoint import best_checkpoints, eval_metric, list_checkpoints, load_tensors, read_meta
+from west.train.lean import BaseLLM, LeanError, check_base, check_keys, check_lora, read_model_state
 
 METRICS = ("cv_loss", "cv_cer")
 
@@ -61,15 +65,18 @@ def select_checkpoints(run_dir: Path, num: int, mode: str, metric: str) -> tuple
     return [(p, read_meta(p)) for p in chosen], note
 
 
-def average_state_dicts(paths: list[Path]) -> tuple[dict[str, torch.Tensor], list[str]]:
+def average_state_dicts(paths: list[Path], read: Optional[Callable[[Path], dict]] = None
+                        ) -> tuple[dict[str, torch.Tensor], list[str]]:
     """(mean of the floating tensors, accumulated in float64 and cast back; every other tensor
-    from the LAST path), names of the tensors that were not averaged."""
+    from the LAST path), names of the tensors that were not averaged. ``read`` gives one
+    checkpoint's tensors (default: its model.safetensors)."""
+    read = read or (lambda p: load_tensors(p / "model.safetensors"))
     acc: dict[str, torch.Tensor] = {}
     kept: dict[str, torch.Tensor] = {}
     first: dict[str, tuple[tuple, torch.dtype]] = {}
     bar = tqdm(paths, desc="average", unit="ckpt", disable=True if len(paths) < 3 else None)
     for i, path in enumerate(bar):
-        state = load_tensors(path / "model.safetensors")
+        state = read(path)
         if i == 0:
             first = {name: (tuple(t.shape), t.dtype) for name, t in state.items()}
         elif set(state) != set(first):
@@ -113,16 +120,26 @@ def average_checkpoints(run_dir: Path, out_dir: Path, num: int, mode: str = "bes
     if note:
         print(f"note: {note}", file=sys.stderr)
     by_step = sorted(chosen, key=lambda pm: int(pm[1]["step"]))   # the newest last
-    state, kept = average_state_dicts([p for p, _ in by_step])
+    raw = yaml.safe_load(config.read_text(encoding="utf-8")) or {}
+    if not isinstance(raw, dict) or "model" not in raw:
+        raise AverageError(f"{config}: no model section")
+    # Lean checkpoints leave the frozen base LLM out: build on its weights (fingerprint checked).
+    referenced = any(m.get("base_llm") for _, m in by_step)
+    model, tokenizer = build_from_run(raw["model"], weights=referenced)
+    base = BaseLLM(model.cfg.llm.path) if referenced else None
+    try:
+        for p, m in by_step:
+            check_lora(p, m, model)
+            check_base(p, m, base)
+        state, kept = average_state_dicts([p for p, _ in by_step], read=lambda p: read_model_state(p, model))
+        check_keys(by_step[-1][0], by_step[-1][1], model, state)
+    except LeanError as e:
+        raise AverageError(str(e)) from None
     if kept:
         print(f"note: {len(kept)} non-floating tensor(s) not averaged, taken from the newest chosen "
               f"checkpoint (step {by_step[-1][1]['step']}): {', '.join(kept[:5])}"
               + (" ..." if len(kept) > 5 else ""), file=sys.stderr)
-    raw = yaml.safe_load(config.read_text(encoding="utf-8")) or {}
-    if not isinstance(raw, dict) or "model" not in raw:
-        raise AverageError(f"{config}: no model section")
-    model, tokenizer = build_from_run(raw["model"])
-    model.load_state_dict(state, strict=True)
+    model.load_state_dict(state, strict=not referenced)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, tokenizer=tokenizer)
     shutil.copy(config, out_dir / "config.yaml")

@@ -21,6 +21,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", required=True, help="data list to decode (any format west-train reads)")
     p.add_argument("--result", required=True, help="output jsonl: {key, hyp, ref} per utterance")
     p.add_argument("--config", help="the run's config.yaml (default: found next to the checkpoint)")
+    p.add_argument("--llm_path", help="the base LLM dir, if it moved since training (default: the run's "
+                                      "model.llm.path; its files must be the ones the checkpoint was trained on)")
     p.add_argument("--beam_size", type=int, default=1, help="1 = greedy")
     p.add_argument("--batch_size", type=int, default=8)
     p.add_argument("--max_new_tokens", type=int, default=200)
@@ -56,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise OSError(str(e).replace("run.output_dir", "--result")) from None
         from west.infer.load import load_for_decoding
 
-        model, tokenizer, conf = load_for_decoding(args.checkpoint, args.config, args.device)
+        model, tokenizer, conf = load_for_decoding(args.checkpoint, args.config, args.device, args.llm_path)
     except (OSError, ValueError) as e:
         print(f"west-decode: error: {e}", file=sys.stderr)
         return 2

@@ -1,8 +1,9 @@
 """Restore a trained model for decoding: checkpoint, run config, tokenizer.
 
 A checkpoint is either a training checkpoint (``DIR/checkpoints/step_N``, or a
-run DIR meaning its latest one), read with the run's ``DIR/config.yaml``, or a
-``SpeechLLM.save_pretrained`` export (``west_model.json``).
+run DIR meaning its latest one), read with the run's ``DIR/config.yaml`` (a lean one
+also reads the base LLM at ``model.llm.path`` and its adapters from ``CKPT/adapter``),
+or a ``SpeechLLM.save_pretrained`` / ``west-export`` directory (``west_model.json``).
 """
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from west.models.config import SpeechLLMConfig
 from west.models.llm import load_llm
 from west.models.saved import CONFIG_FILE, LLM_DIR
 from west.models.speech_llm import SpeechLLM
-from west.train.checkpoint import find_latest, load_tensors
+from west.train.checkpoint import find_latest, read_meta
 from west.train.distributed import pick_device
+from west.train.lean import BaseLLM, load_model_weights
 
 
 def resolve_checkpoint(path: str | os.PathLike) -> Path:
@@ -56,23 +58,43 @@ def decode_device(requested: str = "auto") -> torch.device:
         raise ValueError("--device cuda: CUDA is not available") from None
 
 
-def build_from_run(model_section: dict) -> tuple[SpeechLLM, object]:
+def build_from_run(model_section: dict, weights: bool = False,
+                   llm_path: Optional[str] = None) -> tuple[SpeechLLM, object]:
     """(SpeechLLM shaped like the run's model, its tokenizer), from the run config's model section.
 
-    The LLM's architecture comes from ``model.llm.path``; its weights are not read there,
-    because every weight (the frozen LLM's included) is then loaded from a training
-    checkpoint, strictly, by the caller (west-decode, tools/average_checkpoints.py)."""
+    The LLM's architecture comes from ``model.llm.path`` (``llm_path`` when given: the base
+    moved since training); its weights are read there only with ``weights`` (a lean checkpoint
+    refers to them), else every weight is loaded from the checkpoint by the caller."""
     from transformers import AutoConfig, AutoTokenizer
 
     model_cfg = SpeechLLMConfig.from_dict(model_section)
+    if llm_path:
+        model_cfg.llm.path = str(llm_path)
     if not model_cfg.llm.path:
         raise ValueError("model.llm.path is empty in the run config: the tokenizer cannot be loaded")
-    llm = load_llm(model_cfg.llm, hf_config=AutoConfig.from_pretrained(model_cfg.llm.path))
+    if not Path(model_cfg.llm.path).is_dir():
+        raise FileNotFoundError(f"model.llm.path {model_cfg.llm.path!r} (the base LLM) is not a directory; "
+                                "give --llm_path DIR where it is now")
+    hf_config = None if weights else AutoConfig.from_pretrained(model_cfg.llm.path)
+    llm = load_llm(model_cfg.llm, hf_config=hf_config)
     return SpeechLLM(model_cfg, llm=llm), AutoTokenizer.from_pretrained(str(model_cfg.llm.path))
 
 
-def load_for_decoding(checkpoint: str, config: Optional[str] = None,
-                      device: str = "auto") -> tuple[SpeechLLM, object, DataConfig]:
+def load_training_checkpoint(ckpt: Path, model_section: dict,
+                             llm_path: Optional[str] = None) -> tuple[SpeechLLM, object]:
+    """(model with the checkpoint's weights, tokenizer). A lean checkpoint's frozen base LLM
+    is read from the run's ``model.llm.path`` (or ``llm_path``) after its fingerprint is
+    checked against meta.json; LoRA adapters come from ``CKPT/adapter``."""
+    meta = read_meta(ckpt)
+    referenced = bool(meta.get("base_llm"))
+    model, tokenizer = build_from_run(model_section, weights=referenced, llm_path=llm_path)
+    base = BaseLLM(model.cfg.llm.path) if referenced else None
+    model.load_state_dict(load_model_weights(ckpt, meta, model, base), strict=not referenced)
+    return model, tokenizer
+
+
+def load_for_decoding(checkpoint: str, config: Optional[str] = None, device: str = "auto",
+                      llm_path: Optional[str] = None) -> tuple[SpeechLLM, object, DataConfig]:
     """(model in eval mode on ``device``, tokenizer, DataConfig of training).
 
     Prompts must be built exactly as in training, so the data section comes from the run."""
@@ -89,7 +111,6 @@ def load_for_decoding(checkpoint: str, config: Optional[str] = None,
         if "model" not in raw:
             raise FileNotFoundError(f"{ckpt}: no config.yaml with a model section next to the run "
                                     "(give --config DIR/config.yaml)")
-        model, tokenizer = build_from_run(raw["model"])
-        model.load_state_dict(load_tensors(ckpt / "model.safetensors"), strict=True)
+        model, tokenizer = load_training_checkpoint(ckpt, raw["model"], llm_path)
     # The data section alone: the speech geometry is the model's (model.cfg.speech_shape()).
     return model.to(dev).eval(), tokenizer, DataConfig.from_dict(dict(raw.get("data") or {}))

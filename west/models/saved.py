@@ -1,7 +1,10 @@
 """A trained SpeechLLM as a directory: west config, the LLM's HF config (+ tokenizer), weights.
 
 ``DIR/west_model.json`` (the model section), ``DIR/llm/`` (config.json, generation config,
-tokenizer), ``DIR/model.safetensors`` (all weights, or all but the frozen LLM's)."""
+tokenizer), ``DIR/model.safetensors``: all weights (``llm_weights: included``), all but the
+frozen LLM's (``path``: reloaded from model.llm.path), or, written by :func:`export_speech_llm`,
+all but the LLM's, which is a complete Hugging Face model in ``DIR/llm`` (``llm_dir``: LoRA
+merged, loadable by ``AutoModelForCausalLM.from_pretrained(DIR/llm)`` on its own)."""
 from __future__ import annotations
 
 import json
@@ -56,14 +59,19 @@ def load_speech_llm(path: str | Path, device: str | torch.device = "cpu") -> Spe
     path = Path(path)
     cfg = SpeechLLMConfig.from_dict(json.loads((path / CONFIG_FILE).read_text()))
     with safe_open(str(path / WEIGHTS_FILE), framework="pt") as f:
-        llm_included = (f.metadata() or {}).get("llm_weights", "included") == "included"
-    if llm_included:
+        mode = (f.metadata() or {}).get("llm_weights", "included")
+    if mode == "included":
         llm = load_llm(cfg.llm, hf_config=AutoConfig.from_pretrained(path / LLM_DIR))
+    elif mode == "llm_dir":  # a west-export: the LLM is the full HF model in DIR/llm
+        cfg.llm.path = str(path / LLM_DIR)
+        llm = load_llm(cfg.llm)
     else:
         llm = load_llm(cfg.llm)  # frozen weights from model.llm.path
     model = SpeechLLM(cfg, llm=llm)
     missing, unexpected = model.load_state_dict(load_file(str(path / WEIGHTS_FILE)), strict=False)
-    allowed = _tied_names(model) | (set() if llm_included else _frozen_llm_names(model))
+    skipped = {"included": set(), "path": _frozen_llm_names(model),
+               "llm_dir": {n for n in model.state_dict() if n.startswith("llm.")}}[mode]
+    allowed = _tied_names(model) | skipped
     missing = [k for k in missing if k not in allowed]
     if missing or unexpected:
         raise ValueError(f"{path / WEIGHTS_FILE}: missing {missing[:5]}, unexpected {unexpected[:5]}")
@@ -84,3 +92,26 @@ def _frozen_llm_names(model: nn.Module) -> set:
     """State-dict names of the LLM that are not trained (parameters and buffers)."""
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     return {n for n in model.state_dict() if n.startswith("llm.") and n not in trainable}
+
+
+def export_speech_llm(model: SpeechLLM, out_dir: str | Path, tokenizer=None) -> Path:
+    """A self-contained directory: ``DIR/llm`` the LLM as a full Hugging Face model (LoRA
+    adapters merged into its weights) with the tokenizer, the rest in ``DIR/model.safetensors``.
+
+    ``model`` is changed in place (its adapters are merged and removed): export is a last step."""
+    from dataclasses import replace
+
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    (out / LLM_DIR).mkdir(parents=True, exist_ok=True)
+    llm = model.llm.merge_and_unload() if hasattr(model.llm, "merge_and_unload") else model.llm
+    model.llm = llm
+    model.cfg = replace(model.cfg, lora=None, llm=replace(model.cfg.llm, path=None, config=None))
+    llm.save_pretrained(out / LLM_DIR)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out / LLM_DIR)
+    (out / CONFIG_FILE).write_text(json.dumps(model.cfg.to_dict(), indent=2))
+    state = {n: t.detach().contiguous().cpu() for n, t in model.state_dict().items() if not n.startswith("llm.")}
+    save_file(state, str(out / WEIGHTS_FILE), metadata={"llm_weights": "llm_dir"})
+    return out

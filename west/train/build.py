@@ -17,6 +17,7 @@ from west.models.config import SpeechLLMConfig
 from west.models.speech_llm import SpeechLLM
 from west.train.distributed import DistInfo, cleanup, init_distributed
 from west.train.evaluate import build_evaluator
+from west.train.lean import frozen_names, state_bytes
 from west.train.loop import Trainer
 from west.train.schedule import describe_groups
 
@@ -86,6 +87,26 @@ def count_params(model: torch.nn.Module) -> tuple[int, int]:
     return total, sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
+def _mb(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.2f} MB"
+
+
+def checkpoint_line(model: torch.nn.Module, base, save_frozen_llm: bool) -> str:
+    """What every checkpoint of this run will weigh: model weights (+ adapters) and AdamW's two
+    moments per trainable value, and whether the frozen base LLM is in it or referred to."""
+    frozen_set = frozen_names(model, base.prefix) if base is not None else set()
+    frozen = state_bytes(model, set()) - state_bytes(model, frozen_set)
+    weights = state_bytes(model, set() if save_frozen_llm else frozen_set)
+    optim = 2 * sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    if base is None:
+        how = "the whole model (no frozen LLM loaded from model.llm.path)"
+    elif save_frozen_llm:
+        how = f"the frozen LLM ({_mb(frozen)}) included (train.save_frozen_llm: true)"
+    else:
+        how = f"trainable weights + buffers; the frozen base LLM ({_mb(frozen)}) referred to by path: {base.path}"
+    return f"checkpoint: {_mb(weights + optim)} per save (weights {_mb(weights)} + optimizer {_mb(optim)}), {how}"
+
+
 def setup_logging(rank: int) -> None:
     """Rank 0 shows the data pipeline's INFO lines (epoch summaries); other ranks warnings only."""
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
@@ -109,6 +130,7 @@ def build_trainer(cfg: Config, info: DistInfo) -> Trainer:
                       dataset.dummy_batch, evaluator)
     if info.is_main:
         print(describe_groups(model, trainer.optimizer, cfg.train.projector_warmup_steps), flush=True)
+        print(checkpoint_line(model, trainer.base, cfg.train.save_frozen_llm), flush=True)
     return trainer
 
 

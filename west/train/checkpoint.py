@@ -2,14 +2,19 @@
 
 Layout of ``DIR/checkpoints/step_00001234/``::
 
-    model.safetensors     full model state (rank 0; FSDP shards are gathered)
+    model.safetensors     model state (rank 0; FSDP shards are gathered): by default without the
+                          frozen base LLM, which meta.json refers to (west/train/lean.py)
+    adapter/              LoRA adapters in peft's format (adapter_config.json,
+                          adapter_model.safetensors), with model.lora
     optimizer.pt          optimizer state, parameters named by FQN (rank 0; weights_only)
     scheduler.pt          LR scheduler counters (weights_only)
     rng_rank{R}.pt        torch/cuda/numpy/python RNG states of rank R (weights_only)
     data_rank{R}.json     rank R's data-pipeline state_dict (``.pt`` if not JSON-able)
     meta.json             step, epoch, world size, loop state; written last; saved at a dev
                           evaluation it has "eval": {"cv_loss": ..., ...}, and "best" (the best
-                          evaluation so far) whenever there was one
+                          evaluation so far) whenever there was one; "model_state" (is the LLM
+                          "included" or "referenced"), "base_llm" (path, sha256 of its files),
+                          "lora" (r, alpha, target_modules)
 
 Pruning keeps the newest ``keep_last`` and the ``keep_best`` lowest by a dev metric, read
 from every checkpoint's meta.json (so kill -9 and resume cannot lose the ranking).
@@ -36,6 +41,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from west.train import lean
 from west.train.distributed import all_ranks, barrier, get_rank, get_world_size
 
 PREFIX = "step_"
@@ -215,9 +221,12 @@ def prune(root: str | os.PathLike, keep_last: int, keep_best: int = 0, metric: s
 def save_checkpoint(root: str | os.PathLike, step: int, *, model: nn.Module,
                     optimizer: torch.optim.Optimizer, scheduler: Any, data_state: Any,
                     meta: Optional[dict] = None, keep_last: int = 3, keep_best: int = 0,
-                    best_metric: str = "cv_loss") -> Path:
+                    best_metric: str = "cv_loss", base: Optional[lean.BaseLLM] = None) -> Path:
     """Collective: every rank calls it. Returns the new checkpoint dir or raises
-    CheckpointError after removing the partial one (older checkpoints untouched)."""
+    CheckpointError after removing the partial one (older checkpoints untouched).
+
+    With ``base`` the frozen parameters under ``base.prefix`` are neither gathered nor
+    written; meta.json refers to ``base.path`` and the fingerprint of its files instead."""
     root = Path(root)
     rank, world = get_rank(), get_world_size()
     final, tmp = step_dir(root, step), root / f"{TMP_PREFIX}{PREFIX}{step:08d}"
@@ -238,11 +247,25 @@ def save_checkpoint(root: str | os.PathLike, step: int, *, model: nn.Module,
                                                          get_optimizer_state_dict)
 
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    model_sd = get_model_state_dict(model, options=full)
+    if base is not None:
+        model_sd = lean.gather_lean_state(model, lean.frozen_names(model, base.prefix))
+    else:
+        model_sd = get_model_state_dict(model, options=full)
     optim_sd = get_optimizer_state_dict(model, optimizer, options=full)
+    meta = {**(meta or {}), "model_state": {"llm": "included" if base is None else "referenced"}}
     try:
         if rank == 0:
+            if base is not None:
+                meta["base_llm"] = base.reference()  # hashed once per process (rank 0 only)
+            settings = lean.lora_settings(model)
+            if settings:
+                meta["lora"] = settings
+            model_sd, adapter = lean.split_adapter(model, model_sd)
             _save_tensors(model_sd, tmp / "model.safetensors")
+            if adapter is not None:
+                for f in lean.write_adapter(adapter, tmp / lean.ADAPTER_DIR):
+                    _fsync_path(f)
+                _fsync_path(tmp / lean.ADAPTER_DIR)
             _save_torch(optim_sd, tmp / "optimizer.pt")
             _save_torch(scheduler.state_dict(), tmp / "scheduler.pt")
         _save_torch(rng_state(), tmp / f"rng_rank{rank}.pt")
@@ -257,7 +280,7 @@ def save_checkpoint(root: str | os.PathLike, step: int, *, model: nn.Module,
     ok = all_ranks(error is None)
     if ok and rank == 0:
         try:
-            _save_json({"step": step, "world_size": world, **(meta or {})}, tmp / "meta.json")
+            _save_json({"step": step, "world_size": world, **meta}, tmp / "meta.json")
             _fsync_path(tmp)
             if final.exists():  # same step saved again (e.g. epoch end == save_every)
                 _remove(final)
@@ -285,11 +308,13 @@ def read_meta(path: str | os.PathLike) -> dict:
 
 
 def load_checkpoint(path: str | os.PathLike, *, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    scheduler: Any, restore_rng: bool = True) -> dict:
+                    scheduler: Any, restore_rng: bool = True, base: Optional[lean.BaseLLM] = None) -> dict:
     """Collective: restore model/optimizer/scheduler (+ this rank's RNG) from ``path``.
 
     Returns meta.json plus ``data_state`` (this rank's data-pipeline state). Resuming
-    with another world size is refused: each rank's data position would be wrong.
+    with another world size is refused: each rank's data position would be wrong. A
+    checkpoint that refers to a base LLM needs ``base`` (this run's, already loaded in
+    ``model``) with the same fingerprint; LoRA settings must match (west/train/lean.py).
     """
     path = Path(path)
     rank, world = get_rank(), get_world_size()
@@ -304,12 +329,19 @@ def load_checkpoint(path: str | os.PathLike, *, model: nn.Module, optimizer: tor
                                                          set_optimizer_state_dict)
 
     distributed = world > 1
-    opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=distributed)
-    if rank == 0 or not distributed:
-        model_sd = load_tensors(path / "model.safetensors")
-        optim_sd = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
-    else:  # rank 0 broadcasts
-        model_sd, optim_sd = {}, {}
+    # A lean checkpoint leaves the frozen base out: those entries keep the weights just loaded
+    # from the (verified) base path; every other entry was checked to be present.
+    opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=distributed,
+                            strict=not meta.get("base_llm"))
+    model_sd, optim_sd, error = {}, {}, None
+    if rank == 0 or not distributed:  # rank 0 reads and checks, then broadcasts
+        try:
+            model_sd = lean.load_model_weights(path, meta, model, base)
+            optim_sd = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
+        except (lean.LeanError, OSError) as e:
+            error = e
+    if not all_ranks(error is None):
+        raise CheckpointError(str(error) if error else f"{path}: refused on rank 0 (see its log)") from error
     set_model_state_dict(model, model_sd, options=opts)
     set_optimizer_state_dict(model, optimizer, optim_sd, options=opts)
     del model_sd, optim_sd

@@ -62,6 +62,10 @@ class TrainConfig:
     save_every: int = setting(1000, min=0)          # steps between checkpoints; 0 = epoch ends only
     save_at_epoch_end: bool = True
     keep_last: int = setting(3, min=1)
+    # false: checkpoints leave out the frozen base LLM and refer to model.llm.path by path and
+    # SHA-256 of its files (resume/decode/export re-read it and refuse other bytes); true: every
+    # checkpoint also holds the frozen LLM (self-contained, 3 GB more per save for Qwen2-1.5B).
+    save_frozen_llm: bool = False
     eval_every: int = setting(0, min=0)             # steps between dev evaluations; 0 = epoch ends only
     eval_decode_utts: int = setting(0, min=0)       # greedy-decode the first N dev utterances (CER/WER)
     eval_max_new_tokens: int = setting(64, min=1)

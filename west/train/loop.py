@@ -34,6 +34,7 @@ from west.train.config import RunConfig, TrainConfig
 from west.train.distributed import DistInfo, all_reduce_max, sum_counts_over_ranks, wrap_model
 from west.train.evaluate import Evaluator
 from west.train.gpu_monitor import build_monitor
+from west.train.lean import base_llm_of
 from west.train.metrics import EpochTotals, MetricsLogger, peak_memory_mb, step_record
 from west.train.profiling import build_profiler
 from west.train.schedule import optimizer_from_config, scheduler_from_config
@@ -81,6 +82,8 @@ class Trainer:
             enable_grad_checkpointing(model)
         self.model = wrap_model(model, info, fsdp=train.fsdp, precision=train.precision,
                                 find_unused_parameters=train.find_unused_parameters)
+        # The frozen base LLM (model.llm.path) that lean checkpoints refer to instead of storing it.
+        self.base = base_llm_of(model)
         self.optimizer = optimizer_from_config(self.model, train)
         self.scheduler = scheduler_from_config(self.optimizer, train, self._total_steps())
         self.ckpt_root = f"{run.output_dir}/checkpoints"
@@ -126,7 +129,7 @@ class Trainer:
         if path is None:
             return False
         meta = ckpt.load_checkpoint(path, model=self.model, optimizer=self.optimizer,
-                                    scheduler=self.scheduler)
+                                    scheduler=self.scheduler, base=self.base)
         self.step, self.last_saved = int(meta["step"]), int(meta["step"])
         self.epoch, self.epoch_complete = int(meta["epoch"]), bool(meta["epoch_complete"])
         self.guard.load_state_dict(meta["guard"])
@@ -147,7 +150,8 @@ class Trainer:
             ckpt.save_checkpoint(self.ckpt_root, self.step, model=self.model, optimizer=self.optimizer,
                                  scheduler=self.scheduler, data_state=self.data.state_dict(), meta=meta,
                                  keep_last=self.cfg.keep_last, keep_best=self.cfg.keep_best,
-                                 best_metric=self.cfg.best_metric)
+                                 best_metric=self.cfg.best_metric,
+                                 base=None if self.cfg.save_frozen_llm else self.base)
             self.last_saved = self.step
         except ckpt.CheckpointError as e:  # same outcome on every rank
             self.failed_saves += 1

@@ -1,0 +1,81 @@
+"""``west-export --checkpoint CKPT --out DIR``: a trained model as a self-contained directory.
+
+DIR is what ``west-decode --checkpoint DIR`` loads (``west_model.json``, ``model.safetensors``
+with the encoder, projector and CTC head, the run's ``config.yaml`` for its prompts), and
+``DIR/llm`` is the LLM as a complete Hugging Face model with LoRA adapters merged into its
+weights, plus the tokenizer: ``AutoModelForCausalLM.from_pretrained("DIR/llm")`` needs
+neither west nor peft. CKPT is a training checkpoint (lean or full), a run dir (its latest
+checkpoint) or an earlier export.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+from typing import Sequence
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="west-export", description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", required=True,
+                   help="a checkpoint dir (DIR/checkpoints/step_N), a run DIR (its latest checkpoint) or an export")
+    p.add_argument("--out", required=True, help="directory to write (must not hold another model)")
+    p.add_argument("--config", help="the run's config.yaml (default: found next to the checkpoint)")
+    p.add_argument("--llm_path", help="the base LLM dir, if it moved since training (default: the run's "
+                                      "model.llm.path; its files must be the ones the checkpoint was trained on)")
+    return p
+
+
+def _dir_size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def export(checkpoint: str, out: str, config: str | None = None, llm_path: str | None = None) -> Path:
+    """Load CKPT as west-decode does, merge the adapters, write DIR; returns DIR."""
+    from transformers import AutoTokenizer
+
+    from west.infer.load import load_training_checkpoint, read_run_config, resolve_checkpoint
+    from west.models.saved import CONFIG_FILE, LLM_DIR, export_speech_llm
+    from west.models.speech_llm import SpeechLLM
+
+    ckpt = resolve_checkpoint(checkpoint)
+    out_dir = Path(out)
+    if out_dir.resolve() == ckpt.resolve():
+        raise ValueError(f"--out {out}: is the checkpoint itself")
+    if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / CONFIG_FILE).is_file():
+        raise FileExistsError(f"--out {out}: exists and is not an earlier export; give a new or empty dir")
+    raw = read_run_config(ckpt, config)
+    if (ckpt / CONFIG_FILE).is_file():
+        model = SpeechLLM.from_pretrained(ckpt)
+        tok_dir = ckpt / LLM_DIR if (ckpt / LLM_DIR / "tokenizer_config.json").is_file() else model.cfg.llm.path
+        tokenizer = AutoTokenizer.from_pretrained(str(llm_path or tok_dir))
+    else:
+        if "model" not in raw:
+            raise FileNotFoundError(f"{ckpt}: no config.yaml with a model section next to the run "
+                                    "(give --config DIR/config.yaml)")
+        model, tokenizer = load_training_checkpoint(ckpt, raw["model"], llm_path)
+    export_speech_llm(model.eval(), out_dir, tokenizer)
+    for c in ([Path(config)] if config else [ckpt / "config.yaml", ckpt.parent.parent / "config.yaml"]):
+        if c.is_file():  # west-decode builds its prompts from the run's data section
+            shutil.copy(c, out_dir / "config.yaml")
+            break
+    return out_dir
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_arg_parser().parse_args(argv)
+    try:
+        out = export(args.checkpoint, args.out, args.config, args.llm_path)
+    except (OSError, ValueError) as e:
+        print(f"west-export: error: {e}", file=sys.stderr)
+        return 2
+    llm = _dir_size(out / "llm")
+    print(f"west-export: {out} ({(_dir_size(out) - llm) / 1e6:.2f} MB speech side, "
+          f"{llm / 1e6:.2f} MB LLM); west-decode --checkpoint {out}; "
+          f"AutoModelForCausalLM.from_pretrained('{out / 'llm'}')")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
