@@ -183,3 +183,76 @@ def test_pack_sequences_never_truncates():
         pack_sequences([[1], [1] * 7], capacity=6, pad_token_id=0)
     with pytest.raises(ValueError, match="labels"):
         pack_sequences([[1, 2]], capacity=6, pad_token_id=0, labels=[[1]])
+
+
+def _grouped_best_fit_reference(lengths, capacity, dp):
+    """Item by item, longest first (ties by index): the group whose largest room is the
+    smallest that holds the item (ties: the group placed into most recently), then
+    the cheapest bin of that group with room (ties: lowest rank)."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    rooms, costs, touched, slot = [], [], [], [0] * len(lengths)
+    for t, i in enumerate(order):
+        need = lengths[i]
+        fits = [g for g in range(len(rooms)) if max(rooms[g]) >= need]
+        if fits:
+            g = min(fits, key=lambda g: (max(rooms[g]), -touched[g]))
+        else:
+            g = len(rooms)
+            rooms.append([capacity] * dp)
+            costs.append([0] * dp)
+            touched.append(0)
+        j = min((j for j in range(dp) if rooms[g][j] >= need), key=lambda j: (costs[g][j], j))
+        rooms[g][j] -= need
+        costs[g][j] += need * need
+        touched[g] = t + 1
+        slot[i] = g * dp + j
+    return slot, len(rooms)
+
+
+@SETTINGS
+@given(problems(max_items=80), st.integers(1, 8))
+def test_grouped_best_fit_equals_the_item_by_item_search(problem, dp):
+    # the kernel places runs of equal lengths without searching: same result required
+    from west.data import balance_kernels as B
+    from west.data import packing_kernels as K
+
+    lengths, capacity = problem
+    if not lengths:
+        return
+    values = np.asarray(lengths, dtype=np.int64)
+    order = K.order_desc(values, capacity)
+    slot, n_groups = B.grouped_best_fit(values, order, values.astype(np.float64) ** 2, capacity, dp)
+    want_slot, want_groups = _grouped_best_fit_reference(lengths, capacity, dp)
+    assert n_groups == want_groups
+    assert slot.tolist() == want_slot
+
+
+@SETTINGS
+@given(problems(max_items=80), st.integers(2, 8), st.floats(0.0, 0.05))
+def test_polish_keeps_items_in_their_step_within_capacity_and_never_widens_a_gap(problem, dp, tol):
+    from west.data import balance_kernels as B
+
+    lengths, capacity = problem
+    if not lengths:
+        return
+    values = np.asarray(lengths, dtype=np.int64)
+    costs = values.astype(np.float64) ** 2
+    rng = np.random.default_rng(len(lengths))
+    n_steps = -(-len(lengths) // dp) + 1
+    # a random feasible start: each item to a random bin with room
+    slot = np.empty(len(lengths), np.int64)
+    room = np.full(n_steps * dp + len(lengths) * dp, capacity)
+    for i, v in enumerate(lengths):
+        free = np.nonzero(room >= v)[0]
+        slot[i] = rng.choice(free[:n_steps * dp]) if (free < n_steps * dp).any() else free[0]
+        room[slot[i]] -= v
+    n_steps = int(slot.max()) // dp + 1
+    before = slot.copy()
+    B.polish_steps(slot, values, costs, n_steps, dp, capacity, 64 * dp, tol)
+    assert (slot // dp == before // dp).all(), "items stay in their step"
+    fill = np.bincount(slot, weights=values, minlength=n_steps * dp)
+    assert (fill <= capacity).all()
+    for s in range(n_steps):
+        old = np.bincount(before[before // dp == s] % dp, weights=costs[before // dp == s], minlength=dp)
+        new = np.bincount(slot[slot // dp == s] % dp, weights=costs[slot // dp == s], minlength=dp)
+        assert new.max() - new.min() <= old.max() - old.min() + 1e-9 * max(old.max(), 1)

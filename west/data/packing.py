@@ -15,6 +15,7 @@ as Σlen (``cost="linear"``) or Σlen² (``cost="square"``, attention cost).
 """
 from __future__ import annotations
 
+import gc
 import numbers
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
@@ -114,10 +115,20 @@ def _refine(lengths: np.ndarray, assign: np.ndarray, capacity: int, max_passes: 
 
 
 def _group(assign: np.ndarray, n_groups: int) -> list[list[int]]:
-    """Items of each group id 0..n_groups-1, ascending within a group."""
+    """Items of each group id 0..n_groups-1, ascending within a group.
+
+    The cyclic garbage collector is paused while the lists are made: they hold
+    only ints, yet at 10^5 bins its repeated scans of the new lists cost more
+    than building them."""
     order, bounds = K.group_order(assign, n_groups)
     flat, bounds = order.tolist(), bounds.tolist()
-    return [flat[bounds[g]:bounds[g + 1]] for g in range(n_groups)]
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return [flat[bounds[g]:bounds[g + 1]] for g in range(n_groups)]
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def pack(lengths: Sequence[int] | np.ndarray, capacity: int, algorithm: str = "bfd",
@@ -151,80 +162,51 @@ def pack_slots(lengths: Sequence[int] | np.ndarray, capacity: int, algorithm: st
     values = as_lengths(lengths, capacity)
     if values.shape[0] == 0:
         return np.zeros(0, np.int64), 0
-    assign = assign_bins(values, int(capacity), algorithm)
-    n_bins = int(assign.max()) + 1
     if dp_size == 1:
-        return assign, n_bins
-    slot, n_steps = _plan_steps(values, assign, n_bins, int(capacity), dp_size, cost, algorithm)
+        assign = assign_bins(values, int(capacity), algorithm)
+        return assign, int(assign.max()) + 1
+    slot, n_steps = _plan_steps(values, int(capacity), dp_size, cost, algorithm)
     return slot, n_steps * dp_size
 
 
-def _plan_steps(lengths: np.ndarray, assign: np.ndarray, n_bins: int, capacity: int,
-                dp_size: int, cost: str, algorithm: str) -> tuple[np.ndarray, int]:
-    """Group items into balanced steps of ``dp_size`` bins.
+# a step whose costliest bin exceeds its cheapest by more than this is evened out
+POLISH_TOLERANCE = 1e-3
 
-    Up to three candidate plans are made; each is scored by Σ over steps of its
-    costliest bin (what synchronous data parallelism waits for), and the plan
-    with the fewest steps within 1% of the best score wins:
 
-    * keep the packed bins, rank them by cost and cut the ranking into steps;
-    * for "ffd"/"bfd": best-fit decreasing over whole steps (``grouped_best_fit``);
-    * for "ffd"/"bfd": deal the items again, longest first, each to the cheapest
-      bin with room among steps × dp_size bins (every bin gets a similar mix of
-      long and short items; an item that fits nowhere opens a new step).
+def _plan_steps(lengths: np.ndarray, capacity: int, dp_size: int, cost: str,
+                algorithm: str) -> tuple[np.ndarray, int]:
+    """Group items into balanced steps of ``dp_size`` bins: (slot of every item, steps).
 
-    Either way a local search then evens out each step.
+    * "ffd"/"bfd": best-fit decreasing over whole steps (``grouped_best_fit``): a
+      step is filled as tightly as a best-fit bin while each item goes to the
+      cheapest of its bins, so the bins of a step stay even as they fill;
+    * "nf" (and capacities too large to index by room): the packed bins ranked by
+      cost and cut into steps, so that similar bins share a step.
+
+    A local search then evens out every step that is still uneven, and an empty
+    bin gets an item from a fuller one when there are enough items.
     """
     costs = lengths.astype(np.float64)
     if cost == "square":
         costs = costs * costs
-    n_steps = -(-n_bins // dp_size)
-    plans = [_ranked_plan(lengths, costs, assign, n_bins, n_steps, capacity, dp_size)]
     if algorithm != "nf" and capacity <= K.DIRECT_INDEX_MAX_CAPACITY:
         order = K.order_desc(lengths, capacity)
-        grouped, n_groups = B.grouped_best_fit(lengths, order, costs, capacity, dp_size)
-        plans.append(_polished_plan(lengths, costs, grouped, n_groups, capacity, dp_size))
-        dealt, dealt_bins = B.least_loaded_fit(lengths, order, costs, n_steps * dp_size, capacity, dp_size)
-        plans.append(_ranked_plan(lengths, costs, dealt, dealt_bins, dealt_bins // dp_size, capacity, dp_size))
-    n = lengths.shape[0]
-    # a plan whose extra steps would leave ranks without an item is not considered
-    plans = [p for p in plans if p[1] == n_steps or n >= p[1] * dp_size] or plans[:1]
-    # fewest steps among the plans within 1% of the cheapest: more steps with
-    # the same total cost only add per-step overhead
-    cheapest = min(_plan_cost(p, costs, dp_size) for p in plans)
-    best = min((p for p in plans if _plan_cost(p, costs, dp_size) <= 1.01 * cheapest),
-               key=lambda p: (p[1], _plan_cost(p, costs, dp_size)))
-    return best
+        slot, n_steps = B.grouped_best_fit(lengths, order, costs, capacity, dp_size)
+    else:
+        assign = assign_bins(lengths, capacity, algorithm)
+        slot, n_steps = _ranked_slots(costs, assign, dp_size)
+    B.polish_steps(slot, lengths, costs, n_steps, dp_size, capacity, 64 * dp_size, POLISH_TOLERANCE)
+    _fill_empty_bins(slot, lengths, costs, n_steps * dp_size, dp_size, capacity)
+    return slot, n_steps
 
 
-def _plan_cost(plan: tuple[np.ndarray, int], costs: np.ndarray, dp_size: int) -> float:
-    slot, n_steps = plan
-    per_bin = np.bincount(slot, weights=costs, minlength=n_steps * dp_size)
-    return float(per_bin.reshape(n_steps, dp_size).max(axis=1).sum())
-
-
-def _ranked_plan(lengths: np.ndarray, costs: np.ndarray, assign: np.ndarray, n_bins: int, n_steps: int,
-                 capacity: int, dp_size: int) -> tuple[np.ndarray, int]:
-    """Slot (step * dp_size + rank) of every item: bins ranked by cost, cut into
-    steps, each step evened out by local search, empty bins filled if possible."""
+def _ranked_slots(costs: np.ndarray, assign: np.ndarray, dp_size: int) -> tuple[np.ndarray, int]:
+    """Slot (step * dp_size + rank) of every item: bins ranked by cost, cut into steps."""
+    n_bins = int(assign.max()) + 1
     bin_cost = np.bincount(assign, weights=costs, minlength=n_bins)
     rank = np.empty(n_bins, np.int64)
     rank[np.argsort(-bin_cost, kind="stable")] = np.arange(n_bins)
-    return _polished_plan(lengths, costs, rank[assign], n_steps, capacity, dp_size)
-
-
-def _polished_plan(lengths: np.ndarray, costs: np.ndarray, slot: np.ndarray, n_steps: int,
-                   capacity: int, dp_size: int) -> tuple[np.ndarray, int]:
-    """Even out each step of a slot assignment by local search; fill empty bins."""
-    total = n_steps * dp_size
-    slot = slot.copy()
-    order = np.argsort(slot, kind="stable")   # items grouped by step
-    step_ptr = np.searchsorted(slot[order] // dp_size, np.arange(n_steps + 1))
-    local = (slot[order] % dp_size).astype(np.int64)
-    B.balance_steps(step_ptr, local, lengths[order], costs[order], dp_size, capacity, 64 * dp_size)
-    slot[order] = (slot[order] // dp_size) * dp_size + local
-    _fill_empty_bins(slot, lengths, costs, total, dp_size, capacity)
-    return slot, n_steps
+    return rank[assign], -(-n_bins // dp_size)
 
 
 def _fill_empty_bins(slot: np.ndarray, lengths: np.ndarray, costs: np.ndarray, total: int,

@@ -47,12 +47,16 @@ def refine_fill(lengths: np.ndarray, assign: np.ndarray, n_bins: int, n_pool: in
             head[v] = i
     # members of kept bins, grouped by bin
     members, start = group_order(assign, n_bins)
+    # members of equal length give the same swap: each length is tried once per search
+    seen = np.zeros(capacity + 1, np.int64)
+    stamp = 0
     new_assign = assign.copy()
     for b in range(n_bins):
         if in_pool[b]:
             continue
         gap = capacity - fill[b]
         while gap > 0:
+            stamp += 1
             best_gain = 0
             best_out = -1     # index into members, -1 for a pure move
             best_val = -1
@@ -65,6 +69,9 @@ def refine_fill(lengths: np.ndarray, assign: np.ndarray, n_bins: int, n_pool: in
                     break
                 a = members[k]
                 la = lengths[a]
+                if seen[la] == stamp:
+                    continue
+                seen[la] = stamp
                 v = tree_prev(tree, size, la + gap)
                 if v > la and v - la > best_gain:
                     best_gain = v - la
