@@ -5,14 +5,15 @@ tree (each encoder block and LLM decoder layer its own FSDP unit, every paramete
 DTensor shard, one unit gathered at a time), optimizer steps under FSDP2 vs DDP (fp32:
 equal within float tolerance; bf16: the mixed-precision policy gathers bf16 weights,
 keeps fp32 master weights and gradients, and agrees with DDP + autocast within bf16
-tolerance), activation checkpointing under FSDP2 (each unit recomputed, same losses), an
+tolerance), a frozen LLM (still sharded, no gradients, same steps as DDP), activation
+checkpointing under FSDP2 (each unit recomputed with gathered weights, same losses), an
 uninterrupted Trainer run with ``train.fsdp``, and last the same run killed with SIGKILL
 on both ranks. A second 2-rank run resumes it from its latest checkpoint and must match
 the uninterrupted run exactly.
 
 The model: tiny_cpu.yaml's, with 4 Conformer blocks and a random 4-layer 64-d Qwen2, so
-the units hold most of the weights (the root keeps the subsampling, projector, CTC head
-and the tied embedding table).
+the units hold most of the weights (73 %; the root keeps the subsampling, projector, CTC
+head and the tied embedding table, and is sharded too).
 """
 from __future__ import annotations
 
@@ -152,6 +153,8 @@ def _rank_setup(rank: int, world: int, port: int, env: dict):
 
 
 def _worker(rank: int, world: int, port: int, env: dict) -> None:
+    from torch.distributed.tensor import DTensor
+
     from west.models.speech_llm import SpeechLLM
     from west.train.distributed import wrap_model
 
@@ -179,6 +182,14 @@ def _worker(rank: int, world: int, port: int, env: dict) -> None:
     probe = UnitProbe(bf16)
     res["fsdp_bf16"] = {**_steps(bf16, batches, world, "bf16"), "fwd_dtypes": sorted(probe.dtypes)}
     res["ddp_bf16"] = _steps(wrap_model(model(), info), batches, world, "bf16")
+    for name, fsdp_on in (("frozen_fsdp", True), ("frozen_ddp", False)):  # seed_gpu.yaml's case
+        m = model()
+        m.llm.requires_grad_(False)
+        m = wrap_model(m, info, fsdp=fsdp_on)
+        res[name] = _steps(m, batches, world)
+        llm = [p for n, p in m.named_parameters() if ".llm." in f".{n}"]
+        res[name].update(n_llm=len(llm), llm_grads=sum(p.grad is not None for p in llm),
+                         llm_shards=sum(isinstance(p, DTensor) for p in llm))
     full = _trainer({**env, "dir": env["dir"] / "full"}, info, batches, dataset)
     full.fit()
     res["trainer"] = {"losses": full.losses, "params": _full_state(full.model)}
@@ -270,6 +281,16 @@ def test_bf16_policy_gathers_bf16_keeps_fp32_master_weights(results):
             assert got[key] == ["torch.float32"], key
         assert got["losses"] == pytest.approx(ref["losses"], rel=1e-2)  # DDP + autocast bf16
         assert got["losses"] != r["fsdp"]["losses"]  # really computed in bf16
+
+
+def test_frozen_llm_stays_sharded_and_matches_ddp(results):
+    for r in results["ranks"]:
+        got, ref = r["frozen_fsdp"], r["frozen_ddp"]
+        assert got["n_llm"] > 20 and got["llm_shards"] == got["n_llm"] and got["llm_grads"] == 0
+        assert got["losses"] == pytest.approx(ref["losses"], rel=1e-5)
+        assert got["losses"] != r["fsdp"]["losses"]  # the LLM really stayed frozen
+    r0 = results["ranks"][0]
+    _assert_params_close(r0["frozen_fsdp"]["params"], r0["frozen_ddp"]["params"], 1e-5, "frozen")
 
 
 def test_activation_checkpointing_composes_with_fsdp(results):
