@@ -207,10 +207,9 @@ def load_model_weights(ckpt: Path, meta: dict, model: nn.Module, base: Optional[
 def state_bytes(model: nn.Module, skip: set[str]) -> int:
     """Bytes of the model's state without ``skip`` (tied tensors once): model.safetensors + adapters."""
     seen, total = set(), 0
-    for name, t in unwrap(model).state_dict().items():
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
-        if name in skip or (t.numel() and key in seen):
+    for name, t in unwrap(model).state_dict(keep_vars=True).items():  # tied: the same Parameter
+        if name in skip or id(t) in seen:
             continue
-        seen.add(key)
+        seen.add(id(t))
         total += t.numel() * t.element_size()
     return total
