@@ -110,3 +110,27 @@ def test_decode_against_other_base_llm_bytes_is_refused(runs, tmp_path, capsys):
                  "--llm_path", str(other), "--device", "cpu", "--quiet"])
     err = capsys.readouterr().err
     assert rc == 2 and str(other.resolve()) in err and str(runs.llm.resolve()) in err and "--llm_path" in err, err
+
+
+def test_average_lean_lora_checkpoints(runs, tmp_path):
+    """tools/average_checkpoints.py on lean LoRA checkpoints: base from model.llm.path, adapters
+    averaged like any weight; the result decodes."""
+    import sys
+
+    from safetensors.torch import load_file
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    import average_checkpoints as avg
+
+    from west.models.speech_llm import SpeechLLM
+
+    record = avg.average_checkpoints(runs.full, tmp_path / "avg", 2, mode="last")
+    assert record["steps"] == [4, 5]
+    ckpts = [load_file(runs.full / "checkpoints" / f"step_0000000{s}" / "adapter" / "adapter_model.safetensors")
+             for s in (4, 5)]
+    model = SpeechLLM.from_pretrained(tmp_path / "avg")
+    mine = {k: v for k, v in model.llm.state_dict().items() if "lora_A" in k}
+    key = next(k for k in ckpts[0] if "layers.0.self_attn.q_proj.lora_A" in k)
+    got = next(v for k, v in mine.items() if "layers.0.self_attn.q_proj.lora_A" in k)
+    want = ((ckpts[0][key].double() + ckpts[1][key].double()) / 2).float()
+    assert torch.equal(got, want)
