@@ -140,22 +140,26 @@ def test_base_preset_size():
 
 @pytest.mark.parametrize("rate", [4, 6, 8])
 @pytest.mark.parametrize("chunk", [1, 5, 16])
-def test_chunked_packed_subsampling_equals_one_tall_image(rate, chunk):
-    """The packed conv buffer is convolved in overlapping chunks: same frames, same gradients."""
+@pytest.mark.parametrize("packed", [True, False])
+def test_chunked_subsampling_equals_whole_images(rate, chunk, packed):
+    """The conv input (the packed buffer, or each padded utterance) is convolved in overlapping
+    chunks: same frames, same gradients as one whole image each."""
+    from torch.nn.utils.rnn import pad_sequence
+
     from west.models.subsampling import Conv2dSubsampling, receptive_field
 
-    lens = [n for n in LENS if n >= min_fbank_frames(rate)]
+    lens = [n for n in LENS if n >= min_fbank_frames(rate)] + [8 * 40]   # one of >= 40 outputs
     torch.manual_seed(0)
     sub = Conv2dSubsampling(80, 16, rate, chunk_frames=0)
-    feats = torch.cat(_feats(lens)).requires_grad_(True)
+    feats = (torch.cat(_feats(lens)) if packed else pad_sequence(_feats(lens), batch_first=True)).requires_grad_(True)
     results = []
     for frames in (0, chunk):
         sub.chunk_frames = frames
-        y, layout = sub.forward_packed(feats, lens)
+        y, layout = sub.forward_packed(feats, lens) if packed else sub.forward_padded(feats, lens)
         (grad,) = torch.autograd.grad((y * torch.arange(y.numel()).view_as(y).sin()).sum(), feats)
         results.append((y.detach(), grad, layout.lengths))
     (y0, g0, l0), (y1, g1, l1) = results
     assert l0 == l1 == [subsampled_frames(n, rate) for n in lens]
-    assert y0.shape[0] > 2 * chunk                     # really several chunks
+    assert (sum(l0) if packed else max(l0)) > chunk    # really several chunks per image
     assert (y0 - y1).abs().max() <= 1e-5 and (g0 - g1).abs().max() <= 1e-5
     assert receptive_field(rate) == {4: 7, 6: 11, 8: 15}[rate]

@@ -41,7 +41,7 @@ class Conv2dSubsampling(nn.Module):
     def __init__(self, input_dim: int, d_model: int, rate: int = 4, dropout: float = 0.0,
                  chunk_frames: int = 64):
         super().__init__()
-        self.chunk_frames = chunk_frames   # packed mode: outputs per chunk (0 = one tall image)
+        self.chunk_frames = chunk_frames   # outputs per convolved chunk (0 = whole images)
         if rate not in SUBSAMPLING_LAYERS:
             raise ValueError(f"subsampling rate must be one of {sorted(SUBSAMPLING_LAYERS)}, got {rate}")
         self.rate = rate
@@ -72,26 +72,29 @@ class Conv2dSubsampling(nn.Module):
     def forward_padded(self, feats: torch.Tensor, lengths: Sequence[int]):
         """feats (N, Tmax, F), lengths -> (flat (N*T', D), FrameLayout)."""
         out_lens = self._frames(lengths)
-        y = self.conv(feats.unsqueeze(1))                       # (N, C, T', F')
-        n, c, t, f = y.shape
-        y = y.transpose(1, 2).reshape(n * t, c * f)
+        y = self._conv_images(feats)                             # (N, T', C * F')
+        n, t, _ = y.shape
         layout = FrameLayout(out_lens, feats.device, padded_len=t)
-        return self._project(y), layout
+        return self._project(y.reshape(n * t, -1)), layout
 
-    def _conv_tall(self, buf: torch.Tensor) -> torch.Tensor:
-        """conv over the (L, F) image ``buf`` -> (L', C * F'), computed in chunks of outputs."""
+    def _conv_images(self, imgs: torch.Tensor) -> torch.Tensor:
+        """conv over the (B, L, F) images ``imgs`` -> (B, L', C * F'), computed in chunks of outputs.
+
+        Both layouts convolve through here: the packed buffer is one image, a padded batch
+        N of them, and each image is cut into overlapping chunks of ``chunk_frames`` outputs."""
         s, field, h = self.stride, self.receptive, self.chunk_frames
-        t = (buf.shape[0] - field) // s + 1 if buf.shape[0] >= field else 0
+        b, length = imgs.shape[0], imgs.shape[1]
+        t = (length - field) // s + 1 if length >= field else 0
         if h <= 0 or t <= h:
-            y = self.conv(buf[None, None])[0]                    # (C, L', F')
-            return y.transpose(0, 1).reshape(y.shape[1], -1)
+            y = self.conv(imgs.unsqueeze(1))                     # (B, C, L', F')
+            return y.transpose(1, 2).reshape(b, y.shape[2], -1)
         n = -(-t // h)
         size = (h - 1) * s + field                               # input rows of h outputs
         need = (n - 1) * h * s + size
-        buf = F.pad(buf, (0, 0, 0, need - buf.shape[0]))
-        chunks = buf.unfold(0, size, h * s).transpose(1, 2)      # (n, size, F), overlapping views
-        y = self.conv(chunks.unsqueeze(1))                       # (n, C, h, F')
-        return y.permute(0, 2, 1, 3).reshape(n * h, -1)[:t]
+        imgs = F.pad(imgs, (0, 0, 0, need - length))
+        chunks = imgs.unfold(1, size, h * s).transpose(2, 3)     # (B, n, size, F), overlapping views
+        y = self.conv(chunks.reshape(b * n, 1, size, -1))        # (B*n, C, h, F')
+        return y.view(b, n, y.shape[1], h, -1).permute(0, 1, 3, 2, 4).reshape(b, n * h, -1)[:, :t]
 
     def forward_packed(self, feats: torch.Tensor, lengths: Sequence[int], buckets_per_octave=8):
         """feats (Σ T, F), lengths -> (flat (Σ T', D), FrameLayout)."""
@@ -106,7 +109,7 @@ class Conv2dSubsampling(nn.Module):
         starts = torch.tensor([0] + lengths[:-1]).cumsum(0)
         dst = (torch.arange(feats.shape[0]) - starts[seg] + offsets[seg]).to(feats.device)
         buf = feats.new_zeros(sum(slots), feats.shape[1]).index_copy(0, dst, feats)
-        y = self._conv_tall(buf)                                 # (T'buf, C * F')
+        y = self._conv_images(buf[None])[0]                      # (T'buf, C * F')
         t = y.shape[0]
         oseg = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(out_lens))
         ostarts = torch.tensor([0] + out_lens[:-1]).cumsum(0)
