@@ -48,3 +48,31 @@ def test_too_long_and_too_short_are_counted_skips():
     with pytest.raises(SkipSample) as e:
         whisper_log_mel(np.zeros(200, np.float32))
     assert e.value.category == "too_short"
+
+
+def test_log_mel_runs_on_one_thread_and_restores_the_count():
+    """Per-utterance STFTs run single-threaded (threads cost more than they give at this size);
+    the caller's thread count comes back afterwards, also when the utterance is skipped."""
+    import torch
+
+    seen = []
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        real_stft = torch.stft
+
+        def spy(*args, **kwargs):
+            seen.append(torch.get_num_threads())
+            return real_stft(*args, **kwargs)
+
+        torch.stft = spy
+        try:
+            whisper_log_mel(np.zeros(16000, np.float32))
+        finally:
+            torch.stft = real_stft
+        assert seen == [1] and torch.get_num_threads() == 2
+        with pytest.raises(SkipSample):
+            whisper_log_mel(np.zeros(100, np.float32))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
