@@ -122,8 +122,8 @@ def test_flops_and_speedups(result):
         assert r["time_s"] > 0 and len(r["runs"]) == 1 and len(r["runs"][0]["step_s"]) == r["totals"]["batches"]
     assert m["static"]["speedup"] == m["static"]["predicted_speedup"] == 1.0
     checks = {(c["fast"], c["slow"]) for c in res["checks"]}
-    assert checks == {("pack", "static"), ("pack", "pack_encoder_padded")}
-    for c in res["checks"]:   # --profile always: a profile comparison for both checks
+    assert checks == {("pack", "static"), ("pack", "dynamic"), ("pack", "pack_encoder_padded")}
+    for c in res["checks"]:   # --profile always: a profile comparison for every check
         text = Path(c["profile_file"]).read_text(encoding="utf-8")
         assert "| op (self time" in text and "**all ops**" in text
 

@@ -225,15 +225,18 @@ def test_stage9_curves_path_printed_at_the_end(tiny_run):
     assert tail[0].endswith(f"training curves (train and dev loss, dev CER): {png}") and "done (stages 0..10)" in tail[1]
 
 
-def test_stage10_benchmark(tiny_run):
+@pytest.mark.parametrize("name", ["benchmark", "benchmark_llm_heavy"])
+def test_stage10_benchmark(tiny_run, name):
+    """Both regimes: the tiny model (encoder-heavy) and the LLM-heavy configuration."""
     work, out = tiny_run
-    bench = work / "exp/benchmark"
+    bench = work / "exp" / name
     res = json.loads((bench / "benchmark.json").read_text(encoding="utf-8"))
     assert list(res["modes"]) == ["static", "dynamic", "pack", "pack_encoder_padded"]
     assert res["num_utts"] == 6 and res["env"]["threads"] == 1
     assert (bench / "benchmark.png").read_bytes()[:4] == b"\x89PNG"
     assert "| method | configuration | CPU util %" in out and "| sequence pack |" in out
     assert (bench / "benchmark.md").read_text(encoding="utf-8").splitlines()[0] in out
+    assert res["config"].endswith("bench_llm_heavy.yaml") == (name == "benchmark_llm_heavy")
 
 
 def test_rerun_reuses_corpus(tiny_run):

@@ -24,6 +24,10 @@ SHAPES = {
     "qwen2-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
                      num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False,
                      vocab_size=152064),
+    # The benchmark's LLM-heavy configuration (recipes/aishell/conf/bench_llm_heavy.yaml): a
+    # ~10M Qwen2 whose forward FLOPs dwarf the tiny encoder's on a CPU; vocabulary = the tokenizer's.
+    "bench-10m": dict(hidden_size=384, intermediate_size=1152, num_hidden_layers=6, num_attention_heads=6,
+                      num_key_value_heads=2, tie_word_embeddings=True, vocab_size=None),
 }
 COMMON = dict(vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
               hidden_act="silu", attention_dropout=0.0, initializer_range=0.02, use_sliding_window=False)
@@ -34,7 +38,10 @@ def build(out: Path, tokenizer_dir: str, shape: str, dtype: str, seed: int) -> d
     from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    conf = Qwen2Config(**{**COMMON, **SHAPES[shape]},
+    dims = {**COMMON, **SHAPES[shape]}
+    if dims["vocab_size"] is None:
+        dims["vocab_size"] = -(-len(tok) // 64) * 64
+    conf = Qwen2Config(**dims,
                        pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None)
     if len(tok) > conf.vocab_size:
         raise SystemExit(f"--tokenizer {tokenizer_dir} has {len(tok)} tokens, more than {shape}'s {conf.vocab_size}")
@@ -58,7 +65,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     r = build(a.out, a.tokenizer, a.shape, a.dtype, a.seed)
-    print(f"make_seed_llm: {a.shape} with random weights, {r['params'] / 1e9:.2f} B parameters, "
+    print(f"make_seed_llm: {a.shape} with random weights, {r['params'] / 1e6:,.1f} M parameters, "
           f"{r['bytes'] / 2**30:.2f} GiB of {a.dtype} safetensors in {a.out} ({r['seconds']:.0f} s)")
     return 0
 

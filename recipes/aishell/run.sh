@@ -40,7 +40,10 @@
 #      steps); its path is printed again at the end.
 #   10 benchmark: python -m west.bin.benchmark trains the same init on the same --bench_utts
 #      utterances in static (32) / dynamic (4096) / pack (8192) / pack-encoder-padded modes;
-#      prints the seed table -> exp/benchmark/benchmark.{json,md,png}.
+#      prints the seed table, once per --bench_configs: tiny (the recipe's model, where the
+#      encoder dominates) -> exp/benchmark/, llm_heavy (conf/bench_llm_heavy.yaml: the tiny
+#      encoder + a frozen ~10M random Qwen2 from tools/make_seed_llm.py, where the LLM
+#      dominates, as in the seed experiment) -> exp/benchmark_llm_heavy/.
 #
 # Options [default]:
 #   --stage N / --stop_stage N    first / last stage to run [0 / 10]
@@ -91,6 +94,7 @@
 #   --bench_repeats N             timed passes per mode, median reported (of 2: their mean) [2]
 #   --bench_modes LIST            static,dynamic,pack,pack_encoder_padded[,pack_nf] [the four]
 #   --bench_threads N             torch threads for the benchmark, 0 = torch's default [1]
+#   --bench_configs LIST          tiny,llm_heavy (see stage 10) [tiny,llm_heavy]
 #   --bench_opts "..."            more benchmark options []
 #   -h, --help                    this text
 
@@ -145,6 +149,7 @@ bench_utts=200
 bench_repeats=2
 bench_modes=static,dynamic,pack,pack_encoder_padded
 bench_threads=1
+bench_configs=tiny,llm_heavy
 bench_opts=
 
 . "$repo/tools/parse_options.sh" || exit 1
@@ -323,11 +328,21 @@ if runs 9; then
 fi
 
 if runs 10; then
-  log "stage 10: benchmark on $bench_utts utterances ($bench_modes) -> $exp/benchmark"
-  # shellcheck disable=SC2086
-  "$python" -m west.bin.benchmark --config "$config" --model.llm.path "$llm" --data.cmvn "$cmvn" \
-    --data "$data/train/data.list" --num_utts "$bench_utts" --out_dir "$exp/benchmark" \
-    --repeats "$bench_repeats" --modes "$bench_modes" --threads "$bench_threads" $bench_opts
+  for bench in ${bench_configs//,/ }; do
+    case $bench in
+      tiny) bench_conf=$config; bench_llm=$llm; bench_out=$exp/benchmark ;;
+      llm_heavy)
+        bench_conf=$recipe_dir/conf/bench_llm_heavy.yaml; bench_llm=$exp/bench_llm; bench_out=$exp/benchmark_llm_heavy
+        [ -f "$bench_llm/config.json" ] || "$python" "$repo/tools/make_seed_llm.py" "$bench_llm" \
+          --tokenizer "$llm" --shape bench-10m --dtype float32 ;;
+      *) echo "run.sh: --bench_configs: unknown configuration '$bench' (tiny, llm_heavy)" >&2; exit 1 ;;
+    esac
+    log "stage 10: benchmark ($bench) on $bench_utts utterances ($bench_modes) -> $bench_out"
+    # shellcheck disable=SC2086
+    "$python" -m west.bin.benchmark --config "$bench_conf" --model.llm.path "$bench_llm" --data.cmvn "$cmvn" \
+      --data "$data/train/data.list" --num_utts "$bench_utts" --out_dir "$bench_out" \
+      --repeats "$bench_repeats" --modes "$bench_modes" --threads "$bench_threads" $bench_opts
+  done
 fi
 [ -n "$curves" ] && log "training curves (train and dev loss, dev CER): $curves"
 log "done (stages $stage..$stop_stage)"

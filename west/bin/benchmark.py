@@ -37,7 +37,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="utterance draw, model init, data order")
     p.add_argument("--profile", choices=["auto", "always", "never"], default="auto",
                    help="torch.profiler comparison of pack against static / encoder padded: auto = when the "
-                        "measured speed-up is below 90%% of the FLOP prediction")
+                        "measured speed-up is below 95%% of the FLOP prediction")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch's default)")
     return p
 
