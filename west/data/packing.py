@@ -114,8 +114,9 @@ def _refine(lengths: np.ndarray, assign: np.ndarray, capacity: int, max_passes: 
     return assign
 
 
-def _group(assign: np.ndarray, n_groups: int) -> list[list[int]]:
-    """Items of each group id 0..n_groups-1, ascending within a group.
+def _group(assign: np.ndarray, n_groups: int, dp_size: int = 1) -> list:
+    """Items of each group id 0..n_groups-1, ascending within a group; with
+    ``dp_size > 1`` cut into steps of ``dp_size`` groups.
 
     The cyclic garbage collector is paused while the lists are made: they hold
     only ints, yet at 10^5 bins its repeated scans of the new lists cost more
@@ -125,7 +126,10 @@ def _group(assign: np.ndarray, n_groups: int) -> list[list[int]]:
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return [flat[bounds[g]:bounds[g + 1]] for g in range(n_groups)]
+        bins = [flat[bounds[g]:bounds[g + 1]] for g in range(n_groups)]
+        if dp_size == 1:
+            return bins
+        return [bins[s:s + dp_size] for s in range(0, n_groups, dp_size)]
     finally:
         if enabled:
             gc.enable()
@@ -143,10 +147,7 @@ def pack(lengths: Sequence[int] | np.ndarray, capacity: int, algorithm: str = "b
     slot, n_bins = pack_slots(lengths, capacity, algorithm, dp_size, cost)
     if n_bins == 0:
         return []
-    bins = _group(slot, n_bins)
-    if dp_size == 1:
-        return bins
-    return [bins[s * dp_size:(s + 1) * dp_size] for s in range(n_bins // dp_size)]
+    return _group(slot, n_bins, dp_size)
 
 
 def pack_slots(lengths: Sequence[int] | np.ndarray, capacity: int, algorithm: str = "bfd",
