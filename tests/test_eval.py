@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import io
 import json
+import math
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -367,3 +368,15 @@ def test_epoch_and_final_lines_are_sentences():
              "best": None, "checkpoints": "D/checkpoints"}
     assert done_sentence(plain) == ("done after 3 steps (part of the first epoch, 2.0 s); "
                                     "checkpoints in D/checkpoints; 1 bad step")
+
+
+def test_bf16_weights_decode_under_autocast(env):
+    """FSDP2's bf16 policy hands the forward bf16 weights while features stay fp32: dev decoding
+    runs under the run's autocast like the dev loss, so it works (it raised a dtype mismatch)."""
+    from west.train.build import build_model, load_tokenizer
+    from west.train.evaluate import build_evaluator
+
+    cfg = config(env, env.dir / "bf16", "--train.eval_decode_utts", "1", "--train.precision", "bf16")
+    model = build_model(cfg.model, cfg.train.seed).to(torch.bfloat16).train()
+    rec = build_evaluator(cfg, load_tokenizer(cfg.model), cfg.model.speech_shape(), DistInfo()).evaluate(model)
+    assert rec["cv_decoded_utts"] == 1 and math.isfinite(rec["cv_loss"])

@@ -141,7 +141,8 @@ class Evaluator:
         refs, hyps = {}, {}
         for i in range(n_max):
             batch, texts = batches[i] if i < len(batches) else (dec.dummy_prompt(), [])
-            ids = gen.generate(batch.to(self.info.device), **kwargs)
+            with autocast(self.info.device, self.precision):   # as the dev loss (FSDP bf16 weights)
+                ids = gen.generate(batch.to(self.info.device), **kwargs)
             for row, ref in zip(ids, texts):
                 key = str(len(refs))
                 refs[key], hyps[key] = ref, dec.text(row)
