@@ -72,6 +72,10 @@ def test_resume_without_lora_or_with_another_rank_is_refused(runs, capsys, tmp_p
         assert main(argv) == 1
         err = capsys.readouterr().err
         assert "trained with LoRA r=8, alpha=16" in err and want in err, err
+    typo = train_argv(runs.llm, runs.list, tmp_path / "new", *RUN, "--model.lora.target_modules", "[q_proj, vproj]")
+    assert main(typo) == 2
+    err = capsys.readouterr().err
+    assert "model.lora.target_modules: 'vproj' matches no module" in err and "candidates: down_proj" in err, err
 
 
 def test_decode_lean_checkpoint_then_export_and_decode_the_export(runs, tmp_path):

@@ -16,6 +16,7 @@ from torch import nn
 
 from west.models.config import LLMConfig, LoraSettings
 from west.models.hf_attention import ATTN_NAME, register
+from west.schema import ConfigError
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -64,7 +65,7 @@ def check_lora_targets(llm: nn.Module, targets: list[str]) -> None:
     names = [n for n, _ in llm.named_modules() if n]
     missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
     if missing:
-        raise ValueError(f"model.lora.target_modules: {', '.join(map(repr, missing))} matches no module of the "
+        raise ConfigError(f"model.lora.target_modules: {', '.join(map(repr, missing))} matches no module of the "
                          f"LLM ({type(llm).__name__}); candidates: {', '.join(lora_candidates(llm))}")
 
 
@@ -160,3 +161,17 @@ def llm_fingerprint(path: str | os.PathLike) -> dict:
         _FINGERPRINTS[key] = {"sha256": h.hexdigest(), "files": [p.name for p in files],
                               "bytes": sum(p.stat().st_size for p in files)}
     return dict(_FINGERPRINTS[key])
+
+
+def hf_checkpointing(model: nn.Module, on: bool = True) -> None:
+    """Per-layer activation checkpointing of a transformers model (non-reentrant), through the
+    API the installed release names (``activation_checkpointing_*`` since 5.2x, else ``gradient_*``)."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        if on:
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.activation_checkpointing_disable()
+    elif on:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_disable()

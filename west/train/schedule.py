@@ -158,7 +158,8 @@ def describe_groups(model: nn.Module, optimizer: torch.optim.Optimizer, projecto
     for g in optimizer.param_groups:
         n, lr = sizes.get(g.get("module", "other"), [0, g.get("initial_lr", g["lr"])])
         sizes[g.get("module", "other")] = [n + sum(p.numel() for p in g["params"]), lr]
-    parts = [f"{'llm (LoRA)' if m == 'llm' and lora else m} {n / 1e6:.2f} M at lr {lr:.3g}"
+    parts = [f"{'llm (LoRA)' if m == 'llm' and lora else m} "
+             f"{f'{n / 1e6:.2f} M' if n >= 10_000 else f'{n:,}'} at lr {lr:.3g}"
              for m, (n, lr) in sizes.items()]
     warm = f"; projector-only warm-up: first {projector_warmup_steps} steps" if projector_warmup_steps else ""
     return "trainable: " + ", ".join(parts) + warm
