@@ -26,7 +26,7 @@ from west.batch import IGNORE_INDEX, Batch
 from west.models.config import POSTERIOR_TYPES, ConformerConfig, SpeechLLMConfig
 from west.models.conformer import ConformerEncoder
 from west.models.hf_attention import ATTN_NAME, packed_kwargs
-from west.models.llm import apply_lora, load_llm
+from west.models.llm import apply_lora, hf_checkpointing, load_llm
 from west.models.ctc import segment_ctc
 from west.models.projector import CompactPosteriorProjector, PosteriorProjector, Projector
 
@@ -77,7 +77,7 @@ class SpeechLLM(nn.Module):
         if cfg.freeze_llm or cfg.lora is not None:
             llm.requires_grad_(False)
         if cfg.llm.gradient_checkpointing:
-            llm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            hf_checkpointing(llm)
         self.llm = apply_lora(llm, cfg.lora) if cfg.lora is not None else llm
         self.ctc_head: Optional[nn.Linear] = None
         self.blank_embedding: Optional[nn.Parameter] = None
@@ -93,7 +93,7 @@ class SpeechLLM(nn.Module):
     def gradient_checkpointing_enable(self) -> None:
         """Recompute activations in backward: encoder blocks and LLM layers (trainer hook)."""
         self.encoder.gradient_checkpointing = True
-        self._base_llm().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        hf_checkpointing(self._base_llm())
 
     def fsdp_units(self) -> list[nn.Module]:
         """Modules FSDP2 shards one by one: each encoder block and each LLM decoder layer.

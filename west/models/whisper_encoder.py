@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from west.models.attention import SegmentPlan
 from west.models.hf_attention import ATTN_NAME, packed_kwargs, register
 from west.models.layout import FrameLayout
+from west.models.llm import hf_checkpointing
 from west.shapes import whisper_frames
 
 # Rows of a Whisper checkpoint that belong to the encoder, by the class that saved it.
@@ -129,10 +130,7 @@ class WhisperPackedEncoder(nn.Module):
 
     @gradient_checkpointing.setter
     def gradient_checkpointing(self, on: bool) -> None:
-        if on:
-            self.hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            self.hf.gradient_checkpointing_disable()
+        hf_checkpointing(self.hf, on)
 
     # ------------------------------------------------------------------ forward
     def forward_flat(
