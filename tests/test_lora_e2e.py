@@ -72,6 +72,12 @@ def test_resume_without_lora_or_with_another_rank_is_refused(runs, capsys, tmp_p
         assert main(argv) == 1
         err = capsys.readouterr().err
         assert "trained with LoRA r=8, alpha=16" in err and want in err, err
+    # The refused launches replaced DIR/config.yaml; decoding rebuilds the checkpoint's own model.
+    from west.infer.load import load_for_decoding
+
+    assert "lora: null" in (run_dir / "config.yaml").read_text() or "r: 4" in (run_dir / "config.yaml").read_text()
+    model, _, _ = load_for_decoding(str(run_dir), device="cpu")
+    assert model.cfg.lora is not None and model.cfg.lora.r == 8
     typo = train_argv(runs.llm, runs.list, tmp_path / "new", *RUN, "--model.lora.target_modules", "[q_proj, vproj]")
     assert main(typo) == 2
     err = capsys.readouterr().err

@@ -121,11 +121,12 @@ def average_checkpoints(run_dir: Path, out_dir: Path, num: int, mode: str = "bes
         print(f"note: {note}", file=sys.stderr)
     by_step = sorted(chosen, key=lambda pm: int(pm[1]["step"]))   # the newest last
     raw = yaml.safe_load(config.read_text(encoding="utf-8")) or {}
-    if not isinstance(raw, dict) or "model" not in raw:
+    section = by_step[-1][1].get("model") or (raw.get("model") if isinstance(raw, dict) else None)
+    if not section:   # the newest checkpoint's own model section first (config.yaml may be newer)
         raise AverageError(f"{config}: no model section")
     # Lean checkpoints leave the frozen base LLM out: build on its weights (fingerprint checked).
     referenced = any(m.get("base_llm") for _, m in by_step)
-    model, tokenizer = build_from_run(raw["model"], weights=referenced)
+    model, tokenizer = build_from_run(section, weights=referenced)
     base = BaseLLM(model.cfg.llm.path) if referenced else None
     try:
         for p, m in by_step:

@@ -38,6 +38,7 @@ def export(checkpoint: str, out: str, config: str | None = None, llm_path: str |
     from west.infer.load import load_training_checkpoint, read_run_config, resolve_checkpoint
     from west.models.saved import CONFIG_FILE, LLM_DIR, export_speech_llm
     from west.models.speech_llm import SpeechLLM
+    from west.train.checkpoint import read_meta
 
     ckpt = resolve_checkpoint(checkpoint)
     out_dir = Path(out)
@@ -51,10 +52,10 @@ def export(checkpoint: str, out: str, config: str | None = None, llm_path: str |
         tok_dir = ckpt / LLM_DIR if (ckpt / LLM_DIR / "tokenizer_config.json").is_file() else model.cfg.llm.path
         tokenizer = AutoTokenizer.from_pretrained(str(llm_path or tok_dir))
     else:
-        if "model" not in raw:
+        if "model" not in raw and "model" not in read_meta(ckpt):
             raise FileNotFoundError(f"{ckpt}: no config.yaml with a model section next to the run "
                                     "(give --config DIR/config.yaml)")
-        model, tokenizer = load_training_checkpoint(ckpt, raw["model"], llm_path)
+        model, tokenizer = load_training_checkpoint(ckpt, raw.get("model") or {}, llm_path)
     export_speech_llm(model.eval(), out_dir, tokenizer)
     for c in ([Path(config)] if config else [ckpt / "config.yaml", ckpt.parent.parent / "config.yaml"]):
         if c.is_file():  # west-decode builds its prompts from the run's data section

@@ -87,6 +87,9 @@ def load_training_checkpoint(ckpt: Path, model_section: dict,
     checked against meta.json; LoRA adapters come from ``CKPT/adapter``."""
     meta = read_meta(ckpt)
     referenced = bool(meta.get("base_llm"))
+    # The model section the checkpoint was trained with wins over the run's config.yaml, which a
+    # later (e.g. refused) launch in the same dir may have replaced; older checkpoints lack it.
+    model_section = meta.get("model") or model_section
     model, tokenizer = build_from_run(model_section, weights=referenced, llm_path=llm_path)
     base = BaseLLM(model.cfg.llm.path) if referenced else None
     model.load_state_dict(load_model_weights(ckpt, meta, model, base), strict=not referenced)
@@ -108,9 +111,9 @@ def load_for_decoding(checkpoint: str, config: Optional[str] = None, device: str
         tok_dir = ckpt / LLM_DIR if (ckpt / LLM_DIR / "tokenizer_config.json").is_file() else model.cfg.llm.path
         tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
     else:
-        if "model" not in raw:
+        if "model" not in raw and "model" not in read_meta(ckpt):
             raise FileNotFoundError(f"{ckpt}: no config.yaml with a model section next to the run "
                                     "(give --config DIR/config.yaml)")
-        model, tokenizer = load_training_checkpoint(ckpt, raw["model"], llm_path)
+        model, tokenizer = load_training_checkpoint(ckpt, raw.get("model") or {}, llm_path)
     # The data section alone: the speech geometry is the model's (model.cfg.speech_shape()).
     return model.to(dev).eval(), tokenizer, DataConfig.from_dict(dict(raw.get("data") or {}))

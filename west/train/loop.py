@@ -31,7 +31,7 @@ from torch import nn
 from west.batch import Batch
 from west.train import checkpoint as ckpt
 from west.train.config import RunConfig, TrainConfig
-from west.train.distributed import DistInfo, all_reduce_max, sum_counts_over_ranks, wrap_model
+from west.train.distributed import DistInfo, all_reduce_max, sum_counts_over_ranks, unwrap, wrap_model
 from west.train.evaluate import Evaluator
 from west.train.gpu_monitor import build_monitor
 from west.train.lean import base_llm_of
@@ -146,6 +146,9 @@ class Trainer:
                 "guard": self.guard.state_dict(), "totals": self.totals.state_dict(), "best": self.best}
         if self.evaluated[0] == self.step:
             meta["eval"] = self.evaluated[1]
+        model_cfg = getattr(unwrap(self.model), "cfg", None)
+        if hasattr(model_cfg, "to_dict"):   # decode rebuilds this model, whatever config.yaml says later
+            meta["model"] = model_cfg.to_dict()
         try:
             ckpt.save_checkpoint(self.ckpt_root, self.step, model=self.model, optimizer=self.optimizer,
                                  scheduler=self.scheduler, data_state=self.data.state_dict(), meta=meta,
