@@ -314,7 +314,6 @@ def test_real_loading_path_tiny_qwen2_from_disk(tmp_path):
 
 
 def test_lora_optional(tmp_path):
-    pytest.importorskip("peft")
     from west.models.config import LoraSettings
 
     model = tiny_model(lora=LoraSettings(r=2, alpha=4, dropout=0.0))
