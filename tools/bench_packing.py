@@ -12,6 +12,8 @@ slows all of them alike); the table gives the median. Columns:
 * bins, the lower bound ceil(Σ/capacity), fill = Σ/(bins·capacity);
 * exactly-once: every item in exactly one bin and no bin over capacity (``no``
   is a failed plan, not a slow one);
+* every time includes one full garbage collection after the call (``idle_gc_s``
+  in the JSON is that collection with nothing to free);
 * for dp_size=8 plans the per-step max/min of the ranks' Σlen and Σlen² (median
   and p99 over steps) and the number of empty bins.
 
@@ -27,6 +29,7 @@ time over the runs (the machine is shared: run it three times).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -100,6 +103,19 @@ def balance(steps: list, lengths: np.ndarray) -> dict:
     return out
 
 
+def timed(fn, lengths: np.ndarray, capacity: int) -> float:
+    """One call plus a full garbage collection, from a collected heap: each packer pays
+    for the Python lists it returns (made with the collector paused or not) once, and
+    nothing for other packers' objects."""
+    gc.collect()
+    t0 = time.perf_counter()
+    result = fn(lengths, capacity)
+    gc.collect()
+    seconds = time.perf_counter() - t0
+    del result
+    return seconds
+
+
 def run(sizes: list[int], rounds: int) -> list[dict]:
     rows = []
     fns = packers()
@@ -107,25 +123,25 @@ def run(sizes: list[int], rounds: int) -> list[dict]:
         for n in sizes:
             lengths = make(n)
             lower = -(-int(lengths.sum()) // capacity)
-            results = {name: fn(lengths, capacity) for name, (fn, _) in fns.items()}   # warm-up
+            stats = {}
+            for name, (fn, dp) in fns.items():     # warm-up: the plan each packer makes
+                result = fn(lengths, capacity)
+                bins = [b for s in result for b in s] if dp > 1 else result
+                stats[name] = dict(bins=len(bins), lower_bound=lower,
+                                   fill=float(lengths.sum()) / (len(bins) * capacity),
+                                   exactly_once=exactly_once(bins, lengths, capacity))
+                if dp > 1:
+                    stats[name].update(balance(result, lengths))
+                del result, bins
             times = {name: [] for name in fns}
             for _ in range(rounds):
                 for name, (fn, _) in fns.items():
-                    results[name] = None    # freeing the last result is not part of the time
-                    t0 = time.perf_counter()
-                    results[name] = fn(lengths, capacity)
-                    times[name].append(time.perf_counter() - t0)
+                    times[name].append(timed(fn, lengths, capacity))
             for name, (fn, dp) in fns.items():
-                result = results[name]
-                bins = [b for s in result for b in s] if dp > 1 else result
                 row = dict(workload=wname, n=n, capacity=capacity, packer=name, dp_size=dp,
-                           seconds=statistics.median(times[name]), times=times[name], bins=len(bins),
-                           lower_bound=lower, fill=float(lengths.sum()) / (len(bins) * capacity),
-                           exactly_once=exactly_once(bins, lengths, capacity))
-                if dp > 1:
-                    row.update(balance(result, lengths))
+                           seconds=statistics.median(times[name]), times=times[name], **stats[name])
                 rows.append(row)
-                print(f"  {wname} N={n} {name}: {row['seconds']*1e3:.1f} ms, {len(bins)} bins", file=sys.stderr)
+                print(f"  {wname} N={n} {name}: {row['seconds']*1e3:.1f} ms, {row['bins']} bins", file=sys.stderr)
     return rows
 
 
@@ -201,7 +217,8 @@ def main() -> None:
         meta, rows = merge(args.merge)
     else:
         meta = dict(machine=platform.machine(), cpus=os.cpu_count(), python=platform.python_version(),
-                    date=time.strftime("%Y-%m-%d %H:%M:%S"), jit_first_s=first_call_seconds())
+                    date=time.strftime("%Y-%m-%d %H:%M:%S"), jit_first_s=first_call_seconds(),
+                    idle_gc_s=timed(lambda x, c: None, np.zeros(1), 1))
         if args.cold_jit:
             meta["jit_cold_s"] = cold_jit_seconds()
         rows = with_ratios(run(args.sizes, args.rounds))
