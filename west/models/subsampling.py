@@ -89,6 +89,7 @@ class Conv2dSubsampling(nn.Module):
             y = self.conv(imgs.unsqueeze(1))                     # (B, C, L', F')
             return y.transpose(1, 2).reshape(b, y.shape[2], -1)
         n = -(-t // h)
+        h = -(-t // n)                    # n equal chunks: fewer than n padded outputs in all
         size = (h - 1) * s + field                               # input rows of h outputs
         need = (n - 1) * h * s + size
         imgs = F.pad(imgs, (0, 0, 0, need - length))
