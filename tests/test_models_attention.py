@@ -73,7 +73,9 @@ def test_segment_sdpa_with_bias_matches_reference():
     dense_bias = torch.randn(2, total, total)
     plan = SegmentPlan.from_cu_seqlens(cu, buckets_per_octave=2)  # padded groups exercise key masking
 
-    def bias_fn(index, n):
+    def bias_fn(qg, group):
+        index = group.index
+        assert qg.shape[0] == index.shape[0] and qg.shape[2] == group.length   # (G, H, n, D)
         return dense_bias[:, index[:, :, None], index[:, None, :]].permute(1, 0, 2, 3)
 
     out = segment_sdpa(q, k, v, plan, bias_fn=bias_fn)

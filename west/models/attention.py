@@ -61,6 +61,17 @@ class SegmentPlan:
     def max_len(self) -> int:
         return max(self.lengths, default=0)
 
+    def gather_index(self) -> Optional[torch.Tensor]:
+        """Rows of every group, concatenated (one gather for all groups: one backward buffer
+        instead of a full-size zero-filled gradient per group); None when that is every row
+        in order (a padded batch), so the groups are plain views."""
+        if not hasattr(self, "_gather"):
+            flat = torch.cat([g.index.reshape(-1) for g in self.groups]) if self.groups else None
+            same = flat is not None and flat.numel() == self.rows and bool(
+                torch.equal(flat, torch.arange(self.rows, device=flat.device)))
+            self._gather = None if same else flat
+        return self._gather
+
     @classmethod
     def from_lengths(
         cls,
@@ -129,13 +140,7 @@ class SegmentPlan:
 
 
 # --------------------------------------------------------------------------- segment SDPA
-def gather_rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``t[index]`` for a (G, n) row index, as one ``index_select``: its backward is a single
-    ``index_add_``, where advanced indexing's is a sorting ``index_put_`` (slow on the host)."""
-    return t.index_select(0, index.reshape(-1)).view(*index.shape, *t.shape[1:])
-
-
-BiasFn = Callable[[torch.Tensor, int], torch.Tensor]
+BiasFn = Callable[[torch.Tensor, SegmentGroup], torch.Tensor]
 
 
 def segment_sdpa(
@@ -150,20 +155,24 @@ def segment_sdpa(
 ) -> torch.Tensor:
     """Per-segment SDPA. q (rows, Hq, D), k/v (rows, Hkv, D) -> (rows, Hq, D).
 
-    ``bias_fn(index (G, n), n) -> (G, Hq, n, n)`` adds a score term (already scaled)
-    per group, e.g. the Conformer's relative-position term. Padding inside a group
-    sits at the END of each segment: causal masking alone hides it from real
-    queries; without causality it is masked as keys. Padded query rows are dropped."""
+    ``bias_fn(qg (G, Hq, n, D), group) -> (G, Hq, n, n)`` adds a score term (already
+    scaled) per :class:`SegmentGroup` from its gathered queries, e.g. the Conformer's
+    relative-position term. Padding inside a group sits at the END of each segment: causal masking alone
+    hides it from real queries; without causality it is masked as keys. Padded query
+    rows are dropped."""
     if q.shape[0] != plan.rows:
         raise ValueError(f"plan covers {plan.rows} rows, q has {q.shape[0]}")
     gqa = q.shape[1] != k.shape[1]
+    index = plan.gather_index()
+    sizes = [g.index.numel() for g in plan.groups]
+    q_all, k_all, v_all = (t if index is None else t.index_select(0, index) for t in (q, k, v))
     parts = []
-    for g in plan.groups:
+    for g, qs, ks, vs in zip(plan.groups, q_all.split(sizes), k_all.split(sizes), v_all.split(sizes)):
         G, n = g.index.shape
-        qg, kg, vg = (gather_rows(t, g.index).transpose(1, 2) for t in (q, k, v))  # (G, H, n, D)
+        qg, kg, vg = (x.view(G, n, *x.shape[1:]).transpose(1, 2) for x in (qs, ks, vs))  # (G, H, n, D)
         mask, is_causal = None, causal
         if bias_fn is not None:
-            mask = bias_fn(g.index, n).to(qg.dtype)
+            mask = bias_fn(qg, g).to(qg.dtype)
             if g.valid is not None:
                 mask = mask.masked_fill(~g.valid[:, None, None, :], float("-inf"))
             if causal:

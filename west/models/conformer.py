@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from west.models.attention import gather_rows, segment_sdpa
+from west.models.attention import SegmentGroup, segment_sdpa
 from west.models.config import ConformerConfig
 from west.models.layout import FrameLayout
 from west.models.subsampling import Conv2dSubsampling
@@ -69,12 +69,11 @@ class RelPositionAttention(nn.Module):
         v = self.linear_v(x).view(rows, self.h, self.dk)
         m = (pos_table.shape[0] + 1) // 2
         p = self.linear_pos(pos_table).view(-1, self.h, self.dk)     # (2m-1, h, dk)
-        q_v = q + self.pos_bias_v
         scale = self.dk ** -0.5
 
-        def rel_bias(index: torch.Tensor, n: int) -> torch.Tensor:
-            g = index.shape[0]
-            qg = gather_rows(q_v, index).transpose(1, 2)               # (G, h, n, dk)
+        def rel_bias(q_u: torch.Tensor, group: SegmentGroup) -> torch.Tensor:
+            g, n = q_u.shape[0], group.length
+            qg = q_u + (self.pos_bias_v - self.pos_bias_u)[:, None, :]   # (G, h, n, dk): q + v
             if self.key_positions:   # row m-1-j of the table encodes +j: pe(0..n-1)
                 return torch.matmul(qg, p[m - n: m].flip(0).permute(1, 2, 0)) * scale
             pn = p[m - n: m + n - 1].permute(1, 2, 0)                  # (h, dk, 2n-1)
