@@ -210,9 +210,9 @@ def test_features_must_match_the_encoder(env):
     from west.shapes import SpeechShape
 
     shape = model_config(env).speech_shape()
-    with pytest.raises(ValueError, match="data.features fbank .*model.encoder.type whisper"):
+    with pytest.raises(ValueError, match="^data.features: fbank .*model.encoder.type whisper"):
         for_shape(DataConfig(), shape)
-    with pytest.raises(ValueError, match="data.features whisper .*model.encoder.type conformer"):
+    with pytest.raises(ValueError, match="^data.features: whisper .*model.encoder.type conformer"):
         for_shape(DataConfig(features="whisper"), SpeechShape())
     assert for_shape(DataConfig(features="whisper"), SpeechShape(encoder_type="whisper", num_mel_bins=128)) \
         .num_mel_bins == 128

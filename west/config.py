@@ -1,10 +1,5 @@
-"""A run's one config tree (run/train/data/model) and its loader.
-
-``load_config``: a YAML file, then ``--section.key VALUE`` overrides in order (nested keys
-``--model.encoder.d_model 128``, whole blocks ``--model.lora "{r: 8}"`` or ``none``); each
-section types and checks its own fields (west.schema), then the few checks across sections
-run. Every error is a ConfigError starting with the dotted key, raised before data is read.
-"""
+"""A run's one config tree (run/train/data/model, keys: docs/config.md): ``load_config`` reads YAML,
+applies ``--section.key VALUE`` overrides and validates; every error is a ConfigError naming the key."""
 from __future__ import annotations
 
 import dataclasses
@@ -16,8 +11,8 @@ from typing import Sequence
 
 import yaml
 
-from west.data.config import DataConfig
-from west.models.config import SpeechLLMConfig
+from west.data.config import DataConfig, for_shape
+from west.models.config import SpeechLLMConfig, whisper_geometry
 from west.schema import ConfigError, require, section
 from west.train.config import RunConfig, TrainConfig
 
@@ -110,68 +105,55 @@ def validate(cfg: Config) -> None:
 
 
 def check_encoder(cfg: Config) -> None:
-    """The encoder and the features must match; a Whisper dir is read here (its config only),
-    so a wrong path fails before any data is read. Whisper's mel bin count becomes data.num_mel_bins."""
-    enc, data = cfg.model.encoder, cfg.data
-    require((enc.type == "whisper") == (data.features == "whisper"), "data.features",
-            f"{data.features} does not match model.encoder.type {enc.type}: the whisper encoder reads "
-            "--data.features whisper, the conformer reads fbank")
+    """The encoder's files and the features it reads; a Whisper dir's config is read here, so a wrong
+    path fails before any data is read. The data side takes its geometry from ``speech_shape()``."""
+    enc, data, shape = cfg.model.encoder, cfg.data, cfg.model.speech_shape()
     require(enc.init is None or enc.type == "conformer", "model.encoder.init",
             "initialises west's Conformer; a Whisper encoder's weights come from model.encoder.path")
     require(enc.init is None or os.path.isfile(enc.init), "model.encoder.init", f"no such file: {enc.init}")
-    if enc.type != "whisper":
-        return
-    from west.models.whisper_encoder import read_whisper_config
+    cfg.data = for_shape(data, shape)
+    if enc.type == "whisper":
+        layers = whisper_geometry(enc.path)[2]
+        require(cfg.model.freeze_encoder_blocks <= layers, "model.freeze_encoder_blocks",
+                f"must be <= the Whisper encoder's {layers} layers, got {cfg.model.freeze_encoder_blocks}")
+        require("data.num_mel_bins" not in cfg.explicit or data.num_mel_bins == shape.num_mel_bins,
+                "data.num_mel_bins", f"{data.num_mel_bins} != {shape.num_mel_bins}, the mel bins of the Whisper "
+                f"model in {enc.path} (leave it out: whisper features take the model's)")
 
-    try:
-        hf = read_whisper_config(enc.path)
-    except (OSError, ValueError) as e:
-        raise ConfigError(str(e).replace(f"model.encoder.path {enc.path!r}", f"model.encoder.path: {enc.path!r}", 1)) \
-            from None
-    require(cfg.model.freeze_encoder_blocks <= hf.encoder_layers, "model.freeze_encoder_blocks",
-            f"must be <= the Whisper encoder's {hf.encoder_layers} layers, got {cfg.model.freeze_encoder_blocks}")
-    require("data.num_mel_bins" not in cfg.explicit or data.num_mel_bins == hf.num_mel_bins, "data.num_mel_bins",
-            f"{data.num_mel_bins} != {hf.num_mel_bins}, the mel bins of the Whisper model in {enc.path} "
-            "(leave it out: whisper features take the model's)")
-    cfg.data = dataclasses.replace(data, num_mel_bins=hf.num_mel_bins)
+
+# packed attention kernels that run on CUDA only (west_varlen's backends, or flash_attention_* as the
+# implementation), and why; flash also needs its package
+CUDA_ONLY = {"flash": "needs a CUDA device", "torch_varlen": "is torch's CUDA kernel",
+             "flex": "cannot train on CPU (FlexAttention has no CPU backward)"}
 
 
 def check_attention_device(cfg: Config) -> None:
-    """flash-attn needs CUDA and its package, FlexAttention cannot train on CPU: no silent
-    fallback, a config written for GPUs fails on CPU with the override that runs there."""
+    """No silent fallback: a config written for GPUs fails on CPU with the override that runs there."""
     from west.models.attention import BACKENDS
     from west.train.distributed import resolved_device
 
     impl, backend = cfg.model.llm.attn_implementation, cfg.model.llm.attn_backend
     require(backend in BACKENDS, "model.llm.attn_backend", f"must be one of {BACKENDS}, got {backend!r}")
     on_cpu = resolved_device(cfg.train.device) != "cuda"
-    flash = ("model.llm.attn_implementation", impl) if impl.startswith("flash_attention") else \
-        ("model.llm.attn_backend", "flash") if impl == "west_varlen" and backend == "flash" else None
-    if flash:
-        require(not on_cpu, flash[0], f"{flash[1]} needs a CUDA device, but train.device={cfg.train.device} "
-                "resolves to cpu; on CPU use --model.llm.attn_implementation west_varlen "
-                "--model.llm.attn_backend auto (per-sample SDPA, exact)")
-        require(importlib.util.find_spec("flash_attn"), flash[0],
-                f"{flash[1]} needs the flash-attn package: pip install 'west[gpu]'")
-    require(not (on_cpu and impl == "west_varlen" and backend == "flex"), "model.llm.attn_backend",
-            "flex cannot train on CPU (FlexAttention has no CPU backward); use auto")
-    require(not (on_cpu and impl == "west_varlen" and backend == "torch_varlen"), "model.llm.attn_backend",
-            "torch_varlen is torch's CUDA kernel; on CPU use auto (per-sample SDPA, exact)")
+    varlen = impl == "west_varlen"
+    key, name = ("model.llm.attn_backend", backend) if varlen else ("model.llm.attn_implementation", impl)
+    kind = "flash" if name.startswith("flash_attention") else name if varlen else None
+    require(not on_cpu or kind not in CUDA_ONLY, key, f"{name} {CUDA_ONLY.get(kind)}, but train.device="
+            f"{cfg.train.device} resolves to cpu; on CPU use --model.llm.attn_implementation west_varlen "
+            "--model.llm.attn_backend auto (per-sample SDPA, exact)")
+    require(kind != "flash" or importlib.util.find_spec("flash_attn"), key,
+            f"{name} needs the flash-attn package: pip install 'west[gpu]'")
 
 
 def split_overrides(rest: Sequence[str]) -> list[tuple[str, str]]:
     """``--section.key VALUE`` / ``--section.key=VALUE`` pairs -> [(dotted, value)], in order."""
-    out, i = [], 0
-    while i < len(rest):
-        tok = rest[i]
+    out, tokens = [], iter(rest)
+    for tok in tokens:
         require(tok.startswith("--"), repr(tok), "unexpected argument (overrides are --section.key VALUE)")
-        if "=" in tok:
-            dotted, value = tok[2:].split("=", 1)
-            i += 1
-        else:
-            require(i + 1 < len(rest), tok, "missing value")
-            dotted, value = tok[2:], rest[i + 1]
-            i += 2
+        dotted, eq, value = tok[2:].partition("=")
+        if not eq:
+            value = next(tokens, None)
+            require(value is not None, tok, "missing value")
         require("." in dotted, f"--{dotted}", "unknown option")
         out.append((dotted, value))
     return out
