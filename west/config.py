@@ -2,12 +2,11 @@
 applies ``--section.key VALUE`` overrides and validates; every error is a ConfigError naming the key."""
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import os
 from dataclasses import field
 from pathlib import Path
-from typing import Sequence
+from typing import Collection, Sequence
 
 import yaml
 
@@ -21,16 +20,12 @@ SECTIONS = ("run", "train", "data", "model")
 
 @section("")
 class Config:
-    """The whole config of a run; ``explicit`` holds the dotted keys set on the command line."""
+    """The whole config of a run; ``to_dict()`` is what DIR/config.yaml holds."""
 
     run: RunConfig = field(default_factory=RunConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
     model: SpeechLLMConfig = field(default_factory=SpeechLLMConfig)
-    explicit: set = field(default_factory=set, repr=False, compare=False)
-
-    def to_dict(self) -> dict:
-        return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
 
 
 def set_override(raw: dict, dotted: str, value: str) -> None:
@@ -79,19 +74,20 @@ def merge(yaml_path: str | None = None, overrides: Sequence[tuple[str, str]] = (
 
 def load_config(yaml_path: str | None = None, overrides: Sequence[tuple[str, str]] = ()) -> Config:
     """YAML file + ordered ``(section.key, value)`` overrides -> typed, validated Config."""
-    cfg = Config(**merge(yaml_path, overrides), explicit={dotted for dotted, _ in overrides})
-    validate(cfg)
+    cfg = Config(**merge(yaml_path, overrides))
+    validate(cfg, {dotted for dotted, _ in overrides})
     return cfg
 
 
-def validate(cfg: Config) -> None:
-    """The checks that span sections or look outside the config (fields were checked when built)."""
+def validate(cfg: Config, explicit: Collection[str] = ()) -> None:
+    """The checks that span sections or look outside the config (fields were checked when built);
+    ``explicit``: the dotted keys set on the command line."""
     from west.data.policies import POLICIES  # the data side says which key sizes each batch mode
 
     data, run, llm = cfg.data, cfg.run, cfg.model.llm
     used = POLICIES[data.batch_type].size_key
     for key in sorted({p.size_key for p in POLICIES.values()} - {used}):
-        require(f"data.{key}" not in cfg.explicit, f"data.{key}",
+        require(f"data.{key}" not in explicit, f"data.{key}",
                 f"not used with data.batch_type={data.batch_type} (that mode is sized by data.{used})")
     require(data.weights is None or not run.train_data or len(data.weights) == len(run.train_data),
             "data.weights", f"{len(data.weights or [])} weights for {len(run.train_data)} lists in run.train_data")
@@ -101,10 +97,10 @@ def validate(cfg: Config) -> None:
     require(os.path.isfile(os.path.join(llm.path, "config.json")), "model.llm.path",
             f"{llm.path} is not a Hugging Face model directory (no config.json)")
     check_attention_device(cfg)
-    check_encoder(cfg)
+    check_encoder(cfg, explicit)
 
 
-def check_encoder(cfg: Config) -> None:
+def check_encoder(cfg: Config, explicit: Collection[str] = ()) -> None:
     """The encoder's files and the features it reads; a Whisper dir's config is read here, so a wrong
     path fails before any data is read. The data side takes its geometry from ``speech_shape()``."""
     enc, data, shape = cfg.model.encoder, cfg.data, cfg.model.speech_shape()
@@ -116,7 +112,7 @@ def check_encoder(cfg: Config) -> None:
         layers = whisper_geometry(enc.path)[2]
         require(cfg.model.freeze_encoder_blocks <= layers, "model.freeze_encoder_blocks",
                 f"must be <= the Whisper encoder's {layers} layers, got {cfg.model.freeze_encoder_blocks}")
-        require("data.num_mel_bins" not in cfg.explicit or data.num_mel_bins == shape.num_mel_bins,
+        require("data.num_mel_bins" not in explicit or data.num_mel_bins == shape.num_mel_bins,
                 "data.num_mel_bins", f"{data.num_mel_bins} != {shape.num_mel_bins}, the mel bins of the Whisper "
                 f"model in {enc.path} (leave it out: whisper features take the model's)")
 

@@ -1,16 +1,9 @@
-"""Config sections that type and check themselves: the one walker behind every config key.
-
-A field declares its limits next to its default (``batch_size: int = setting(32, min=1)``);
-``@section("data")`` makes a dataclass whose construction coerces every field to its
-annotation (CLI strings, YAML values, nested mappings) and checks those limits, so a section
-built in code and one loaded by ``west.config.load_config`` fail the same way, with a
-ConfigError that starts with the dotted key. A leaf: west.data and west.models import it.
-"""
+"""Config sections that type and check themselves: ``@section`` + ``setting(default, min=..)``, the one
+walker behind every key, so code-built and loaded sections fail alike, with a ConfigError naming the key."""
 from __future__ import annotations
 
 import dataclasses
 import functools
-import operator
 import types
 import typing
 from typing import Any, Callable
@@ -20,8 +13,10 @@ import yaml
 BOOLS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
 NONE = ("none", "null", "~", "")
 hints = functools.cache(typing.get_type_hints)  # per class: sections are built often
-LIMITS = {"choices": (lambda v, c: v in c, "must be one of {}"), "min": (operator.ge, "must be >= {}"),
-          "gt": (operator.gt, "must be > {}"), "max": (operator.le, "must be <= {}")}
+# a setting's limits: (value, limit, owner) -> (ok, message); a rule is (predicate(value, owner), message)
+LIMITS = {"choices": lambda v, c, _: (v in c, f"must be one of {c}"),
+          "min": lambda v, m, _: (v >= m, f"must be >= {m}"), "gt": lambda v, m, _: (v > m, f"must be > {m}"),
+          "max": lambda v, m, _: (v <= m, f"must be <= {m}"), "rule": lambda v, r, owner: (r[0](v, owner), r[1])}
 
 
 class ConfigError(ValueError):
@@ -37,7 +32,7 @@ def require(cond: Any, key: str, msg: str) -> None:
 def setting(default: Any, *, rule: tuple[Callable[[Any, Any], bool], str] | None = None, **limits: Any) -> Any:
     """A field with its limits: ``min``, ``gt``, ``max``, ``choices``, and a ``rule``
     ``(predicate(value, owner), message)`` for a condition that reads sibling fields."""
-    meta = {**limits, **({"rule": rule} if rule else {})}
+    meta = {**limits, "rule": rule} if rule else limits
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -69,6 +64,8 @@ def coerce(value: Any, typ: Any, key: str) -> Any:
         return build(typ, value, key)
     origin = typing.get_origin(typ) or typ
     try:
+        if isinstance(value, str) and origin in (list, dict):  # "0.9,0.95", "[0.9, 0.95]", "{a: 1}"
+            value = value.split(",") if origin is list and not value.strip().startswith("[") else yaml.safe_load(value)
         if typ is bool:
             return value if isinstance(value, bool) else BOOLS[str(value).strip().lower()]
         if typ in (int, float):
@@ -79,21 +76,14 @@ def coerce(value: Any, typ: Any, key: str) -> Any:
             if isinstance(value, (dict, list)):
                 raise ValueError
             return str(value)
-        if origin is list:  # "0.9,0.95", "[0.9, 0.95]" or a YAML list
-            if isinstance(value, str):
-                value = yaml.safe_load(value) if value.strip().startswith("[") else value.split(",")
-            if not isinstance(value, (list, tuple)):
-                raise ValueError
+        if not isinstance(value, {list: (list, tuple), dict: dict}.get(origin, object)):
+            raise ValueError
+        if origin is list:
             item = (typing.get_args(typ) or (Any,))[0]
             return [coerce(v.strip() if isinstance(v, str) else v, item, key) for v in value]
-        if origin is dict:
-            value = yaml.safe_load(value) if isinstance(value, str) else value
-            if not isinstance(value, dict):
-                raise ValueError
-            return value
     except (ValueError, TypeError, KeyError, yaml.YAMLError):
         raise ConfigError(f"{key}: cannot read {value!r} as {getattr(typ, '__name__', typ)}") from None
-    return yaml.safe_load(value) if isinstance(value, str) else value  # untyped
+    return yaml.safe_load(value) if isinstance(value, str) else value  # a dict, or untyped
 
 
 def build(klass: type, values: dict, where: str) -> Any:
@@ -110,11 +100,9 @@ def check(obj: Any, where: str) -> None:
     for f in fields:
         setattr(obj, f.name, coerce(getattr(obj, f.name), hint[f.name], f"{where}.{f.name}".lstrip(".")))
     for f in fields:  # limits after coercion: a rule may read sibling fields
-        v, m, key = getattr(obj, f.name), f.metadata, f"{where}.{f.name}".lstrip(".")
+        v = getattr(obj, f.name)
         if v is None:
             continue
-        for name, (ok, text) in LIMITS.items():
-            if name in m:
-                require(ok(v, m[name]), key, f"{text.format(m[name])}, got {v!r}")
-        if "rule" in m:
-            require(m["rule"][0](v, obj), key, f"{m['rule'][1]}, got {v!r}")
+        for name, limit in f.metadata.items():
+            ok, text = LIMITS[name](v, limit, obj)
+            require(ok, f"{where}.{f.name}".lstrip("."), f"{text}, got {v!r}")

@@ -1,8 +1,4 @@
-"""The ``run`` and ``train`` sections: where a run reads and writes, and how it optimises.
-
-Each limit sits next to its field (west.schema); the root config and its loader are in
-west.config.
-"""
+"""The ``run`` (where a run reads and writes) and ``train`` (how it optimises) sections; keys: docs/config.md."""
 from __future__ import annotations
 
 import os
@@ -13,8 +9,6 @@ from west.schema import section, setting
 
 @section("run")
 class RunConfig:
-    """Where a run reads from and writes to (filled from the top-level CLI flags)."""
-
     output_dir: str = ""
     train_data: list[str] = setting([])  # --train_data a.list,b.list; YAML: paths or {path, weight}
     cv_data: str = ""                      # --cv_data LIST: dev list evaluated during training; "" = none
@@ -25,18 +19,12 @@ class RunConfig:
 
 @section("train")
 class TrainConfig:
-    """The optimisation schedule and engine switches of one run."""
-
     seed: int = 42
     lr: float = setting(1e-4, gt=0)
-    # Peak lr per module (None = train.lr); lr_llm covers the LoRA adapters with model.lora,
-    # lr_projector also the CTC head and blank embedding (west/train/schedule.py).
-    lr_encoder: Optional[float] = setting(None, gt=0)
+    lr_encoder: Optional[float] = setting(None, gt=0)    # peak lr per module; None = train.lr
     lr_projector: Optional[float] = setting(None, gt=0)
     lr_llm: Optional[float] = setting(None, gt=0)
-    # The first N optimizer steps move only the projector side (the others' lr is exactly 0,
-    # then they get their own warmup + cosine over the remaining steps).
-    projector_warmup_steps: int = setting(0, min=0, rule=(
+    projector_warmup_steps: int = setting(0, min=0, rule=(  # steps that move only the projector side
         lambda v, t: v == 0 or t.max_steps == 0 or v < t.max_steps,
         "must be < train.max_steps (nothing but the projector would ever train)"))
     min_lr_ratio: float = setting(0.0, min=0, max=1)  # cosine floor as a fraction of lr
@@ -62,10 +50,7 @@ class TrainConfig:
     save_every: int = setting(1000, min=0)          # steps between checkpoints; 0 = epoch ends only
     save_at_epoch_end: bool = True
     keep_last: int = setting(3, min=1)
-    # false: checkpoints leave out the frozen base LLM and refer to model.llm.path by path and
-    # SHA-256 of its files (resume/decode/export re-read it and refuse other bytes); true: every
-    # checkpoint also holds the frozen LLM (self-contained, 3 GB more per save for Qwen2-1.5B).
-    save_frozen_llm: bool = False
+    save_frozen_llm: bool = False                   # false: the frozen LLM is referred to by path and SHA-256
     eval_every: int = setting(0, min=0)             # steps between dev evaluations; 0 = epoch ends only
     eval_decode_utts: int = setting(0, min=0)       # greedy-decode the first N dev utterances (CER/WER)
     eval_max_new_tokens: int = setting(64, min=1)
