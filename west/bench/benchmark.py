@@ -37,6 +37,7 @@ from west.bench.modes import WHISPER_PADDED, Mode, model_overrides
 from west.bench.runner import PassRunner
 from west.data.config import DataConfig
 from west.data.dataset import build_dataloader
+from west.host_memory import keep_freed_host_memory
 from west.shapes import SpeechShape
 from west.train.config import TrainConfig
 
@@ -84,6 +85,9 @@ def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, trai
     if profile not in ("auto", "always", "never"):
         raise ValueError(f"profile must be auto, always or never, got {profile!r}")
     dev = torch.device(device)
+    host_allocator = keep_freed_host_memory() if dev.type == "cpu" else None
+    if host_allocator:
+        log(f"[benchmark] {host_allocator}")
     model.to(dev)
     runner = PassRunner(model, train, dev, seed)
     shape = model.cfg.speech_shape()
@@ -150,4 +154,5 @@ def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, trai
         c["profile"] = {"fast_ms": profiles[c["fast"]][0], "slow_ms": profiles[c["slow"]][0],
                         "fast_table": profiles[c["fast"]][1], "slow_table": profiles[c["slow"]][1]}
     runner.model.load_state_dict(runner.init)
-    return {"modes": results, "checks": checks, "reference": ref, "target_ratio": TARGET_RATIO}
+    return {"modes": results, "checks": checks, "reference": ref, "target_ratio": TARGET_RATIO,
+            "host_allocator": host_allocator}

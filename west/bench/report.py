@@ -100,6 +100,8 @@ def notes(res: dict) -> str:
     out.append(f"- machine: {env['cpu_model']}, {env['cpu_count']} cores, torch {env['torch']} "
                f"({env['threads']} threads), device {env['device']}{gpu}; load average {env['load_before']} before, "
                f"{env['load_after']} after; {env['date']}")
+    if res.get("host_allocator"):
+        out.append(f"- {res['host_allocator']} (west/host_memory.py)")
     return "\n".join(out)
 
 

@@ -15,6 +15,7 @@ import torch
 import yaml
 
 from west.data.config import DataConfig
+from west.host_memory import keep_freed_host_memory
 from west.models.config import SpeechLLMConfig
 from west.models.llm import load_llm
 from west.models.saved import CONFIG_FILE, LLM_DIR
@@ -53,9 +54,12 @@ def read_run_config(ckpt: Path, config: Optional[str] = None) -> dict:
 def decode_device(requested: str = "auto") -> torch.device:
     """``pick_device`` with the error worded for west-decode's ``--device`` flag."""
     try:
-        return pick_device(requested)
+        device = pick_device(requested)
     except RuntimeError:
         raise ValueError("--device cuda: CUDA is not available") from None
+    if device.type == "cpu":
+        keep_freed_host_memory()
+    return device
 
 
 def build_from_run(model_section: dict, weights: bool = False,

@@ -16,6 +16,7 @@ from west.data.dataset import SpeechDataset, WestDataLoader, build_dataloader
 from west.models.config import SpeechLLMConfig
 from west.models.speech_llm import SpeechLLM
 from west.train.distributed import DistInfo, cleanup, init_distributed
+from west.host_memory import keep_freed_host_memory
 from west.train.evaluate import build_evaluator
 from west.train.lean import frozen_names, state_bytes
 from west.train.loop import Trainer
@@ -138,6 +139,10 @@ def train(cfg: Config) -> dict:
     """Join the process group (if launched by torchrun), build, fit; returns the loop's summary."""
     info = init_distributed(cfg.train.device, cfg.train.dist_timeout_s)
     setup_logging(info.rank)
+    if info.device.type == "cpu":
+        note = keep_freed_host_memory()
+        if info.is_main:
+            print(note, flush=True)
     try:
         return build_trainer(cfg, info).fit()
     finally:
