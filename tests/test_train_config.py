@@ -1,8 +1,10 @@
 """Config: YAML + typed overrides + CLI flags, errors naming the key, saved config.yaml."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -334,3 +336,16 @@ def test_decode_cli_checks(tmp_path, capsys):
     (ck / "meta.json").write_text("{}")
     assert decode.resolve_checkpoint(str(tmp_path)) == ck
     assert decode.main(["--checkpoint", str(ck), "--data", str(tmp_path / "no"), "--result", "y"]) == 2
+
+
+def test_every_key_is_documented():
+    """docs/config.md has a row for every key of every section (a new key without one fails here)."""
+    doc = (Path(__file__).parents[1] / "docs" / "config.md").read_text(encoding="utf-8")
+    sections = {"run": Config().run, "train": Config().train, "data": DataConfig(), "model": SpeechLLMConfig(),
+                "model.encoder": ConformerConfig(), "model.projector": ProjectorConfig(),
+                "model.llm": SpeechLLMConfig().llm, "model.lora": LoraSettings()}
+    for name, sec in sections.items():
+        table = doc.split(f"# `{name}`", 1)[1].split("\n#", 1)[0]  # from the section's heading to the next
+        for f in dataclasses.fields(sec):
+            if not dataclasses.is_dataclass(getattr(sec, f.name)):
+                assert f"\n| `{f.name}` |" in table, f"{name}.{f.name} is not in docs/config.md"

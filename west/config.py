@@ -53,8 +53,7 @@ def split_weighted_lists(raw: dict) -> None:
 
 
 def merge(yaml_path: str | None = None, overrides: Sequence[tuple[str, str]] = ()) -> dict:
-    """The YAML file's sections with the overrides applied, not typed yet (tools that need
-    one section build it from here: ``DataConfig.from_dict(merge(...).get("data", {}))``)."""
+    """The YAML file's sections with the overrides applied, untyped (tools build one section from it)."""
     raw = {}
     if yaml_path:
         require(os.path.isfile(yaml_path), "--config", f"no such file: {yaml_path}")
@@ -80,8 +79,7 @@ def load_config(yaml_path: str | None = None, overrides: Sequence[tuple[str, str
 
 
 def validate(cfg: Config, explicit: Collection[str] = ()) -> None:
-    """The checks that span sections or look outside the config (fields were checked when built);
-    ``explicit``: the dotted keys set on the command line."""
+    """The checks across sections or outside the config; ``explicit``: the dotted keys set on the command line."""
     from west.data.policies import POLICIES  # the data side says which key sizes each batch mode
 
     data, run, llm = cfg.data, cfg.run, cfg.model.llm
@@ -101,8 +99,7 @@ def validate(cfg: Config, explicit: Collection[str] = ()) -> None:
 
 
 def check_encoder(cfg: Config, explicit: Collection[str] = ()) -> None:
-    """The encoder's files and the features it reads; a Whisper dir's config is read here, so a wrong
-    path fails before any data is read. The data side takes its geometry from ``speech_shape()``."""
+    """The encoder's files and features; a Whisper dir's config is read here, before any data is."""
     enc, data, shape = cfg.model.encoder, cfg.data, cfg.model.speech_shape()
     require(enc.init is None or enc.type == "conformer", "model.encoder.init",
             "initialises west's Conformer; a Whisper encoder's weights come from model.encoder.path")
@@ -117,8 +114,7 @@ def check_encoder(cfg: Config, explicit: Collection[str] = ()) -> None:
                 f"model in {enc.path} (leave it out: whisper features take the model's)")
 
 
-# packed attention kernels that run on CUDA only (west_varlen's backends, or flash_attention_* as the
-# implementation), and why; flash also needs its package
+# attention that runs on CUDA only (a west_varlen backend, or flash_attention_* itself), and why
 CUDA_ONLY = {"flash": "needs a CUDA device", "torch_varlen": "is torch's CUDA kernel",
              "flex": "cannot train on CPU (FlexAttention has no CPU backward)"}
 

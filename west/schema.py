@@ -30,8 +30,7 @@ def require(cond: Any, key: str, msg: str) -> None:
 
 
 def setting(default: Any, *, rule: tuple[Callable[[Any, Any], bool], str] | None = None, **limits: Any) -> Any:
-    """A field with its limits: ``min``, ``gt``, ``max``, ``choices``, and a ``rule``
-    ``(predicate(value, owner), message)`` for a condition that reads sibling fields."""
+    """A field with its limits (LIMITS: ``min``, ``gt``, ``max``, ``choices``, a ``rule`` reading sibling fields)."""
     meta = {**limits, "rule": rule} if rule else limits
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
@@ -40,12 +39,11 @@ def setting(default: Any, *, rule: tuple[Callable[[Any, Any], bool], str] | None
 
 @typing.dataclass_transform(field_specifiers=(dataclasses.field, setting))
 def section(where: str) -> Callable[[type], type]:
-    """``@section("model.encoder")``: a dataclass that types and checks its fields when built,
-    with ``from_dict(mapping)`` (unknown keys fail naming them) and ``to_dict()``."""
+    """``@section("model.encoder")``: a dataclass that types and checks its fields when built, + from_dict/to_dict."""
     def wrap(klass: type) -> type:
         klass.__post_init__ = lambda self: check(self, where)
         klass.from_dict = classmethod(lambda cls, d: build(cls, dict(d or {}), where))
-        klass.to_dict = getattr(klass, "to_dict", dataclasses.asdict)
+        klass.to_dict = dataclasses.asdict
         return dataclasses.dataclass(klass)
     return wrap
 

@@ -64,8 +64,7 @@ class DataConfig:
 
 
 def for_shape(conf: DataConfig, shape: SpeechShape) -> DataConfig:
-    """``conf`` as the model's encoder reads it (the one features/encoder check): whisper features
-    go with a Whisper encoder only, and take the model's mel bins (its config says 80 or 128)."""
+    """``conf`` as the model's encoder reads it: matching features, and the model's mel bins if it fixes them."""
     require((conf.features == "whisper") == (shape.encoder_type == "whisper"), "data.features",
             f"{conf.features} does not match model.encoder.type {shape.encoder_type}: the whisper encoder reads "
             "--data.features whisper, the conformer reads fbank")

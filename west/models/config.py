@@ -9,15 +9,13 @@ from west.schema import ConfigError, section, setting
 from west.shapes import ENCODER_TYPES, SUBSAMPLING_LAYERS, SpeechShape
 
 POSTERIOR_TYPES = ("ctc_posterior", "ctc_compact")  # read the CTC head's posteriors
-# tiny: CPU tests and recipe; base: ≈34M, WeNet AIShell-sized
 PRESETS = {"tiny": dict(d_model=64, num_heads=4, ffn_dim=128, num_blocks=2, conv_kernel=7),
            "base": dict(d_model=256, num_heads=4, ffn_dim=2048, num_blocks=12, conv_kernel=15)}
 
 
 @section("model.encoder")
 class ConformerConfig:
-    # conformer: west's packed Conformer from the keys below; whisper: the encoder of the local
-    # Hugging Face Whisper dir model.encoder.path (its own config; the Conformer keys are unused)
+    # whisper: the encoder of the Hugging Face Whisper dir model.encoder.path (Conformer keys unused)
     type: str = setting("conformer", choices=ENCODER_TYPES, rule=(
         lambda v, c: v != "whisper" or bool(c.path),
         "whisper needs model.encoder.path DIR (a local Hugging Face Whisper directory)"))
@@ -40,7 +38,7 @@ class ConformerConfig:
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "ConformerConfig":
-        """A named size from ``PRESETS``, with ``overrides`` on top."""
+        """``tiny`` (CPU tests/recipe) or ``base`` (≈34M, WeNet AIShell-sized), with ``overrides`` on top."""
         if name not in PRESETS:
             raise ValueError(f"unknown encoder preset {name!r}; choose from {sorted(PRESETS)}")
         return cls(**{**PRESETS[name], **overrides})
@@ -78,8 +76,7 @@ class SpeechLLMConfig:
     projector: ProjectorConfig = field(default_factory=ProjectorConfig)
     llm: LLMConfig = field(default_factory=LLMConfig)
     freeze_encoder: bool = False
-    # whisper: checked against its layer count by west.config.check_encoder
-    freeze_encoder_blocks: int = setting(0, min=0, rule=(
+    freeze_encoder_blocks: int = setting(0, min=0, rule=(  # whisper: checked in west.config.check_encoder
         lambda v, m: m.encoder.type == "whisper" or v <= m.encoder.num_blocks, "must be <= model.encoder.num_blocks"))
     freeze_llm: bool = True
     lora: Optional[LoraSettings] = None
@@ -90,13 +87,12 @@ class SpeechLLMConfig:
     ctc_blank: Optional[int] = setting(None, min=0)  # None = an extra class after the vocabulary
 
     def speech_shape(self) -> SpeechShape:
-        """The geometry the data side needs (how many LLM slots T frames take); for Whisper,
-        its window and mel bins are read from ``model.encoder.path``'s config."""
-        if self.encoder.type == "whisper":
-            n_mels, max_frames, _ = whisper_geometry(self.encoder.path)
-            return SpeechShape(projector_stride=self.projector.stride, encoder_type="whisper",
-                               max_frames=max_frames, num_mel_bins=n_mels)
-        return SpeechShape(self.encoder.subsampling_rate, self.projector.stride)
+        """The geometry the data side needs (Whisper's window and mel bins from its dir's config)."""
+        if self.encoder.type != "whisper":
+            return SpeechShape(self.encoder.subsampling_rate, self.projector.stride)
+        n_mels, max_frames, _ = whisper_geometry(self.encoder.path)
+        return SpeechShape(projector_stride=self.projector.stride, encoder_type="whisper", max_frames=max_frames,
+                           num_mel_bins=n_mels)
 
 
 @lru_cache(maxsize=8)
