@@ -110,6 +110,9 @@ BAD = [  # (command line, the key the error must start with), across all four se
     (["--model.encoder.d_model", "65"], "model.encoder.d_model"),
     (["--model.encoder.subsampling_rate", "5"], "model.encoder.subsampling_rate"),
     (["--model.encoder.d_modle", "128"], "model.encoder.d_modle"),
+    (["--model.encoder.init", "/no/such/encoder.safetensors"], "model.encoder.init"),
+    (["--model.encoder.type", "whisper", "--model.encoder.path", "/w", "--data.features", "whisper",
+      "--model.encoder.init", "encoder.safetensors"], "model.encoder.init"),            # the Conformer's only
     (["--model.projector.stride", "0"], "model.projector.stride"),
     (["--model.projector.type", "linear"], "model.projector.type"),
     (["--model.projector.type", "ctc_posterior"], "model.ctc_weight"),

@@ -16,6 +16,9 @@ from west.schema import ConfigError, require, section
 from west.train.config import RunConfig, TrainConfig
 
 SECTIONS = ("run", "train", "data", "model")
+# attention that runs on CUDA only (a west_varlen backend, or flash_attention_* itself), and why
+CUDA_ONLY = {"flash": "needs a CUDA device", "torch_varlen": "is torch's CUDA kernel",
+             "flex": "cannot train on CPU (FlexAttention has no CPU backward)"}
 
 
 @section("")
@@ -81,6 +84,8 @@ def load_config(yaml_path: str | None = None, overrides: Sequence[tuple[str, str
 def validate(cfg: Config, explicit: Collection[str] = ()) -> None:
     """The checks across sections or outside the config; ``explicit``: the dotted keys set on the command line."""
     from west.data.policies import POLICIES  # the data side says which key sizes each batch mode
+    from west.models.attention import BACKENDS
+    from west.train.distributed import resolved_device
 
     data, run, llm = cfg.data, cfg.run, cfg.model.llm
     used = POLICIES[data.batch_type].size_key
@@ -94,15 +99,24 @@ def validate(cfg: Config, explicit: Collection[str] = ()) -> None:
     require(os.path.isdir(llm.path), "model.llm.path", f"no such directory: {llm.path}")
     require(os.path.isfile(os.path.join(llm.path, "config.json")), "model.llm.path",
             f"{llm.path} is not a Hugging Face model directory (no config.json)")
-    check_attention_device(cfg)
+    # attention: a CUDA-only kernel on CPU fails with the override that runs there (no silent fallback)
+    require(llm.attn_backend in BACKENDS, "model.llm.attn_backend",
+            f"must be one of {BACKENDS}, got {llm.attn_backend!r}")
+    varlen = llm.attn_implementation == "west_varlen"
+    key, name = ("model.llm.attn_backend", llm.attn_backend) if varlen else \
+        ("model.llm.attn_implementation", llm.attn_implementation)
+    kind = "flash" if name.startswith("flash_attention") else name if varlen else None
+    require(resolved_device(cfg.train.device) == "cuda" or kind not in CUDA_ONLY, key, f"{name} {CUDA_ONLY.get(kind)}, "
+            f"but train.device={cfg.train.device} resolves to cpu; on CPU use --model.llm.attn_implementation "
+            "west_varlen --model.llm.attn_backend auto (per-sample SDPA, exact)")
+    require(kind != "flash" or importlib.util.find_spec("flash_attn"), key,
+            f"{name} needs the flash-attn package: pip install 'west[gpu]'")
     check_encoder(cfg, explicit)
 
 
 def check_encoder(cfg: Config, explicit: Collection[str] = ()) -> None:
     """The encoder's files and features; a Whisper dir's config is read here, before any data is."""
     enc, data, shape = cfg.model.encoder, cfg.data, cfg.model.speech_shape()
-    require(enc.init is None or enc.type == "conformer", "model.encoder.init",
-            "initialises west's Conformer; a Whisper encoder's weights come from model.encoder.path")
     require(enc.init is None or os.path.isfile(enc.init), "model.encoder.init", f"no such file: {enc.init}")
     cfg.data = for_shape(data, shape)
     if enc.type == "whisper":
@@ -112,29 +126,6 @@ def check_encoder(cfg: Config, explicit: Collection[str] = ()) -> None:
         require("data.num_mel_bins" not in explicit or data.num_mel_bins == shape.num_mel_bins,
                 "data.num_mel_bins", f"{data.num_mel_bins} != {shape.num_mel_bins}, the mel bins of the Whisper "
                 f"model in {enc.path} (leave it out: whisper features take the model's)")
-
-
-# attention that runs on CUDA only (a west_varlen backend, or flash_attention_* itself), and why
-CUDA_ONLY = {"flash": "needs a CUDA device", "torch_varlen": "is torch's CUDA kernel",
-             "flex": "cannot train on CPU (FlexAttention has no CPU backward)"}
-
-
-def check_attention_device(cfg: Config) -> None:
-    """No silent fallback: a config written for GPUs fails on CPU with the override that runs there."""
-    from west.models.attention import BACKENDS
-    from west.train.distributed import resolved_device
-
-    impl, backend = cfg.model.llm.attn_implementation, cfg.model.llm.attn_backend
-    require(backend in BACKENDS, "model.llm.attn_backend", f"must be one of {BACKENDS}, got {backend!r}")
-    on_cpu = resolved_device(cfg.train.device) != "cuda"
-    varlen = impl == "west_varlen"
-    key, name = ("model.llm.attn_backend", backend) if varlen else ("model.llm.attn_implementation", impl)
-    kind = "flash" if name.startswith("flash_attention") else name if varlen else None
-    require(not on_cpu or kind not in CUDA_ONLY, key, f"{name} {CUDA_ONLY.get(kind)}, but train.device="
-            f"{cfg.train.device} resolves to cpu; on CPU use --model.llm.attn_implementation west_varlen "
-            "--model.llm.attn_backend auto (per-sample SDPA, exact)")
-    require(kind != "flash" or importlib.util.find_spec("flash_attn"), key,
-            f"{name} needs the flash-attn package: pip install 'west[gpu]'")
 
 
 def split_overrides(rest: Sequence[str]) -> list[tuple[str, str]]:

@@ -2,23 +2,19 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from importlib import import_module
+from typing import Optional
 
 from west.data.packing import ALGORITHMS, COSTS
 from west.schema import require, section, setting
 from west.shapes import SPEECH_MARKER, SpeechShape
 
 
-def _is_policy(name: str, _conf: Any) -> bool:
-    from west.data.policies import POLICIES  # the one registry of batch modes (it imports this module)
-
-    return name in POLICIES
-
-
 @section("data")
 class DataConfig:
     # batching
-    batch_type: str = setting("static", rule=(_is_policy, "must name a policy of west.data.policies.POLICIES"))
+    batch_type: str = setting("static", rule=(  # POLICIES' module imports this one: looked up when checked
+        lambda v, _: v in import_module("west.data.policies").POLICIES, "must be a key of west.data.policies.POLICIES"))
     batch_size: int = setting(32, min=1)                # static
     max_tokens_in_batch: int = setting(4096, min=1)     # dynamic: longest * n_samples <= this
     pack_tokens: int = setting(8192, min=1)             # pack: LLM tokens a row holds at most

@@ -34,7 +34,9 @@ class ConformerConfig:
     buckets_per_octave: Optional[int] = 8          # packed attention grouping (None = exact lengths)
     gradient_checkpointing: bool = False
     pos_enc: str = setting("relative", choices=("relative", "wenet"))  # wenet: as WeNet's rel_pos computes it
-    init: Optional[str] = None    # west-named safetensors loaded before training (not on resume)
+    init: Optional[str] = setting(None, rule=(  # west-named safetensors loaded before training (not on resume)
+        lambda v, c: c.type == "conformer",
+        "initialises west's Conformer; a Whisper encoder's weights come from model.encoder.path"))
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "ConformerConfig":
