@@ -7,6 +7,7 @@ from transformers import WhisperConfig, WhisperForConditionalGeneration
 from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
 from west.models.whisper_encoder import WhisperPackedEncoder, load_hf_whisper_encoder, whisper_encoder_frames
+from west.schema import ConfigError
 
 LENS = [37, 50, 81]   # odd and even, all different
 N_MELS = 80
@@ -170,5 +171,5 @@ def test_not_a_whisper_dir_is_a_clear_error(tmp_path):
     GPT2Config(n_layer=1, n_embd=8, n_head=2).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="model_type='gpt2'"):
         load_hf_whisper_encoder(str(tmp_path))
-    with pytest.raises(FileNotFoundError, match="model.encoder.path"):
+    with pytest.raises(ConfigError, match="^model.encoder.path: .* is not a directory"):
         load_hf_whisper_encoder(str(tmp_path / "nope"))

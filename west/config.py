@@ -11,7 +11,7 @@ from typing import Collection, Sequence
 import yaml
 
 from west.data.config import DataConfig, for_shape
-from west.models.config import SpeechLLMConfig, whisper_geometry
+from west.models.config import SpeechLLMConfig
 from west.schema import ConfigError, require, section
 from west.train.config import RunConfig, TrainConfig
 
@@ -84,7 +84,6 @@ def load_config(yaml_path: str | None = None, overrides: Sequence[tuple[str, str
 def validate(cfg: Config, explicit: Collection[str] = ()) -> None:
     """The checks across sections or outside the config; ``explicit``: the dotted keys set on the command line."""
     from west.data.policies import POLICIES  # the data side says which key sizes each batch mode
-    from west.models.attention import BACKENDS
     from west.train.distributed import resolved_device
 
     data, run, llm = cfg.data, cfg.run, cfg.model.llm
@@ -100,8 +99,6 @@ def validate(cfg: Config, explicit: Collection[str] = ()) -> None:
     require(os.path.isfile(os.path.join(llm.path, "config.json")), "model.llm.path",
             f"{llm.path} is not a Hugging Face model directory (no config.json)")
     # attention: a CUDA-only kernel on CPU fails with the override that runs there (no silent fallback)
-    require(llm.attn_backend in BACKENDS, "model.llm.attn_backend",
-            f"must be one of {BACKENDS}, got {llm.attn_backend!r}")
     varlen = llm.attn_implementation == "west_varlen"
     key, name = ("model.llm.attn_backend", llm.attn_backend) if varlen else \
         ("model.llm.attn_implementation", llm.attn_implementation)
@@ -120,6 +117,8 @@ def check_encoder(cfg: Config, explicit: Collection[str] = ()) -> None:
     require(enc.init is None or os.path.isfile(enc.init), "model.encoder.init", f"no such file: {enc.init}")
     cfg.data = for_shape(data, shape)
     if enc.type == "whisper":
+        from west.models.whisper_encoder import whisper_geometry
+
         layers = whisper_geometry(enc.path)[2]
         require(cfg.model.freeze_encoder_blocks <= layers, "model.freeze_encoder_blocks",
                 f"must be <= the Whisper encoder's {layers} layers, got {cfg.model.freeze_encoder_blocks}")

@@ -19,10 +19,9 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
+from west.models.config import BACKENDS
 from west.models.varlen_kernels import (HALF, _check_cu, choose_backend, flash_attn_varlen_reference,
                                         flash_available, flash_varlen, flex_document_attention, torch_varlen)
-
-BACKENDS = ("auto", "sdpa_segments", "flash", "torch_varlen", "flex")
 
 
 # --------------------------------------------------------------------------- plan

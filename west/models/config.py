@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 from dataclasses import field
-from functools import lru_cache
 from typing import Optional
 
-from west.schema import ConfigError, section, setting
+from west.schema import section, setting
 from west.shapes import ENCODER_TYPES, SUBSAMPLING_LAYERS, SpeechShape
 
 POSTERIOR_TYPES = ("ctc_posterior", "ctc_compact")  # read the CTC head's posteriors
+BACKENDS = ("auto", "sdpa_segments", "flash", "torch_varlen", "flex")  # west_varlen's kernels (models.attention)
 PRESETS = {"tiny": dict(d_model=64, num_heads=4, ffn_dim=128, num_blocks=2, conv_kernel=7),
            "base": dict(d_model=256, num_heads=4, ffn_dim=2048, num_blocks=12, conv_kernel=15)}
 
@@ -59,7 +59,7 @@ class LLMConfig:
     path: Optional[str] = None              # local dir for from_pretrained (weights + config)
     config: Optional[dict] = None           # HF config dict for from_config (random init) if no path
     attn_implementation: str = "west_varlen"  # or any stock name: sdpa, eager, flash_attention_2
-    attn_backend: str = "auto"              # west_varlen's packed kernel (west.models.attention.BACKENDS)
+    attn_backend: str = setting("auto", choices=BACKENDS)  # west_varlen's packed kernel
     dtype: str = setting("float32", choices=("float32", "bfloat16", "float16"))
     gradient_checkpointing: bool = False
 
@@ -92,18 +92,9 @@ class SpeechLLMConfig:
         """The geometry the data side needs (Whisper's window and mel bins from its dir's config)."""
         if self.encoder.type != "whisper":
             return SpeechShape(self.encoder.subsampling_rate, self.projector.stride)
+        from west.models.whisper_encoder import whisper_geometry  # reads the dir's config.json (lazy: torch)
+
         n_mels, max_frames, _ = whisper_geometry(self.encoder.path)
         return SpeechShape(projector_stride=self.projector.stride, encoder_type="whisper", max_frames=max_frames,
                            num_mel_bins=n_mels)
 
-
-@lru_cache(maxsize=8)
-def whisper_geometry(path: str) -> tuple[int, int, int]:
-    """(num_mel_bins, max mel frames, encoder layers) of the Whisper dir ``path``, read once per path."""
-    from west.models.whisper_encoder import read_whisper_config, whisper_max_frames
-
-    try:
-        conf = read_whisper_config(path)
-    except (OSError, ValueError) as e:  # its message starts "model.encoder.path '<path>' ..."
-        raise ConfigError(str(e).replace("model.encoder.path ", "model.encoder.path: ", 1)) from None
-    return int(conf.num_mel_bins), whisper_max_frames(conf), int(conf.encoder_layers)

@@ -18,6 +18,7 @@ each utterance's first T' output rows.
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 from typing import Optional
 
@@ -29,6 +30,7 @@ from west.models.attention import SegmentPlan
 from west.models.hf_attention import ATTN_NAME, packed_kwargs, register
 from west.models.layout import FrameLayout
 from west.models.llm import hf_checkpointing
+from west.schema import ConfigError, require
 from west.shapes import whisper_frames
 
 # Rows of a Whisper checkpoint that belong to the encoder, by the class that saved it.
@@ -39,24 +41,29 @@ whisper_encoder_frames = whisper_frames  # the one formula lives in west.shapes
 
 
 def read_whisper_config(path: str):
-    """The HF config of a local Whisper directory; a clear error naming model.encoder.path otherwise."""
+    """The HF config of a local Whisper directory, or a ConfigError naming model.encoder.path."""
     from transformers import AutoConfig
 
-    if not path or not Path(path).is_dir():
-        raise FileNotFoundError(f"model.encoder.path {path!r} is not a directory")
+    require(path and Path(path).is_dir(), "model.encoder.path", f"{path!r} is not a directory")
     try:
         conf = AutoConfig.from_pretrained(path)
     except (OSError, ValueError) as e:
-        raise ValueError(f"model.encoder.path {path!r} is not a Hugging Face model directory: {e}") from e
-    if conf.model_type != "whisper":
-        raise ValueError(f"model.encoder.path {path!r} has config.json model_type={conf.model_type!r}, "
-                         "expected 'whisper' (model.encoder.type whisper)")
+        raise ConfigError(f"model.encoder.path: {path!r} is not a Hugging Face model directory: {e}") from e
+    require(conf.model_type == "whisper", "model.encoder.path", f"{path!r} has config.json "
+            f"model_type={conf.model_type!r}, expected 'whisper' (model.encoder.type whisper)")
     return conf
 
 
 def whisper_max_frames(conf) -> int:
     """Mel frames in Whisper's window (3000 = 30 s): max_source_positions times conv2's stride 2."""
     return 2 * int(conf.max_source_positions)
+
+
+@lru_cache(maxsize=8)
+def whisper_geometry(path: str) -> tuple[int, int, int]:
+    """(num_mel_bins, max mel frames, encoder layers) of the Whisper dir ``path``, read once per path."""
+    conf = read_whisper_config(path)
+    return int(conf.num_mel_bins), whisper_max_frames(conf), int(conf.encoder_layers)
 
 
 def load_hf_whisper_encoder(path: str, dtype: torch.dtype = torch.float32) -> nn.Module:
