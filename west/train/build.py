@@ -13,10 +13,10 @@ import torch
 from west.batch import Batch
 from west.config import Config
 from west.data.dataset import SpeechDataset, WestDataLoader, build_dataloader
+from west.host_memory import keep_freed_host_memory
 from west.models.config import SpeechLLMConfig
 from west.models.speech_llm import SpeechLLM
 from west.train.distributed import DistInfo, cleanup, init_distributed
-from west.host_memory import keep_freed_host_memory
 from west.train.evaluate import build_evaluator
 from west.train.lean import frozen_names, state_bytes
 from west.train.loop import Trainer
