@@ -50,9 +50,10 @@ def train_argv(llm: Path, data: Path, out: Path, *extra: str) -> list[str]:
 
 
 def subprocess_env() -> dict:
-    """One intra-op thread (exact replays across processes), the checkout importable."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
+    """One intra-op thread (exact replays across processes), the checkout importable (ahead of any
+    PYTHONPATH the caller has, which is kept: it may hold the dependencies)."""
+    paths = [str(ROOT), str(ROOT / "tests"), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=os.pathsep.join(paths))
     env.pop("RANK", None)
     env.pop("WORLD_SIZE", None)
     return env

@@ -16,7 +16,7 @@ import dataclasses
 import io
 import json
 import math
-import os
+import signal
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -26,7 +26,8 @@ import torch.multiprocessing as mp
 
 from conftest import write_jsonl
 from e2e_helpers import read_jsonl, tiny_llm, train_argv
-from test_train_fakes import ListData, TokenModel, dummy_batch, free_port, init_gloo, make_batches
+from test_train_fakes import (START_METHOD, ListData, TokenModel, dummy_batch, free_port, init_gloo, make_batches,
+                              run_child)
 from west.schema import ConfigError
 from west.train.distributed import DistInfo
 
@@ -233,6 +234,12 @@ def fake_trainer(out: Path, kill_at: int = -1):
                    Evaluator(FakeDev(), None, DistInfo()))
 
 
+def fit_killed(out: Path, kill_at: int, threads: int) -> None:
+    """The child's run (module-level: a spawned child imports it), with the parent's thread count."""
+    torch.set_num_threads(threads)
+    fake_trainer(out, kill_at=kill_at).fit()
+
+
 def test_best_checkpoints_survive_kill_9_and_resume(tmp_path, capsys):
     full_dir, killed_dir = tmp_path / "full", tmp_path / "killed"
     for d in (full_dir, killed_dir):
@@ -248,14 +255,8 @@ def test_best_checkpoints_survive_kill_9_and_resume(tmp_path, capsys):
     assert kept == [f"step_{s:08d}" for s in (*best2, 12)]
     assert summary["best"]["step"] == ranked[0]["step"] and summary["best"]["checkpoint"]
 
-    pid = os.fork()   # killed while fetching step 7's batch: the latest checkpoint is step 6
-    if pid == 0:
-        try:
-            fake_trainer(killed_dir, kill_at=6).fit()
-        finally:
-            os._exit(1)
-    _, status = os.waitpid(pid, 0)
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == 9, status
+    # killed while fetching step 7's batch: the latest checkpoint is step 6
+    assert run_child(fit_killed, killed_dir, 6, torch.get_num_threads()) == -signal.SIGKILL
     resumed = fake_trainer(killed_dir)
     again = resumed.fit()
     assert sorted(p.name for p in (killed_dir / "checkpoints").iterdir()) == kept
@@ -300,7 +301,7 @@ def two_ranks(env, one_rank):
     import torch._dynamo  # noqa: F401  (DDP imports it: once here, not in each forked rank)
     from torch.distributed.fsdp import fully_shard  # noqa: F401
 
-    mp.start_processes(_rank_worker, args=(2, free_port(), env), nprocs=2, join=True, start_method="fork")
+    mp.start_processes(_rank_worker, args=(2, free_port(), env), nprocs=2, join=True, start_method=START_METHOD)
     return [torch.load(env.dir / f"eval_rank{r}.pt", weights_only=True) for r in range(2)]
 
 

@@ -25,7 +25,7 @@ import torch.multiprocessing as mp
 import yaml
 
 from e2e_helpers import TINY_CPU, write_lists
-from test_train_fakes import ListData, free_port, init_gloo
+from test_train_fakes import START_METHOD, ListData, free_port, init_gloo
 
 N_UTTS = 8
 STEPS = 2           # optimizer steps per comparison (each over all of the rank's packs)
@@ -99,6 +99,7 @@ def _tree(model) -> dict:
             "n_layers": len(model.llm.model.layers),
             "units_fsdp": all(isinstance(u, FSDPModule) for u in units),
             "root_fsdp": isinstance(model, FSDPModule), "not_shards": not_shards,
+            "mesh_devices": sorted({p.device_mesh.device_type for p in model.parameters() if isinstance(p, DTensor)}),
             "local_bytes": local, "full_bytes": full,
             "unit_bytes": [sum(p.numel() * p.element_size() for p in u.parameters()) for u in units]}
 
@@ -168,7 +169,12 @@ def _worker(rank: int, world: int, port: int, env: dict) -> None:
         return m
 
     res: dict = {"micro": len(batches)}
-    fsdp = wrap_model(model(), info, fsdp=True)
+    real = torch._C._get_accelerator
+    torch._C._get_accelerator = lambda: torch.device("cuda")  # as on a GPU machine: FSDP2's default mesh
+    try:
+        fsdp = wrap_model(model(), info, fsdp=True)  # a CPU run (info.device) must shard on a CPU mesh
+    finally:
+        torch._C._get_accelerator = real
     res["tree"] = _tree(fsdp)
     probe = UnitProbe(fsdp)
     res["fsdp"] = _steps(fsdp, batches, world)
@@ -230,9 +236,9 @@ def results(tmp_path_factory, corpus):
     import west.train.loop  # noqa: F401
 
     with pytest.raises(mp.ProcessExitedException) as killed:
-        mp.start_processes(_worker, args=(2, free_port(), env), nprocs=2, join=True, start_method="fork")
+        mp.start_processes(_worker, args=(2, free_port(), env), nprocs=2, join=True, start_method=START_METHOD)
     ranks = [torch.load(d / f"rank{r}.pt", weights_only=True) for r in range(2)]
-    mp.start_processes(_resume_worker, args=(2, free_port(), env), nprocs=2, join=True, start_method="fork")
+    mp.start_processes(_resume_worker, args=(2, free_port(), env), nprocs=2, join=True, start_method=START_METHOD)
     resumed = [torch.load(d / f"resumed{r}.pt", weights_only=True) for r in range(2)]
     return {"ranks": ranks, "killed": killed.value, "resumed": resumed, "dir": d}
 
@@ -251,6 +257,7 @@ def test_every_block_and_layer_is_a_sharded_unit(results):
         assert tree["n_units"] == tree["n_blocks"] + tree["n_layers"] == 8
         assert tree["units_fsdp"] and tree["root_fsdp"]
         assert tree["not_shards"] == []  # every parameter, units' and root's, is a Shard(0) DTensor
+        assert tree["mesh_devices"] == ["cpu"]  # though torch's accelerator said cuda while wrapping
         assert tree["local_bytes"] <= 0.6 * tree["full_bytes"]
     t0, t1 = (r["tree"] for r in results["ranks"])
     assert t0["local_bytes"] + t1["local_bytes"] == t0["full_bytes"]  # the shards tile the model

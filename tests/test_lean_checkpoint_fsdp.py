@@ -10,7 +10,7 @@ import torch.multiprocessing as mp
 from test_lean_checkpoint import write_base
 from test_lora import lora_model
 from test_models_speech_llm import packed_batch, samples
-from test_train_fakes import free_port, init_gloo
+from test_train_fakes import START_METHOD, free_port, init_gloo
 
 
 def _full(model) -> dict:
@@ -67,7 +67,7 @@ def test_fsdp_lean_lora_checkpoint_never_gathers_the_base(tmp_path):
     import west.train.checkpoint  # noqa: F401
 
     env = {"base": str(write_base(tmp_path / "base")), "dir": tmp_path / "ckpts"}
-    mp.start_processes(_worker, args=(2, free_port(), env), nprocs=2, join=True, start_method="fork")
+    mp.start_processes(_worker, args=(2, free_port(), env), nprocs=2, join=True, start_method=START_METHOD)
     res = [torch.load(tmp_path / "ckpts" / f"rank{r}.pt", weights_only=True) for r in range(2)]
     for r in res:
         assert r["frozen"] > 0 and r["gathered"] == r["want"] > 0, r  # every entry but the frozen LLM

@@ -13,7 +13,7 @@ from west.train.config import RunConfig, TrainConfig
 from west.train.distributed import (all_ranks, all_reduce_sum, any_rank, cleanup,
                                     sum_counts_over_ranks, wrap_model)
 from west.train.loop import Trainer
-from test_train_fakes import (ListData, SimulatedCrash, TokenModel, dummy_batch, free_port,
+from test_train_fakes import (START_METHOD, ListData, SimulatedCrash, TokenModel, dummy_batch, free_port,
                               init_gloo, make_batches)
 from test_train_step import RANK_CUT, SAMPLES, _assert_close, micro_batches, one_step, reference_params
 
@@ -83,7 +83,7 @@ def results(tmp_path_factory):
     from torch.distributed.fsdp import fully_shard  # noqa: F401
     import torch.distributed.checkpoint.state_dict  # noqa: F401
     mp.start_processes(_worker, args=(2, free_port(), str(tmp)), nprocs=2, join=True,
-                       start_method="fork")
+                       start_method=START_METHOD)
     return tmp, [torch.load(tmp / f"rank{r}.pt", weights_only=True) for r in range(2)]
 
 

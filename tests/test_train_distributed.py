@@ -10,7 +10,7 @@ import torch
 import torch.multiprocessing as mp
 
 from west.train import distributed as D
-from test_train_fakes import TokenModel, free_port, init_gloo
+from test_train_fakes import START_METHOD, TokenModel, free_port, init_gloo
 
 
 def test_single_process_defaults(monkeypatch):
@@ -59,5 +59,5 @@ def test_missing_rank_times_out_instead_of_hanging(tmp_path):
     # fork: the workers only exchange a few scalars, and skipping two torch imports
     # keeps this test short.
     mp.start_processes(_timeout_worker, args=(2, free_port(), str(out)), nprocs=2, join=True,
-                       start_method="fork")
+                       start_method=START_METHOD)
     assert out.read_text().startswith("raised"), out.read_text()

@@ -6,9 +6,10 @@ summed over label positions), so the loop can be tested before west.models lands
 """
 from __future__ import annotations
 
+import multiprocessing
 import os
 import socket
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -151,6 +152,20 @@ class ListData:
 
     def skipped_counts(self) -> dict:
         return {"too_long": 1}
+
+
+# Forking is fast (the child imports nothing again), but once this process has run a backward
+# pass on a machine with a GPU, autograd's device threads make a forked child fail on its first
+# backward: there children are spawned (fresh interpreters; targets must be module-level).
+START_METHOD = "spawn" if torch.cuda.is_available() else "fork"
+
+
+def run_child(target: Callable, *args) -> int:
+    """``target(*args)`` in one child process (START_METHOD); its exit code (-9: killed by SIGKILL)."""
+    child = multiprocessing.get_context(START_METHOD).Process(target=target, args=args)
+    child.start()
+    child.join()
+    return child.exitcode
 
 
 def free_port() -> int:

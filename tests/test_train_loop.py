@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -15,7 +15,7 @@ from west.train.config import RunConfig, TrainConfig
 from west.train.distributed import DistInfo
 from west.train.loop import Trainer
 from west.train.checkpoint import find_latest
-from test_train_fakes import ListData, TokenModel, dummy_batch, make_batches
+from test_train_fakes import ListData, TokenModel, dummy_batch, make_batches, run_child
 
 N_BATCHES = 7  # accum 2 -> 4 steps per epoch, the last one half dummy
 
@@ -28,6 +28,12 @@ def make_trainer(out_dir, kill_at: int = -1, resume: str = "auto", **train_kw) -
     model = TokenModel(seed=0, dropout=0.2)
     return Trainer(TrainConfig(**kw), run, model, ListData(make_batches(N_BATCHES), kill_at),
                    DistInfo(), dummy_batch)
+
+
+def fit_killed(out_dir: Path, kill_at: int) -> None:
+    """The killed child's run (module-level: a spawned child imports it), one thread as here."""
+    torch.set_num_threads(1)
+    make_trainer(out_dir, kill_at=kill_at).fit()
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -87,15 +93,8 @@ def test_max_steps_stops_mid_epoch_and_saves(tmp_path, one_thread):
 def test_kill_9_then_resume_matches_uninterrupted(uninterrupted, tmp_path):
     full_dir, full, _ = uninterrupted
     # Killed (SIGKILL, no cleanup) while fetching step 8: steps 1..7 are logged, the
-    # latest checkpoint is step 6. Forked so the child needs no fresh torch import.
-    pid = os.fork()
-    if pid == 0:  # child: never returns into pytest
-        try:
-            make_trainer(tmp_path, kill_at=N_BATCHES + 6).fit()
-        finally:
-            os._exit(1)
-    _, status = os.waitpid(pid, 0)
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == 9, status
+    # latest checkpoint is step 6.
+    assert run_child(fit_killed, tmp_path, N_BATCHES + 6) == -signal.SIGKILL
     assert find_latest(tmp_path / "checkpoints").name == "step_00000006"
     assert len(read_jsonl(tmp_path / "train_log.jsonl")) == 7
 

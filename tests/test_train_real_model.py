@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 import yaml
 
 from e2e_helpers import TINY_CPU, tiny_llm, write_lists
-from test_train_fakes import free_port, init_gloo
+from test_train_fakes import START_METHOD, free_port, init_gloo
 
 N_UTTS = 8
 RTOL = 1e-5
@@ -97,7 +97,7 @@ def results(env):
     out = {name: one_step(env["llm"], env["list"], kw) for name, (kw, w) in CASES.items() if w == 1}
     import torch._dynamo  # noqa: F401  (DDP imports it: once here, not in each forked rank)
 
-    mp.start_processes(_rank_worker, args=(2, free_port(), env), nprocs=2, join=True, start_method="fork")
+    mp.start_processes(_rank_worker, args=(2, free_port(), env), nprocs=2, join=True, start_method=START_METHOD)
     ranks = [torch.load(env["dir"] / f"rank{r}.pt", weights_only=True) for r in range(2)]
     for name in ranks[0]:
         out[name] = ranks[0][name]

@@ -165,12 +165,15 @@ def wrap_model(model: nn.Module, info: DistInfo, fsdp: bool = False,
     """
     model = model.to(info.device)
     if fsdp:
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard  # FSDP2 API (torch >= 2.6)
 
         policy = fsdp_mixed_precision(precision)
         if not dist.is_initialized():
             return model  # one process: nothing to shard across (autocast alone does bf16)
-        kwargs = {"mp_policy": policy} if policy is not None else {}
+        # the run's device type, not FSDP's default (torch's accelerator): a CPU run on a GPU machine stays on CPU
+        kwargs = {"mesh": init_device_mesh(info.device.type, (dist.get_world_size(),))}
+        kwargs.update({"mp_policy": policy} if policy is not None else {})
         units = list(model.fsdp_units()) if hasattr(model, "fsdp_units") else []
         for unit in units:
             fully_shard(unit, **kwargs)
