@@ -17,6 +17,15 @@ ROOT = Path(__file__).resolve().parent.parent
 TINY_CPU = ROOT / "recipes" / "aishell" / "conf" / "tiny_cpu.yaml"
 
 
+def tiny_encoder(**overrides):
+    """tiny_cpu.yaml's Conformer (64-d, 2 blocks; the defaults are the ≈34M AIShell size), ``overrides`` on top."""
+    import yaml
+
+    from west.models.config import ConformerConfig
+
+    return ConformerConfig.from_dict({**yaml.safe_load(TINY_CPU.read_text())["model"]["encoder"], **overrides})
+
+
 def tiny_llm(tmp_path_factory) -> Path:
     out = tmp_path_factory.getbasetemp() / "west_tiny_llm"
     if not (out / "config.json").is_file():

@@ -21,6 +21,7 @@ from west.data.features import GlobalCMVN
 from west.models.config import ConformerConfig
 from west.models.conformer import ConformerEncoder
 from west.shapes import SUBSAMPLING_LAYERS
+from e2e_helpers import tiny_encoder
 
 TOOLS = Path(__file__).resolve().parents[1] / "tools"
 sys.path.insert(0, str(TOOLS))
@@ -32,7 +33,7 @@ INPUT_LAYER = {4: "conv2d", 6: "conv2d6", 8: "conv2d8"}
 
 def _west(rate=4, seed=0):
     torch.manual_seed(seed)
-    enc = ConformerEncoder(ConformerConfig.preset("tiny", subsampling_rate=rate, dropout=0.0,
+    enc = ConformerEncoder(tiny_encoder(subsampling_rate=rate, dropout=0.0,
                                                   pos_enc="wenet")).eval()
     with torch.no_grad():   # non-trivial norms, so a swapped norm would show in the outputs
         for name, p in enc.named_parameters():
@@ -212,7 +213,7 @@ def test_converted_encoder_computes_wenets_function(tmp_path, rate):
 def test_relative_and_wenet_terms_agree_with_their_references():
     """West's default pos_enc (relative) is the Transformer-XL term of the same weights."""
     enc = _west(4, seed=5)
-    rel = ConformerEncoder(ConformerConfig.preset("tiny", dropout=0.0)).eval()
+    rel = ConformerEncoder(tiny_encoder(dropout=0.0)).eval()
     rel.load_state_dict(enc.state_dict())
     sd = wenet_state(enc, 4)
     feats = torch.randn(53, 80)
@@ -234,7 +235,7 @@ def test_init_loads_the_converted_weights_or_names_the_key(tmp_path):
     load_encoder_init(model, cfg.init)
     for (name, a), (_, b) in zip(enc.state_dict().items(), model.encoder.state_dict().items()):
         assert torch.equal(a, b), name
-    other = SimpleNamespace(encoder=ConformerEncoder(ConformerConfig.preset("tiny", num_blocks=3)))
+    other = SimpleNamespace(encoder=ConformerEncoder(tiny_encoder(num_blocks=3)))
     with pytest.raises(ValueError, match="model.encoder.init .*does not fit model.encoder"):
         load_encoder_init(other, cfg.init)
 

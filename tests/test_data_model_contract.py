@@ -12,6 +12,7 @@ import torch
 from west.data.config import DataConfig
 from west.data.dataset import build_dataloader
 from west.shapes import SpeechShape
+from e2e_helpers import tiny_encoder
 
 SHAPE = SpeechShape()
 
@@ -25,13 +26,13 @@ MODES = {
 
 @pytest.fixture(scope="module")
 def model(tokenizer):
-    from west.models.config import ConformerConfig, LLMConfig, ProjectorConfig, SpeechLLMConfig
+    from west.models.config import LLMConfig, ProjectorConfig, SpeechLLMConfig
     from west.models.speech_llm import SpeechLLM
 
     torch.manual_seed(0)
     llm = dict(model_type="qwen2", vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, attention_dropout=0.0)
-    cfg = SpeechLLMConfig(encoder=ConformerConfig.preset("tiny", dropout=0.0),
+    cfg = SpeechLLMConfig(encoder=tiny_encoder(dropout=0.0),
                           projector=ProjectorConfig(stride=2, hidden_dim=48),
                           llm=LLMConfig(config=llm), freeze_llm=False, ctc_weight=0.3)
     return SpeechLLM(cfg).eval()

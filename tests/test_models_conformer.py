@@ -7,6 +7,7 @@ from west.models.config import ConformerConfig
 from west.models.conformer import ConformerEncoder, relative_sinusoids
 from west.models.layout import FrameLayout
 from west.shapes import min_fbank_frames, subsampled_frames
+from e2e_helpers import tiny_encoder
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -17,7 +18,7 @@ TOL = 1e-5
 
 def _encoder(rate=4, bpo=8, seed=0, **kw):
     torch.manual_seed(seed)
-    cfg = ConformerConfig.preset("tiny", dropout=0.0, subsampling_rate=rate, buckets_per_octave=bpo, **kw)
+    cfg = tiny_encoder(dropout=0.0, subsampling_rate=rate, buckets_per_octave=bpo, **kw)
     return ConformerEncoder(cfg).eval()
 
 
@@ -95,7 +96,7 @@ def test_no_leak_between_packed_utterances():
 
 
 def test_dropout_configurable_and_off_in_eval():
-    enc = ConformerEncoder(ConformerConfig.preset("tiny", dropout=0.5))
+    enc = ConformerEncoder(tiny_encoder(dropout=0.5))
     x = torch.randn(50, 80)
     enc.train()
     a, _ = enc(x, cu_seqlens=_cu([50]))
@@ -133,8 +134,8 @@ def test_relative_sinusoids_centre_is_length_independent():
     assert torch.allclose(small[6], torch.tensor([0.0, 1.0] * 8))  # distance 0
 
 
-def test_base_preset_size():
-    n = sum(p.numel() for p in ConformerEncoder(ConformerConfig.preset("base")).parameters())
+def test_default_encoder_is_the_aishell_size():
+    n = sum(p.numel() for p in ConformerEncoder(ConformerConfig()).parameters())
     assert 30e6 < n < 45e6
 
 

@@ -13,6 +13,7 @@ from west.batch import IGNORE_INDEX, Batch
 from west.models.config import ConformerConfig, LLMConfig, ProjectorConfig, SpeechLLMConfig
 from west.models.speech_llm import SpeechLLM
 from west.shapes import min_fbank_frames, num_speech_tokens
+from e2e_helpers import tiny_encoder
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -117,7 +118,7 @@ def packed_batch(samples, pack_tokens, encoder="packed") -> Batch:
 # ----------------------------------------------------------------------------- model
 def tiny_config(**kw) -> SpeechLLMConfig:
     return SpeechLLMConfig(
-        encoder=ConformerConfig.preset("tiny", dropout=0.0, buckets_per_octave=2),
+        encoder=tiny_encoder(dropout=0.0, buckets_per_octave=2),
         projector=ProjectorConfig(stride=2, hidden_dim=48),
         llm=LLMConfig(config=dict(model_type="qwen2", vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

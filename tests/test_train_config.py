@@ -15,6 +15,7 @@ from west.train.rundir import check_paths, prepare_output_dir, save_config
 from west.data.config import DataConfig
 from west.models.config import ConformerConfig, LoraSettings, ProjectorConfig, SpeechLLMConfig
 from west.shapes import SpeechShape
+from e2e_helpers import tiny_encoder
 
 
 @pytest.fixture
@@ -106,6 +107,7 @@ BAD = [  # (command line, the key the error must start with), across all four se
     (["--data.shufle", "true"], "data.shufle"),
     (["--data.plan", "always"], "data.plan"),                          # removed keys are unknown
     (["--data.subsampling_rate", "4"], "data.subsampling_rate"),        # geometry is the model's
+    (["--data.num_mel_bins", "64"], "data.num_mel_bins"),                # the encoder reads 80 (input_dim)
     (["--model.encoder.conv_kernel", "4"], "model.encoder.conv_kernel"),
     (["--model.encoder.d_model", "65"], "model.encoder.d_model"),
     (["--model.encoder.subsampling_rate", "5"], "model.encoder.subsampling_rate"),
@@ -161,12 +163,13 @@ def test_sections_built_in_code_are_checked_the_same_way():
     with pytest.raises(ConfigError, match=r"^model\.encoder\.conv_kernel: must be odd"):
         ConformerConfig(conv_kernel=4)
     with pytest.raises(ConfigError, match=r"^model\.encoder\.d_model"):
-        ConformerConfig.preset("tiny", d_model=66)
+        tiny_encoder(d_model=66)
     with pytest.raises(ConfigError, match=r"^model\.ctc_weight"):
         SpeechLLMConfig(projector=ProjectorConfig(type="ctc_posterior"))
-    m = SpeechLLMConfig(encoder=ConformerConfig.preset("tiny", subsampling_rate=6), projector={"stride": 3},
+    m = SpeechLLMConfig(encoder=tiny_encoder(subsampling_rate=6, input_dim=64), projector={"stride": 3},
                         lora=LoraSettings(r=4), ctc_weight=1.0)
-    assert m.projector.stride == 3 and m.speech_shape() == SpeechShape(subsampling_rate=6, projector_stride=3)
+    assert m.projector.stride == 3
+    assert m.speech_shape() == SpeechShape(subsampling_rate=6, projector_stride=3, num_mel_bins=64)  # encoder's width
     assert SpeechLLMConfig.from_dict(m.to_dict()) == m
 
 
@@ -176,7 +179,7 @@ def test_nested_and_whole_block_overrides(llm):
                  "--model.projector.stride", "3"], llm)
     assert cfg.model.encoder.num_blocks == 3 and cfg.model.projector.dropout == 0.1
     assert (cfg.model.lora.r, cfg.model.lora.alpha) == (4, 8)
-    assert cfg.model.speech_shape() == SpeechShape(subsampling_rate=6, projector_stride=3)
+    assert cfg.model.speech_shape() == SpeechShape(subsampling_rate=6, projector_stride=3, num_mel_bins=80)
     assert not hasattr(cfg.data, "subsampling_rate") and not hasattr(cfg.data, "projector_stride")
     assert parse(["--model.lora", "{r: 4}", "--model.lora", "none"], llm).model.lora is None
     assert parse(["--model.lora", "null", "--model.lora.r", "2"], llm).model.lora.r == 2
@@ -202,6 +205,11 @@ def test_batch_type_flags_fit_their_mode(llm):
     assert cfg.data.max_tokens_in_batch == 2048
     cfg = parse(["--batch_type", "static", "--batch_size", "8"], llm)
     assert cfg.data.batch_size == 8
+
+
+def test_feature_width_follows_the_encoder(llm):
+    assert parse(["--model.encoder.input_dim", "64"], llm).data.num_mel_bins == 64
+    assert parse(["--model.encoder.input_dim", "64", "--data.num_mel_bins", "64"], llm).data.num_mel_bins == 64
 
 
 def test_split_overrides():

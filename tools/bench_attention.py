@@ -25,11 +25,14 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import yaml
 
 from west.models.attention import SegmentPlan, reference_attention, segment_sdpa
 from west.models.config import ConformerConfig
 from west.models.conformer import ConformerEncoder
 from west.shapes import subsampled_frames
+
+CONF = Path(__file__).resolve().parents[1] / "recipes" / "aishell" / "conf"
 
 
 def timeit(fn, reps: int, warmup: int = 1) -> dict:
@@ -106,7 +109,8 @@ def aishell_frames(n: int, rng: random.Random, mean_s=4.5, sigma=0.45, lo=1.2, h
 
 
 def bench_encoder(args, rng) -> list[dict]:
-    cfg = ConformerConfig.preset(args.enc_preset, num_blocks=args.enc_blocks, dropout=0.0)
+    section = yaml.safe_load(Path(args.enc_config).read_text())["model"]["encoder"]
+    cfg = ConformerConfig.from_dict({**section, "num_blocks": args.enc_blocks, "dropout": 0.0})
     torch.manual_seed(0)
     enc = ConformerEncoder(cfg).train()
     lens = aishell_frames(args.enc_utts, rng)
@@ -131,7 +135,7 @@ def bench_encoder(args, rng) -> list[dict]:
     real = sum(lens)
     params = sum(p.numel() for p in enc.parameters())
     meta = dict(utterances=len(lens), mean_dur_s=real / len(lens) / 100, max_dur_s=max(lens) / 100,
-                encoder=f"{args.enc_preset} d={cfg.d_model} ff={cfg.ffn_dim} blocks={cfg.num_blocks}",
+                encoder=f"{Path(args.enc_config).name} d={cfg.d_model} ff={cfg.ffn_dim} blocks={cfg.num_blocks}",
                 params_M=params / 1e6, real_frames=real,
                 real_enc_frames=sum(subsampled_frames(n, cfg.subsampling_rate) for n in lens))
     return [
@@ -159,7 +163,7 @@ def main(argv=None) -> dict:
     p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--enc-preset", default="base")
+    p.add_argument("--enc-config", default=str(CONF / "seed_gpu.yaml"), help="a run YAML: its model.encoder")
     p.add_argument("--enc-blocks", type=int, default=4)
     p.add_argument("--enc-utts", type=int, default=32)
     p.add_argument("--enc-reps", type=int, default=3)

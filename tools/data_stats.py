@@ -22,11 +22,10 @@ import json
 import sys
 from typing import Sequence
 
-from west.config import ConfigError, merge, split_overrides
+from west.config import Config, ConfigError, merge, split_overrides
 from west.data.config import DataConfig
 from west.data.dataset import SpeechDataset
 from west.data.features import estimate_frames
-from west.models.config import SpeechLLMConfig
 from west.shapes import SpeechShape
 
 SIZE_FLAGS = ("batch_size", "max_tokens_in_batch", "pack_tokens")
@@ -78,9 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     a, rest = p.parse_known_args(argv)
     try:
         flags = [(f"data.{k}", getattr(a, k)) for k in SIZE_FLAGS if getattr(a, k) is not None]
-        raw = merge(a.config, flags + split_overrides(rest))
-        base = DataConfig.from_dict(raw.get("data", {}))
-        shape = SpeechLLMConfig.from_dict(raw.get("model", {})).speech_shape()
+        cfg = Config.from_dict(merge(a.config, flags + split_overrides(rest)))  # typed, no paths checked
+        base, shape = cfg.data, cfg.model.speech_shape()
         confs = {mode: dataclasses.replace(base, batch_type=mode) for mode in a.batch_type}
     except ConfigError as e:
         p.error(str(e))

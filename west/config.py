@@ -15,8 +15,7 @@ from west.models.config import SpeechLLMConfig
 from west.schema import ConfigError, require, section
 from west.train.config import RunConfig, TrainConfig
 
-SECTIONS = ("run", "train", "data", "model")
-# attention that runs on CUDA only (a west_varlen backend, or flash_attention_* itself), and why
+# attention that runs on CUDA only (west_varlen's backends, and the stock flash_attention_*), and why
 CUDA_ONLY = {"flash": "needs a CUDA device", "torch_varlen": "is torch's CUDA kernel",
              "flex": "cannot train on CPU (FlexAttention has no CPU backward)"}
 
@@ -44,19 +43,17 @@ def set_override(raw: dict, dotted: str, value: str) -> None:
 def split_weighted_lists(raw: dict) -> None:
     """``run.train_data: [{path, weight}, ...]`` -> the paths, and the weights into ``data.weights``."""
     run, data = raw.get("run"), raw.setdefault("data", {})
-    lists = run.get("train_data") if isinstance(run, dict) else None
+    lists = run.get("train_data") if isinstance(run, dict) and isinstance(data, dict) else None
     lists = yaml.safe_load(lists) if isinstance(lists, str) and lists.strip().startswith("[") else lists
-    if not isinstance(lists, list) or not any(isinstance(x, dict) for x in lists) or not isinstance(data, dict):
-        return
-    require(all(isinstance(x, dict) and set(x) == {"path", "weight"} for x in lists), "run.train_data",
-            f"give all lists as paths or all as {{path, weight}} mappings, got {lists!r}")
-    require(data.get("weights") is None, "data.weights",
-            "given twice: in run.train_data's {path, weight} entries and in data.weights (keep one)")
-    run["train_data"], data["weights"] = [x["path"] for x in lists], [x["weight"] for x in lists]
+    if isinstance(lists, list) and any(isinstance(x, dict) for x in lists):
+        require(all(isinstance(x, dict) and set(x) == {"path", "weight"} for x in lists), "run.train_data",
+                f"give all lists as paths or all as {{path, weight}} mappings, got {lists!r}")
+        require(data.get("weights") is None, "data.weights", "given twice: here and in run.train_data's weights")
+        run["train_data"], data["weights"] = [x["path"] for x in lists], [x["weight"] for x in lists]
 
 
 def merge(yaml_path: str | None = None, overrides: Sequence[tuple[str, str]] = ()) -> dict:
-    """The YAML file's sections with the overrides applied, untyped (tools build one section from it)."""
+    """The YAML file's sections with the overrides applied, untyped (``Config.from_dict`` types and checks it)."""
     raw = {}
     if yaml_path:
         require(os.path.isfile(yaml_path), "--config", f"no such file: {yaml_path}")
@@ -68,63 +65,53 @@ def merge(yaml_path: str | None = None, overrides: Sequence[tuple[str, str]] = (
         raw = {name: sec or {} for name, sec in raw.items()}
     for dotted, value in overrides:
         set_override(raw, dotted, value)
-    for name in raw:
-        require(name in SECTIONS, str(name), f"unknown section {name!r} (known: {', '.join(SECTIONS)})")
     split_weighted_lists(raw)
     return raw
 
 
 def load_config(yaml_path: str | None = None, overrides: Sequence[tuple[str, str]] = ()) -> Config:
     """YAML file + ordered ``(section.key, value)`` overrides -> typed, validated Config."""
-    cfg = Config(**merge(yaml_path, overrides))
+    cfg = Config.from_dict(merge(yaml_path, overrides))
     validate(cfg, {dotted for dotted, _ in overrides})
     return cfg
 
 
 def validate(cfg: Config, explicit: Collection[str] = ()) -> None:
-    """The checks across sections or outside the config; ``explicit``: the dotted keys set on the command line."""
+    """The checks across sections or outside the config (a Whisper dir's config is read here, before any
+    data is); ``explicit``: the dotted keys set on the command line."""
     from west.data.policies import POLICIES  # the data side says which key sizes each batch mode
+    from west.models.whisper_encoder import whisper_geometry
     from west.train.distributed import resolved_device
 
-    data, run, llm = cfg.data, cfg.run, cfg.model.llm
+    data, run, model, llm = cfg.data, cfg.run, cfg.model, cfg.model.llm
     used = POLICIES[data.batch_type].size_key
     for key in sorted({p.size_key for p in POLICIES.values()} - {used}):
         require(f"data.{key}" not in explicit, f"data.{key}",
                 f"not used with data.batch_type={data.batch_type} (that mode is sized by data.{used})")
     require(data.weights is None or not run.train_data or len(data.weights) == len(run.train_data),
             "data.weights", f"{len(data.weights or [])} weights for {len(run.train_data)} lists in run.train_data")
-    require(llm.path, "model.llm.path",
-            "required: the tokenizer and the LLM are loaded from this directory (--model.llm.path DIR)")
+    require(llm.path, "model.llm.path", "required: the directory the tokenizer and the LLM are loaded from")
     require(os.path.isdir(llm.path), "model.llm.path", f"no such directory: {llm.path}")
     require(os.path.isfile(os.path.join(llm.path, "config.json")), "model.llm.path",
             f"{llm.path} is not a Hugging Face model directory (no config.json)")
     # attention: a CUDA-only kernel on CPU fails with the override that runs there (no silent fallback)
-    varlen = llm.attn_implementation == "west_varlen"
-    key, name = ("model.llm.attn_backend", llm.attn_backend) if varlen else \
-        ("model.llm.attn_implementation", llm.attn_implementation)
-    kind = "flash" if name.startswith("flash_attention") else name if varlen else None
+    key = "model.llm." + ("attn_backend" if llm.attn_implementation == "west_varlen" else "attn_implementation")
+    name = llm.attn_backend if key.endswith("backend") else llm.attn_implementation
+    kind = "flash" if name.startswith("flash") else name if key.endswith("backend") else None
     require(resolved_device(cfg.train.device) == "cuda" or kind not in CUDA_ONLY, key, f"{name} {CUDA_ONLY.get(kind)}, "
             f"but train.device={cfg.train.device} resolves to cpu; on CPU use --model.llm.attn_implementation "
             "west_varlen --model.llm.attn_backend auto (per-sample SDPA, exact)")
     require(kind != "flash" or importlib.util.find_spec("flash_attn"), key,
             f"{name} needs the flash-attn package: pip install 'west[gpu]'")
-    check_encoder(cfg, explicit)
-
-
-def check_encoder(cfg: Config, explicit: Collection[str] = ()) -> None:
-    """The encoder's files and features; a Whisper dir's config is read here, before any data is."""
-    enc, data, shape = cfg.model.encoder, cfg.data, cfg.model.speech_shape()
+    enc, shape = model.encoder, model.speech_shape()
     require(enc.init is None or os.path.isfile(enc.init), "model.encoder.init", f"no such file: {enc.init}")
+    require("data.num_mel_bins" not in explicit or data.num_mel_bins == shape.num_mel_bins, "data.num_mel_bins",
+            f"{data.num_mel_bins} != {shape.num_mel_bins}, the feature width the encoder reads (leave it out: it "
+            "follows model.encoder.input_dim, or a Whisper model's mel bins)")
     cfg.data = for_shape(data, shape)
-    if enc.type == "whisper":
-        from west.models.whisper_encoder import whisper_geometry
-
-        layers = whisper_geometry(enc.path)[2]
-        require(cfg.model.freeze_encoder_blocks <= layers, "model.freeze_encoder_blocks",
-                f"must be <= the Whisper encoder's {layers} layers, got {cfg.model.freeze_encoder_blocks}")
-        require("data.num_mel_bins" not in explicit or data.num_mel_bins == shape.num_mel_bins,
-                "data.num_mel_bins", f"{data.num_mel_bins} != {shape.num_mel_bins}, the mel bins of the Whisper "
-                f"model in {enc.path} (leave it out: whisper features take the model's)")
+    layers = whisper_geometry(enc.path)[2] if enc.type == "whisper" else enc.num_blocks
+    require(model.freeze_encoder_blocks <= layers, "model.freeze_encoder_blocks",
+            f"must be <= the encoder's {layers} layers, got {model.freeze_encoder_blocks}")
 
 
 def split_overrides(rest: Sequence[str]) -> list[tuple[str, str]]:
@@ -133,9 +120,8 @@ def split_overrides(rest: Sequence[str]) -> list[tuple[str, str]]:
     for tok in tokens:
         require(tok.startswith("--"), repr(tok), "unexpected argument (overrides are --section.key VALUE)")
         dotted, eq, value = tok[2:].partition("=")
-        if not eq:
-            value = next(tokens, None)
-            require(value is not None, tok, "missing value")
+        value = value if eq else next(tokens, None)
+        require(value is not None, tok, "missing value")
         require("." in dotted, f"--{dotted}", "unknown option")
         out.append((dotted, value))
     return out

@@ -29,12 +29,11 @@ def require(cond: Any, key: str, msg: str) -> None:
         raise ConfigError(f"{key}: {msg}")
 
 
-def setting(default: Any, *, rule: tuple[Callable[[Any, Any], bool], str] | None = None, **limits: Any) -> Any:
-    """A field with its limits (LIMITS: ``min``, ``gt``, ``max``, ``choices``, a ``rule`` reading sibling fields)."""
-    meta = {**limits, "rule": rule} if rule else limits
+def setting(default: Any, **limits: Any) -> Any:
+    """A field with its LIMITS: ``min``, ``gt``, ``max``, ``choices``, ``rule=(predicate(value, owner), message)``."""
     if isinstance(default, (list, dict)):
-        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
-    return dataclasses.field(default=default, metadata=meta)
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=limits)
+    return dataclasses.field(default=default, metadata=limits)
 
 
 @typing.dataclass_transform(field_specifiers=(dataclasses.field, setting))
@@ -66,14 +65,12 @@ def coerce(value: Any, typ: Any, key: str) -> Any:
             value = value.split(",") if origin is list and not value.strip().startswith("[") else yaml.safe_load(value)
         if typ is bool:
             return value if isinstance(value, bool) else BOOLS[str(value).strip().lower()]
-        if typ in (int, float):
-            if isinstance(value, bool) or typ is int and isinstance(value, float) and not value.is_integer():
-                raise ValueError
+        # what a scalar must not be read from: True as 1, 1.5 as 1, a mapping or list as its text
+        if isinstance(value, {int: (bool, float), float: bool, str: (dict, list)}.get(typ, ())) and not (
+                typ is int and isinstance(value, float) and value.is_integer()):
+            raise ValueError
+        if typ in (int, float, str):
             return typ(value)
-        if typ is str:
-            if isinstance(value, (dict, list)):
-                raise ValueError
-            return str(value)
         if not isinstance(value, {list: (list, tuple), dict: dict}.get(origin, object)):
             raise ValueError
         if origin is list:
@@ -88,7 +85,8 @@ def build(klass: type, values: dict, where: str) -> Any:
     """An instance of dataclass ``klass`` from a mapping; an unknown key fails naming it."""
     names = [f.name for f in dataclasses.fields(klass)]
     for k in values:
-        require(k in names, f"{where}.{k}", f"unknown key {k!r} (known in {where}: {', '.join(names)})")
+        require(k in names, f"{where}.{k}".lstrip("."), f"unknown {'key' if where else 'section'} {k!r} "
+                f"(known: {', '.join(names)})")
     return klass(**values)
 
 

@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Sequence
 
-from west.config import SECTIONS, Config, ConfigError, load_config, split_overrides
+from west.config import Config, ConfigError, load_config, split_overrides
 from west.train.config import TrainConfig
 from west.train.rundir import check_paths, save_config
 
@@ -31,13 +31,14 @@ FLAGS = {  # west-train's top-level flags: the key each one sets, and its help
 
 
 def build_arg_parser(prog: str = "west-train") -> argparse.ArgumentParser:
+    sections = [f.name for f in dataclasses.fields(Config)]
     p = argparse.ArgumentParser(
         prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train a speech LLM. Any config key can be overridden as --section.key VALUE "
                     "(typed like the key); see docs/training.md.",
-        epilog=f"sections: {', '.join(SECTIONS)}\ntrain keys: "
+        epilog=f"sections: {', '.join(sections)}\ntrain keys: "
                f"{', '.join(f.name for f in dataclasses.fields(TrainConfig))}")
-    p.add_argument("--config", help=f"YAML file with sections {'/'.join(SECTIONS)}")
+    p.add_argument("--config", help=f"YAML file with sections {'/'.join(sections)}")
     extra = {"resume": dict(nargs="?", const="must"), "audit": dict(action="store_const", const="true")}
     for flag, (key, text) in FLAGS.items():
         p.add_argument(f"--{flag}", help=f"{text} [{key}]", **extra.get(flag, {}))

@@ -41,8 +41,7 @@ class DataConfig:
     frame_shift_ms: float = setting(10.0, gt=0)
     dither: float = setting(1.0, min=0)                 # training only, on the int16 scale
     cmvn: Optional[str] = setting(None, rule=(          # JSON from tools/compute_cmvn.py (or WeNet's)
-        lambda v, d: d.features != "whisper",
-        "must be none with data.features whisper (Whisper's log-mel is normalised by its own formula, no CMVN)"))
+        lambda v, d: d.features != "whisper", "must be none with data.features whisper (it normalises its log-mel)"))
     spec_aug: bool = False                              # training only
     spec_aug_num_t_mask: int = setting(2, min=0)
     spec_aug_num_f_mask: int = setting(2, min=0)

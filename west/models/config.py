@@ -9,16 +9,13 @@ from west.shapes import ENCODER_TYPES, SUBSAMPLING_LAYERS, SpeechShape
 
 POSTERIOR_TYPES = ("ctc_posterior", "ctc_compact")  # read the CTC head's posteriors
 BACKENDS = ("auto", "sdpa_segments", "flash", "torch_varlen", "flex")  # west_varlen's kernels (models.attention)
-PRESETS = {"tiny": dict(d_model=64, num_heads=4, ffn_dim=128, num_blocks=2, conv_kernel=7),
-           "base": dict(d_model=256, num_heads=4, ffn_dim=2048, num_blocks=12, conv_kernel=15)}
 
 
 @section("model.encoder")
 class ConformerConfig:
     # whisper: the encoder of the Hugging Face Whisper dir model.encoder.path (Conformer keys unused)
     type: str = setting("conformer", choices=ENCODER_TYPES, rule=(
-        lambda v, c: v != "whisper" or bool(c.path),
-        "whisper needs model.encoder.path DIR (a local Hugging Face Whisper directory)"))
+        lambda v, c: v != "whisper" or bool(c.path), "whisper needs model.encoder.path (a Hugging Face Whisper dir)"))
     path: Optional[str] = None
     pad_to_30s: bool = False      # whisper: the stock padded encoder
     input_dim: int = setting(80, min=1)
@@ -35,15 +32,7 @@ class ConformerConfig:
     gradient_checkpointing: bool = False
     pos_enc: str = setting("relative", choices=("relative", "wenet"))  # wenet: as WeNet's rel_pos computes it
     init: Optional[str] = setting(None, rule=(  # west-named safetensors loaded before training (not on resume)
-        lambda v, c: c.type == "conformer",
-        "initialises west's Conformer; a Whisper encoder's weights come from model.encoder.path"))
-
-    @classmethod
-    def preset(cls, name: str, **overrides) -> "ConformerConfig":
-        """``tiny`` (CPU tests/recipe) or ``base`` (≈34M, WeNet AIShell-sized), with ``overrides`` on top."""
-        if name not in PRESETS:
-            raise ValueError(f"unknown encoder preset {name!r}; choose from {sorted(PRESETS)}")
-        return cls(**{**PRESETS[name], **overrides})
+        lambda v, c: c.type == "conformer", "is the Conformer's; Whisper's weights are in model.encoder.path"))
 
 
 @section("model.projector")
@@ -84,17 +73,17 @@ class SpeechLLMConfig:
     lora: Optional[LoraSettings] = None
     ctc_weight: float = setting(0.0, min=0, rule=(  # loss = CE + ctc_weight * CTC; 0 = no CTC head
         lambda v, m: v > 0 or m.projector.type not in POSTERIOR_TYPES,
-        "must be > 0 with model.projector.type ctc_posterior or ctc_compact (the CTC head it reads "
-        "posteriors from is trained by the CTC loss)"))
+        "must be > 0 with model.projector.type ctc_posterior or ctc_compact (the CTC loss trains their head)"))
     ctc_blank: Optional[int] = setting(None, min=0)  # None = an extra class after the vocabulary
 
     def speech_shape(self) -> SpeechShape:
         """The geometry the data side needs (Whisper's window and mel bins from its dir's config)."""
-        if self.encoder.type != "whisper":
-            return SpeechShape(self.encoder.subsampling_rate, self.projector.stride)
+        enc = self.encoder
+        if enc.type != "whisper":
+            return SpeechShape(enc.subsampling_rate, self.projector.stride, num_mel_bins=enc.input_dim)
         from west.models.whisper_encoder import whisper_geometry  # reads the dir's config.json (lazy: torch)
 
-        n_mels, max_frames, _ = whisper_geometry(self.encoder.path)
+        n_mels, max_frames, _ = whisper_geometry(enc.path)
         return SpeechShape(projector_stride=self.projector.stride, encoder_type="whisper", max_frames=max_frames,
                            num_mel_bins=n_mels)
 

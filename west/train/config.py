@@ -25,13 +25,11 @@ class TrainConfig:
     lr_projector: Optional[float] = setting(None, gt=0)
     lr_llm: Optional[float] = setting(None, gt=0)
     projector_warmup_steps: int = setting(0, min=0, rule=(  # steps that move only the projector side
-        lambda v, t: v == 0 or t.max_steps == 0 or v < t.max_steps,
-        "must be < train.max_steps (nothing but the projector would ever train)"))
+        lambda v, t: v == 0 or t.max_steps == 0 or v < t.max_steps, "must be < train.max_steps (else only it trains)"))
     min_lr_ratio: float = setting(0.0, min=0, max=1)  # cosine floor as a fraction of lr
     warmup_steps: int = setting(100, min=0)
     max_steps: int = setting(0, min=0, rule=(      # 0 = no step limit (max_epochs decides)
-        lambda v, t: v > 0 or t.max_epochs > 0,
-        "must be > 0 when train.max_epochs is 0 (the run would never end)"))
+        lambda v, t: v > 0 or t.max_epochs > 0, "must be > 0 when train.max_epochs is 0 (the run would never end)"))
     max_epochs: int = setting(1, min=0)             # 0 = no epoch limit (max_steps decides)
     accum_steps: int = setting(1, min=1)            # micro-batches per optimizer step (per rank)
     grad_clip: float = setting(1.0, min=0)          # max global grad norm; 0 = off (norm still logged)
@@ -56,8 +54,7 @@ class TrainConfig:
     eval_max_new_tokens: int = setting(64, min=1)
     keep_best: int = setting(0, min=0)              # also keep the N best checkpoints by best_metric
     best_metric: str = setting("cv_loss", choices=("cv_loss", "cv_cer"), rule=(
-        lambda v, t: v != "cv_cer" or t.eval_decode_utts > 0,
-        "cv_cer needs dev decoding: set train.eval_decode_utts > 0 (or use cv_loss)"))
+        lambda v, t: v != "cv_cer" or t.eval_decode_utts > 0, "cv_cer needs dev decoding: train.eval_decode_utts > 0"))
     tensorboard: bool = True
     progress_bar: bool = True
     nvml: bool = True                               # GPU busy %/memory sampler on CUDA
