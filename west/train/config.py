@@ -25,7 +25,7 @@ class TrainConfig:
     lr_projector: Optional[float] = setting(None, gt=0)
     lr_llm: Optional[float] = setting(None, gt=0)
     projector_warmup_steps: int = setting(0, min=0, rule=(  # steps that move only the projector side
-        lambda v, t: v == 0 or t.max_steps == 0 or v < t.max_steps, "must be < train.max_steps (else only it trains)"))
+        lambda v, t: v == 0 or t.max_steps == 0 or v < t.max_steps, "must be < train.max_steps"))
     min_lr_ratio: float = setting(0.0, min=0, max=1)  # cosine floor as a fraction of lr
     warmup_steps: int = setting(100, min=0)
     max_steps: int = setting(0, min=0, rule=(      # 0 = no step limit (max_epochs decides)
