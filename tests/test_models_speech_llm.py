@@ -252,7 +252,7 @@ def test_config_round_trip_and_shape_keys():
     with pytest.raises(ValueError):
         SpeechLLMConfig.from_dict({"encoder": {"subsampling_rate": 5}})
     m = tiny_model()
-    assert m.num_speech_tokens(100) == num_speech_tokens(100, m.subsampling_rate, m.projector_stride)
+    assert m.num_speech_tokens(100) == num_speech_tokens(100, m.shape.subsampling_rate, m.shape.projector_stride)
 
 
 def test_generate_batched_equals_one_by_one():

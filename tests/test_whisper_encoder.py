@@ -74,8 +74,11 @@ def test_reference_is_hf_forward_for_even_lengths(wdir):
 
 
 def _packed(enc, mels):
+    """(rows, per-utterance output lengths): packed input gives output cu_seqlens (int32), as the Conformer's."""
     cu = torch.tensor([0] + LENS).cumsum(0).to(torch.int32)
-    return enc(torch.cat(mels), cu_seqlens=cu)
+    out, out_cu = enc(torch.cat(mels), cu_seqlens=cu)
+    assert out_cu.dtype == torch.int32 and out_cu[0] == 0 and out_cu[-1] == out.shape[0]
+    return out, torch.diff(out_cu)
 
 
 @pytest.mark.parametrize("backend", ["sdpa_segments", "flash", "auto"])
@@ -131,7 +134,7 @@ def test_full_window_pad_to_30s_equals_packed(wdir):
     with torch.no_grad():
         a, la = packed(torch.cat([mel, short]), cu_seqlens=cu)
         b, lb = padded(torch.cat([mel, short]), cu_seqlens=cu)
-    assert la.tolist() == lb.tolist() == [1500, 20]
+    assert la.tolist() == lb.tolist() == [0, 1500, 1520]   # output cu_seqlens
     torch.testing.assert_close(a[:1500], b[:1500], atol=1e-5, rtol=1e-5)
     assert not torch.allclose(a[1500:], b[1500:], atol=1e-3)   # padding changes a short one's output
 

@@ -25,7 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 from west.models.attention import SegmentGroup, segment_sdpa
 from west.models.config import ConformerConfig
-from west.models.layout import FrameLayout
+from west.models.layout import FlatEncoder, FrameLayout
 from west.models.subsampling import Conv2dSubsampling
 
 
@@ -134,7 +134,7 @@ class ConformerBlock(nn.Module):
         return self.norm_out(x)
 
 
-class ConformerEncoder(nn.Module):
+class ConformerEncoder(FlatEncoder):
     """fbank feats -> encoder frames, padded ``(N, T, F)+lengths`` or packed ``(ΣT, F)+cu_seqlens``."""
 
     def __init__(self, cfg: ConformerConfig):
@@ -156,28 +156,11 @@ class ConformerEncoder(nn.Module):
         full_m = (self._pos.shape[0] + 1) // 2
         return self._pos[full_m - m: full_m + m - 1].to(device=ref.device, dtype=ref.dtype)
 
-    def forward_flat(
-        self,
-        feats: torch.Tensor,
-        lengths: Optional[torch.Tensor] = None,
-        cu_seqlens: Optional[torch.Tensor] = None,
-    ) -> tuple[torch.Tensor, FrameLayout]:
-        """Encoder output as flat rows plus the layout describing them (used by SpeechLLM)."""
-        if (lengths is None) == (cu_seqlens is None):
-            raise ValueError("pass exactly one of lengths (padded feats) or cu_seqlens (packed feats)")
-        if cu_seqlens is not None:
-            if feats.dim() != 2:
-                raise ValueError(f"packed feats must be (ΣT, F), got {tuple(feats.shape)}")
-            lens = torch.diff(cu_seqlens.detach().to("cpu", torch.int64)).tolist()
+    def encode(self, feats: torch.Tensor, lens: list[int], packed: bool) -> tuple[torch.Tensor, FrameLayout]:
+        """Checked feats (FlatEncoder.forward_flat) -> flat rows in the input's layout, and that layout."""
+        if packed:
             x, layout = self.subsampling.forward_packed(feats, lens, self.cfg.buckets_per_octave)
         else:
-            if feats.dim() != 3:
-                raise ValueError(f"padded feats must be (N, T, F), got {tuple(feats.shape)}")
-            lens = lengths.detach().to("cpu", torch.int64).tolist()
-            if len(lens) != feats.shape[0]:
-                raise ValueError(f"{len(lens)} lengths for {feats.shape[0]} padded utterances")
-            if max(lens, default=0) > feats.shape[1]:
-                raise ValueError(f"a length exceeds the padded size {feats.shape[1]}: {lens}")
             x, layout = self.subsampling.forward_padded(feats, lens)
         pos = self._pos_table(max((g.length for g in layout.plan.groups), default=1), x)
         for block in self.blocks:
@@ -186,15 +169,3 @@ class ConformerEncoder(nn.Module):
             else:
                 x = block(x, layout, pos)
         return self.after_norm(x), layout
-
-    def forward(
-        self,
-        feats: torch.Tensor,
-        lengths: Optional[torch.Tensor] = None,
-        cu_seqlens: Optional[torch.Tensor] = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Padded: -> ((N, T', D), lengths' int64). Packed: -> ((ΣT', D), cu_seqlens' int32)."""
-        x, layout = self.forward_flat(feats, lengths, cu_seqlens)
-        if layout.packed:
-            return x, layout.cu_seqlens()
-        return x.view(layout.num, layout.padded_len, -1), torch.tensor(layout.lengths, device=x.device)

@@ -9,6 +9,8 @@ three operations that could mix utterances:
   conv padding; packed mode: a zero-gap layout with ``pad`` zeros between
   utterances), so a kernel never reads a neighbour;
 * output: :meth:`real_rows` picks each utterance's real frames in order.
+
+:class:`FlatEncoder` is the one tensor-level ``forward`` of every encoder built on it.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from west.models.attention import SegmentPlan
 
@@ -95,3 +98,39 @@ class FrameLayout:
         if self.packed:
             return y[0].t().index_select(0, self._gap_index(pad) - pad)
         return y.transpose(1, 2).reshape(self.rows, y.shape[1])
+
+
+class FlatEncoder(nn.Module):
+    """An encoder that computes on flat rows. Subclasses define ``encode(feats, lens, packed) -> (rows,
+    FrameLayout)``; ``forward_flat`` (what SpeechLLM calls) checks the input first, and ``forward`` gives
+    the same result as tensors."""
+
+    def encode(self, feats: torch.Tensor, lens: list[int], packed: bool) -> tuple[torch.Tensor, FrameLayout]:
+        raise NotImplementedError
+
+    def forward_flat(self, feats: torch.Tensor, lengths: Optional[torch.Tensor] = None,
+                     cu_seqlens: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, FrameLayout]:
+        """Encoder output as flat rows plus the layout describing them; packed feats ``(ΣT, F)`` with
+        ``cu_seqlens``, or padded ``(N, T, F)`` with ``lengths``."""
+        if (lengths is None) == (cu_seqlens is None):
+            raise ValueError("pass exactly one of lengths (padded feats) or cu_seqlens (packed feats)")
+        packed = cu_seqlens is not None
+        lens = (torch.diff(cu_seqlens.detach().to("cpu", torch.int64)) if packed else lengths.detach().cpu()).tolist()
+        if feats.dim() != (2 if packed else 3):
+            raise ValueError(f"{'packed' if packed else 'padded'} feats must be "
+                             f"{'(ΣT, F)' if packed else '(N, T, F)'}, got {tuple(feats.shape)}")
+        if packed and sum(lens) != feats.shape[0]:
+            raise ValueError(f"cu_seqlens cover {sum(lens)} frames, feats have {feats.shape[0]}")
+        if not packed and (len(lens) != feats.shape[0] or max(lens, default=0) > feats.shape[1]):
+            raise ValueError(f"lengths {lens} do not fit padded feats {tuple(feats.shape)}")
+        return self.encode(feats, lens, packed)
+
+    def forward(self, feats: torch.Tensor, lengths: Optional[torch.Tensor] = None,
+                cu_seqlens: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Packed feats -> (``(ΣT', D)``, output cu_seqlens int32); padded feats -> (``(N, T', D)`` when the
+        encoder keeps the padding, else ``(ΣT', D)``, output lengths int64)."""
+        x, layout = self.forward_flat(feats, lengths, cu_seqlens)
+        if cu_seqlens is not None:
+            return x, layout.cu_seqlens()
+        rows = x if layout.packed else x.view(layout.num, layout.padded_len, -1)
+        return rows, torch.tensor(layout.lengths, dtype=torch.int64, device=x.device)

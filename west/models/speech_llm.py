@@ -109,14 +109,6 @@ class SpeechLLM(nn.Module):
         return [*blocks, *layers]
 
     # ------------------------------------------------------------------ shapes
-    @property
-    def subsampling_rate(self) -> int:
-        return self.cfg.encoder.subsampling_rate
-
-    @property
-    def projector_stride(self) -> int:
-        return self.cfg.projector.stride
-
     def num_speech_tokens(self, n_frames: int) -> int:
         return self.shape.slots(n_frames)
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -28,7 +27,7 @@ import torch.nn.functional as F
 
 from west.models.attention import SegmentPlan
 from west.models.hf_attention import ATTN_NAME, packed_kwargs, register
-from west.models.layout import FrameLayout
+from west.models.layout import FlatEncoder, FrameLayout
 from west.models.llm import hf_checkpointing
 from west.schema import ConfigError, require
 from west.shapes import whisper_frames
@@ -87,7 +86,7 @@ def load_hf_whisper_encoder(path: str, dtype: torch.dtype = torch.float32) -> nn
     return enc
 
 
-class WhisperPackedEncoder(nn.Module):
+class WhisperPackedEncoder(FlatEncoder):
     """log-mel feats -> encoder frames, packed ``(ΣT, n_mels)+cu_seqlens`` or padded ``(N, T, n_mels)+lengths``.
 
     Output is always flat ``(ΣT', d_model)`` in utterance order (a packed FrameLayout)."""
@@ -140,49 +139,20 @@ class WhisperPackedEncoder(nn.Module):
         hf_checkpointing(self.hf, on)
 
     # ------------------------------------------------------------------ forward
-    def forward_flat(
-        self,
-        feats: torch.Tensor,
-        lengths: Optional[torch.Tensor] = None,
-        cu_seqlens: Optional[torch.Tensor] = None,
-    ) -> tuple[torch.Tensor, FrameLayout]:
-        """Encoder output as flat rows ``(ΣT', D)`` plus its (packed) layout."""
-        mel, lens = self._packed_input(feats, lengths, cu_seqlens)
+    def encode(self, feats: torch.Tensor, lens: list[int], packed: bool) -> tuple[torch.Tensor, FrameLayout]:
+        """Checked feats (FlatEncoder.forward_flat) -> flat rows ``(ΣT', D)`` and their (packed) layout."""
+        mel = self._packed_mel(feats, lens, packed)
         out_lens = [whisper_encoder_frames(n) for n in lens]
         run = self._forward_padded_30s if self.pad_to_30s else self._forward_packed
         x = run(mel, lens, out_lens)
         return x, FrameLayout(out_lens, x.device)
 
-    def forward(
-        self,
-        feats: torch.Tensor,
-        lengths: Optional[torch.Tensor] = None,
-        cu_seqlens: Optional[torch.Tensor] = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (``(ΣT', D)`` rows in utterance order, per-utterance T' as int64)."""
-        x, layout = self.forward_flat(feats, lengths, cu_seqlens)
-        return x, torch.tensor(layout.lengths, dtype=torch.int64, device=x.device)
-
-    def _packed_input(self, feats, lengths, cu_seqlens) -> tuple[torch.Tensor, list[int]]:
-        if (lengths is None) == (cu_seqlens is None):
-            raise ValueError("pass exactly one of lengths (padded feats) or cu_seqlens (packed feats)")
+    def _packed_mel(self, feats: torch.Tensor, lens: list[int], packed: bool) -> torch.Tensor:
         if feats.shape[-1] != self.num_mel_bins:
             raise ValueError(f"Whisper expects {self.num_mel_bins} mel bins (its config), feats have {feats.shape[-1]}")
-        if cu_seqlens is not None:
-            if feats.dim() != 2:
-                raise ValueError(f"packed feats must be (ΣT, n_mels), got {tuple(feats.shape)}")
-            lens = torch.diff(cu_seqlens.detach().to("cpu", torch.int64)).tolist()
-            if sum(lens) != feats.shape[0]:
-                raise ValueError(f"cu_seqlens covers {sum(lens)} frames, feats have {feats.shape[0]}")
-            mel = feats
-        else:
-            if feats.dim() != 3:
-                raise ValueError(f"padded feats must be (N, T, n_mels), got {tuple(feats.shape)}")
-            lens = lengths.detach().to("cpu", torch.int64).tolist()
-            if len(lens) != feats.shape[0] or max(lens, default=0) > feats.shape[1]:
-                raise ValueError(f"lengths {lens} do not fit padded feats {tuple(feats.shape)}")
-            valid = torch.arange(feats.shape[1], device=feats.device)[None, :] < lengths.to(feats.device)[:, None]
-            mel = feats[valid]
+        if not packed:
+            lengths = torch.tensor(lens, device=feats.device)
+            feats = feats[torch.arange(feats.shape[1], device=feats.device)[None, :] < lengths[:, None]]
         too_long = [i for i, n in enumerate(lens) if n > self.max_frames]
         if too_long:
             raise ValueError(
@@ -190,7 +160,7 @@ class WhisperPackedEncoder(nn.Module):
                 f"{self.max_frames}-frame (30 s) window; the data pipeline must skip them (counted), never truncate")
         if any(n < 1 for n in lens):
             raise ValueError(f"every utterance needs >= 1 mel frame, got lengths {lens}")
-        return mel, lens
+        return feats
 
     def _forward_packed(self, mel: torch.Tensor, lens: list[int], out_lens: list[int]) -> torch.Tensor:
         hf, dev = self.hf, mel.device
