@@ -55,6 +55,7 @@ class Batch:
     ctc_target_lens: Optional[torch.Tensor] = None   # (N,) int64 K per segment; 0 = no transcript
     keys: list = field(default_factory=list)         # sample keys, in sample order
     counters: dict = field(default_factory=dict)     # COUNTER_NAMES -> int
+    source: Optional["Batch"] = field(default=None, repr=False, compare=False)  # the host batch of a moved one
 
     @property
     def is_packed(self) -> bool:
@@ -64,10 +65,42 @@ class Batch:
     def encoder_packed(self) -> bool:
         return self.feat_cu_seqlens is not None
 
+    @property
+    def host(self) -> "Batch":
+        """This batch with its tensors where the loader made them (the CPU): lengths, spans and
+        boundaries are read from here, so the model never waits on the device to learn a shape."""
+        return self.source if self.source is not None else self
+
     def to(self, device: torch.device | str) -> "Batch":
-        """Move every tensor to ``device`` (cu_seqlens included; keys/counters stay)."""
+        """Every tensor on ``device`` (cu_seqlens included; keys/counters stay), copied without
+        a host sync (:func:`to_device`); the result keeps this batch as its :attr:`host`."""
         moved = {}
         for f in fields(self):
             v = getattr(self, f.name)
-            moved[f.name] = v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
-        return Batch(**moved)
+            if f.name != "source":
+                moved[f.name] = to_device(v, device) if isinstance(v, torch.Tensor) else v
+        return Batch(**moved, source=self.host)
+
+    def pin_memory(self) -> "Batch":
+        """Page-locked copies of the tensors (DataLoader(pin_memory=True) calls this in its pin thread)."""
+        pinned = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name != "source":
+                pinned[f.name] = v.pin_memory() if isinstance(v, torch.Tensor) else v
+        return Batch(**pinned)
+
+    def label_positions(self) -> torch.Tensor:
+        """(n_labels,) int64 flat positions of ``labels`` that carry a label, computed on the host copy."""
+        return (self.host.labels.reshape(-1) != IGNORE_INDEX).nonzero().squeeze(1)
+
+
+def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """``t`` on ``device`` without stalling the host: a CPU tensor bound for CUDA is page-locked
+    (when it is not already) and copied non-blocking, so the copy queues behind the kernels
+    already launched instead of waiting for them. Elsewhere a plain ``.to``. Host-built index
+    tensors reach the GPU only through here (tests count the copies)."""
+    device = torch.device(device)
+    if t.device == device or device.type != "cuda" or t.device.type != "cpu":
+        return t.to(device)
+    return (t if t.is_pinned() else t.pin_memory()).to(device, non_blocking=True)

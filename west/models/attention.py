@@ -19,8 +19,9 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
+from west.batch import to_device
 from west.models.config import BACKENDS
-from west.models.varlen_kernels import (HALF, _check_cu, choose_backend, flash_attn_varlen_reference,
+from west.models.varlen_kernels import (HALF, choose_backend, flash_attn_varlen_reference,
                                         flash_available, flash_varlen, flex_document_attention, torch_varlen)
 
 
@@ -49,12 +50,13 @@ class SegmentGroup:
 class SegmentPlan:
     """How to run per-segment attention over a flat (rows, H, D) tensor.
 
-    Built once per batch on the host (one device sync for ``cu_seqlens``), then
-    shared by every layer."""
+    Built once per batch on the host from Python lengths (no device sync), its index
+    tensors moved with one non-blocking copy each, then shared by every layer."""
     lengths: list
     rows: int
     groups: list = field(default_factory=list)
     inverse: Optional[torch.Tensor] = None  # rows of cat(group outputs) in flat order; None = identity
+    gather: Optional[torch.Tensor] = None   # rows of every group, concatenated; None = every row in order
 
     @property
     def max_len(self) -> int:
@@ -64,12 +66,7 @@ class SegmentPlan:
         """Rows of every group, concatenated (one gather for all groups: one backward buffer
         instead of a full-size zero-filled gradient per group); None when that is every row
         in order (a padded batch), so the groups are plain views."""
-        if not hasattr(self, "_gather"):
-            flat = torch.cat([g.index.reshape(-1) for g in self.groups]) if self.groups else None
-            same = flat is not None and flat.numel() == self.rows and bool(
-                torch.equal(flat, torch.arange(self.rows, device=flat.device)))
-            self._gather = None if same else flat
-        return self._gather
+        return self.gather
 
     @classmethod
     def from_lengths(
@@ -90,7 +87,7 @@ class SegmentPlan:
         for i, n in enumerate(lengths):
             if n > 0:
                 by_len.setdefault(bucket_length(n, buckets_per_octave), []).append(i)
-        groups, order = [], []
+        groups, order, flat_index = [], [], []
         for n_pad in sorted(by_len):
             segs = by_len[n_pad]
             st = torch.tensor([starts[i] for i in segs], dtype=torch.int64)
@@ -101,24 +98,29 @@ class SegmentPlan:
             padded = not bool(valid.all())
             groups.append(SegmentGroup(
                 length=n_pad,
-                index=index.to(device),
-                valid=valid.to(device) if padded else None,
-                select=valid.flatten().nonzero().squeeze(1).to(device) if padded else None,
+                index=to_device(index, device),
+                valid=to_device(valid, device) if padded else None,
+                select=to_device(valid.flatten().nonzero().squeeze(1), device) if padded else None,
             ))
             order.append(index[valid])
+            flat_index.append(index.reshape(-1))
         plan = cls(lengths=lengths, rows=s, groups=groups)
         if order:
             flat = torch.cat(order)
             inverse = torch.empty_like(flat)
             inverse[flat] = torch.arange(flat.numel())
             if not torch.equal(inverse, torch.arange(flat.numel())):
-                plan.inverse = inverse.to(device)
+                plan.inverse = to_device(inverse, device)
+            gather = torch.cat(flat_index)
+            if not (gather.numel() == s and torch.equal(gather, torch.arange(s))):
+                plan.gather = to_device(gather, device)
         return plan
 
     @classmethod
     def from_cu_seqlens(
         cls, cu_seqlens: torch.Tensor, device=None, buckets_per_octave: Optional[int] = None
     ) -> "SegmentPlan":
+        """Plan from boundaries; pass the HOST copy of ``cu_seqlens`` (a device one costs a sync)."""
         cu = cu_seqlens.detach().to("cpu", torch.int64)
         if cu.dim() != 1 or cu.numel() < 2 or int(cu[0]) != 0 or bool((cu[1:] < cu[:-1]).any()):
             raise ValueError(f"cu_seqlens must be 1-D, start at 0 and be non-decreasing, got {cu.tolist()}")
@@ -134,7 +136,8 @@ class SegmentPlan:
         ln = torch.tensor(lengths, dtype=torch.int64)
         valid = torch.arange(max_len)[None, :] < ln[:, None]
         index = torch.arange(len(lengths) * max_len).view(len(lengths), max_len)
-        group = SegmentGroup(max_len, index.to(device), None if bool(valid.all()) else valid.to(device), None)
+        group = SegmentGroup(max_len, to_device(index, device),
+                             None if bool(valid.all()) else to_device(valid, device), None)
         return cls(lengths=lengths, rows=len(lengths) * max_len, groups=[group] if lengths else [])
 
 
@@ -142,6 +145,7 @@ class SegmentPlan:
 BiasFn = Callable[[torch.Tensor, SegmentGroup], torch.Tensor]
 
 
+@torch.compiler.disable   # Python loops over a host plan: left out of compiled graphs (train.compile)
 def segment_sdpa(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -193,18 +197,29 @@ def segment_sdpa(
 
 # --------------------------------------------------------------------------- dispatch
 class LazySegmentPlan:
-    """A batch's :class:`SegmentPlan`, built on first use and then shared by every layer:
-    kernels that take ``cu_seqlens`` directly never pay its host sync."""
+    """A packed batch's attention plans, built from the HOST copy of ``cu_seqlens`` on first use
+    and then shared by every layer: segment SDPA's :class:`SegmentPlan` and FlexAttention's
+    document mask. Kernels that take ``cu_seqlens`` directly (flash, torch_varlen) build neither."""
 
     def __init__(self, cu_seqlens: torch.Tensor, buckets_per_octave: Optional[int] = 8) -> None:
         self.cu_seqlens, self.buckets, self._plan = cu_seqlens, buckets_per_octave, None
+        self._masks: dict = {}
 
     def get(self, device: torch.device) -> SegmentPlan:
         if self._plan is None:
             self._plan = SegmentPlan.from_cu_seqlens(self.cu_seqlens, device=device, buckets_per_octave=self.buckets)
         return self._plan
 
+    def doc_mask(self, device: torch.device, causal: bool):
+        if causal not in self._masks:
+            from west.models.flex import DocumentMask
 
+            lengths = torch.diff(self.cu_seqlens.detach().to("cpu", torch.int64)).tolist()
+            self._masks[causal] = DocumentMask(lengths, device, causal)
+        return self._masks[causal]
+
+
+@torch.compiler.disable   # kernels with host arguments (max_seqlen, plans): outside compiled graphs
 def varlen_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -232,7 +247,8 @@ def varlen_attention(
     if backend == "torch_varlen":
         return torch_varlen(q, k, v, cu_seqlens, max_seqlen, causal=causal, scale=scale)
     if backend == "flex":
-        return flex_document_attention(q, k, v, cu_seqlens, causal=causal, scale=scale)
+        mask = plan.doc_mask(q.device, causal) if isinstance(plan, LazySegmentPlan) else None
+        return flex_document_attention(q, k, v, cu_seqlens, causal=causal, scale=scale, mask=mask)
     if isinstance(plan, LazySegmentPlan):
         plan = plan.get(q.device)
     elif plan is None:

@@ -9,6 +9,7 @@ from west.shapes import ENCODER_TYPES, SUBSAMPLING_LAYERS, SpeechShape
 
 POSTERIOR_TYPES = ("ctc_posterior", "ctc_compact")  # read the CTC head's posteriors
 BACKENDS = ("auto", "sdpa_segments", "flash", "torch_varlen", "flex")  # west_varlen's kernels (models.attention)
+ENCODER_BACKENDS = ("auto", "sdpa_segments", "flex")   # the Conformer's packed attention (models.conformer)
 
 
 @section("model.encoder")
@@ -29,6 +30,7 @@ class ConformerConfig:
     dropout: float = setting(0.1, min=0)
     attn_dropout: float = setting(0.0, min=0)
     buckets_per_octave: Optional[int] = 8          # packed attention grouping (None = exact lengths)
+    attn_backend: str = setting("auto", choices=ENCODER_BACKENDS)  # auto: flex for packed rows on CUDA
     gradient_checkpointing: bool = False
     pos_enc: str = setting("relative", choices=("relative", "wenet"))  # wenet: as WeNet's rel_pos computes it
     init: Optional[str] = setting(None, rule=(  # west-named safetensors loaded before training (not on resume)

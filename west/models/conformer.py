@@ -23,8 +23,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from west.models.attention import SegmentGroup, segment_sdpa
+from west.batch import to_device
+from west.models.attention import SegmentGroup, bucket_length, segment_sdpa
 from west.models.config import ConformerConfig
+from west.models.flex import flex_available, rel_pos_attention
 from west.models.layout import FlatEncoder, FrameLayout
 from west.models.subsampling import Conv2dSubsampling
 
@@ -47,9 +49,11 @@ class RelPositionAttention(nn.Module):
     the positional term is (q+v)·W_pos·pe(j), j the key's position in its utterance (WeNet's
     rel_pos attention has no rel_shift)."""
 
-    def __init__(self, d_model: int, num_heads: int, attn_dropout: float = 0.0, pos_enc: str = "relative"):
+    def __init__(self, d_model: int, num_heads: int, attn_dropout: float = 0.0, pos_enc: str = "relative",
+                 backend: str = "auto"):
         super().__init__()
         self.key_positions = pos_enc == "wenet"
+        self.backend = backend
         self.h, self.dk = num_heads, d_model // num_heads
         self.linear_q = nn.Linear(d_model, d_model)
         self.linear_k = nn.Linear(d_model, d_model)
@@ -84,9 +88,25 @@ class RelPositionAttention(nn.Module):
                                  full.storage_offset() + n - 1)
             return bd * scale
 
-        out = segment_sdpa(q + self.pos_bias_u, k, v, layout.plan, causal=False, scale=scale,
-                           dropout_p=self.attn_dropout if self.training else 0.0, bias_fn=rel_bias)
-        return self.linear_out(out.reshape(rows, -1))
+        dropout = self.attn_dropout if self.training else 0.0
+        if encoder_backend(self.backend, x.device, layout.packed, dropout) == "flex":
+            out = rel_pos_attention(q + self.pos_bias_u, k, v, q + self.pos_bias_v, p, layout.doc_mask(), scale,
+                                    key_positions=self.key_positions)
+        else:
+            out = segment_sdpa(q + self.pos_bias_u, k, v, layout.plan, causal=False, scale=scale,
+                               dropout_p=dropout, bias_fn=rel_bias)
+        return self.linear_out(out.flatten(1))   # no Python row count: one compiled graph for all lengths
+
+
+def encoder_backend(requested: str, device: torch.device, packed: bool, dropout: float = 0.0) -> str:
+    """What the Conformer's attention runs: FlexAttention (one fused kernel per layer) for packed
+    rows on CUDA, else segment SDPA (the CPU path and the reference; a padded batch is one group).
+    ``flex`` asked for where it cannot run (CPU training, dropout) falls back the same way."""
+    if requested == "sdpa_segments" or not packed or dropout > 0:
+        return "sdpa_segments"
+    if requested == "flex":
+        return "flex" if device.type == "cuda" or not torch.is_grad_enabled() else "sdpa_segments"
+    return "flex" if device.type == "cuda" and flex_available() else "sdpa_segments"
 
 
 class ConvModule(nn.Module):
@@ -100,9 +120,13 @@ class ConvModule(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, layout: FrameLayout) -> torch.Tensor:
-        y = F.glu(self.pointwise1(x), dim=-1)
-        y = layout.conv_out(self.depthwise(layout.conv_in(y, self.pad)), self.pad)
+        y = self._depthwise(F.glu(self.pointwise1(x), dim=-1), layout)
         return self.dropout(self.pointwise2(F.silu(self.norm(y))))
+
+    @torch.compiler.disable   # inductor's convolution backward fixes the length: outside compiled graphs
+    def _depthwise(self, y: torch.Tensor, layout: FrameLayout) -> torch.Tensor:
+        """Per-utterance zero-padded depthwise convolution over the flat rows."""
+        return layout.conv_out(self.depthwise(layout.conv_in(y, self.pad)), self.pad)
 
 
 class FeedForward(nn.Module):
@@ -120,7 +144,7 @@ class ConformerBlock(nn.Module):
         super().__init__()
         d = cfg.d_model
         self.ff1, self.ff2 = FeedForward(d, cfg.ffn_dim, cfg.dropout), FeedForward(d, cfg.ffn_dim, cfg.dropout)
-        self.attn = RelPositionAttention(d, cfg.num_heads, cfg.attn_dropout, cfg.pos_enc)
+        self.attn = RelPositionAttention(d, cfg.num_heads, cfg.attn_dropout, cfg.pos_enc, cfg.attn_backend)
         self.conv = ConvModule(d, cfg.conv_kernel, cfg.dropout)
         self.norm_ff1, self.norm_attn, self.norm_conv, self.norm_ff2, self.norm_out = (
             nn.LayerNorm(d) for _ in range(5))
@@ -151,10 +175,13 @@ class ConformerEncoder(FlatEncoder):
         return self.cfg.d_model
 
     def _pos_table(self, m: int, ref: torch.Tensor) -> torch.Tensor:
-        if self._pos is None or (self._pos.shape[0] + 1) // 2 < m:
-            self._pos = relative_sinusoids(max(m, 512), self.cfg.d_model)
+        """Rows for distances m-1 … -(m-1), from a table kept on ``ref``'s device (built on the host
+        once, and again only when a longer utterance arrives)."""
+        if self._pos is None or (self._pos.shape[0] + 1) // 2 < m or self._pos.device != ref.device:
+            longest = max(m, 512, (self._pos.shape[0] + 1) // 2 if self._pos is not None else 0)
+            self._pos = to_device(relative_sinusoids(longest, self.cfg.d_model), ref.device)
         full_m = (self._pos.shape[0] + 1) // 2
-        return self._pos[full_m - m: full_m + m - 1].to(device=ref.device, dtype=ref.dtype)
+        return self._pos[full_m - m: full_m + m - 1].to(dtype=ref.dtype)
 
     def encode(self, feats: torch.Tensor, lens: list[int], packed: bool) -> tuple[torch.Tensor, FrameLayout]:
         """Checked feats (FlatEncoder.forward_flat) -> flat rows in the input's layout, and that layout."""
@@ -162,7 +189,13 @@ class ConformerEncoder(FlatEncoder):
             x, layout = self.subsampling.forward_packed(feats, lens, self.cfg.buckets_per_octave)
         else:
             x, layout = self.subsampling.forward_padded(feats, lens)
-        pos = self._pos_table(max((g.length for g in layout.plan.groups), default=1), x)
+        longest = (bucket_length(max(layout.lengths), self.cfg.buckets_per_octave) if layout.packed
+                   else layout.padded_len)   # the longest group segment SDPA forms (flex needs <= this)
+        pos = self._pos_table(longest, x)
+        if self.blocks:   # plans built once here, outside any compiled block, then shared by all blocks
+            layout.prepare(self.blocks[0].conv.pad, encoder_backend(
+                self.blocks[0].attn.backend, x.device, layout.packed, self.cfg.attn_dropout if self.training else 0.0)
+                == "flex")
         for block in self.blocks:
             if self.gradient_checkpointing and self.training:
                 x = checkpoint(block, x, layout, pos, use_reentrant=False)

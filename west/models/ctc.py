@@ -6,6 +6,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from west.batch import to_device
 from west.models.projector import group_frames
 
 
@@ -29,14 +30,15 @@ def segment_ctc(logits: torch.Tensor, frames: Sequence[int], target_lens: Sequen
     kept = [frames[i] for i in keep]
     if len(keep) < len(frames):   # only the frames of segments with a transcript
         starts = torch.tensor([0] + list(frames[:-1])).cumsum(0)
-        rows = torch.cat([torch.arange(int(starts[i]), int(starts[i]) + frames[i]) for i in keep]).to(dev)
+        rows = to_device(torch.cat([torch.arange(int(starts[i]), int(starts[i]) + frames[i]) for i in keep]), dev)
         logits = logits.index_select(0, rows)
     logp = F.log_softmax(logits.float(), dim=-1)
     # (T, N, C) zero-padded: grouping by the longest segment gives one zero-filled row per
     # segment, in one index_copy (a per-segment slice copy costs an autograd node each)
     per_seg = group_frames(logp, kept, max(kept)).transpose(0, 1)
-    losses = F.ctc_loss(per_seg, torch.tensor(tgt, device=dev), torch.tensor(kept, device=dev),
-                        torch.tensor([target_lens[i] for i in keep], device=dev),
+    # lengths stay on the host (ctc_loss reads them there); the targets travel without a sync
+    losses = F.ctc_loss(per_seg, to_device(torch.tensor(tgt), dev), torch.tensor(kept),
+                        torch.tensor([target_lens[i] for i in keep]),
                         blank=blank, reduction="none", zero_infinity=True)
     infeasible = sum(frames[i] < k for i, k in zip(keep, need))
     return losses.sum(), len(keep), infeasible

@@ -69,7 +69,7 @@ def west_attention(
         backend=kwargs.get("west_attn_backend") or "auto",
         plan=kwargs.get("west_segment_plan"),
     )
-    return out.view(b, length, hq, out.shape[-1]), None
+    return out.view(b, -1, hq, out.shape[-1]), None   # -1, not length: one compiled graph for all lengths
 
 
 def west_mask(*args, attention_mask: Optional[torch.Tensor] = None, **kwargs):
@@ -100,23 +100,27 @@ def packed_kwargs(
     backend: str = "auto",
     plan: Optional[SegmentPlan | LazySegmentPlan] = None,
     west_extras: bool = True,
+    host_cu_seqlens: Optional[torch.Tensor] = None,
 ) -> dict:
     """Keyword arguments for ``model(...)`` on a packed row (R=1, position_ids restart per segment).
 
     The standard names also drive transformers' own flash_attention_2 path; eager/sdpa
     ignore them and fall back to position-id packing detection (exact with use_cache=False).
-    ``west_extras`` adds the prebuilt plan and backend (only for ``ATTN_NAME``)."""
+    ``west_extras`` adds the (lazily built) plan and backend (only for ``ATTN_NAME``), from
+    ``host_cu_seqlens`` (the CPU copy of ``cu_seqlens``; without it they are read back from
+    the device, a sync)."""
     if cu_seqlens.dtype != torch.int32:
         raise TypeError(f"cu_seqlens must be int32, got {cu_seqlens.dtype}")
     if backend not in BACKENDS:
         raise ValueError(f"attention backend must be one of {BACKENDS}, got {backend!r}")
+    host = host_cu_seqlens if host_cu_seqlens is not None else cu_seqlens
     if max_seqlen is None:
-        max_seqlen = int(torch.diff(cu_seqlens).max())
+        max_seqlen = int(torch.diff(host).max())
     kw = dict(cu_seq_lens_q=cu_seqlens, cu_seq_lens_k=cu_seqlens,
               max_length_q=int(max_seqlen), max_length_k=int(max_seqlen))
     if west_extras:
-        if plan is None and backend in ("auto", "sdpa_segments"):
-            plan = LazySegmentPlan(cu_seqlens, buckets_per_octave=8)
+        if plan is None and backend in ("auto", "sdpa_segments", "flex"):
+            plan = LazySegmentPlan(host, buckets_per_octave=8)
         kw.update(west_segment_plan=plan, west_attn_backend=backend)
     return kw
 

@@ -20,11 +20,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from west.batch import to_device
 from west.models.attention import SegmentPlan
 
 
 class FrameLayout:
-    """Flat layout of N utterances: ``packed`` (Σ len rows) or ``padded`` (N * T rows)."""
+    """Flat layout of N utterances: ``packed`` (Σ len rows) or ``padded`` (N * T rows).
+
+    Everything is derived from the Python lengths on the host; index tensors reach the
+    device through non-blocking copies (:func:`west.batch.to_device`), so building a layout
+    never waits for the GPU."""
 
     def __init__(self, lengths: Sequence[int], device, padded_len: Optional[int] = None,
                  buckets_per_octave: Optional[int] = 8):
@@ -34,13 +39,11 @@ class FrameLayout:
         self.device = torch.device(device)
         self.packed = padded_len is None
         self.padded_len = padded_len
-        if self.packed:
-            self.rows = sum(self.lengths)
-            self.plan = SegmentPlan.from_lengths(self.lengths, device, buckets_per_octave)
-        else:
-            self.rows = len(self.lengths) * padded_len
-            self.plan = SegmentPlan.padded(self.lengths, padded_len, device)
-        self._gap_cache: dict[int, torch.Tensor] = {}
+        self.buckets_per_octave = buckets_per_octave
+        self.rows = sum(self.lengths) if self.packed else len(self.lengths) * padded_len
+        self._plan: Optional[SegmentPlan] = None
+        self._doc_mask = None
+        self._gap_cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._real: Optional[torch.Tensor] = None
         self._valid: Optional[torch.Tensor] = None
 
@@ -48,20 +51,54 @@ class FrameLayout:
     def num(self) -> int:
         return len(self.lengths)
 
+    @property
+    def plan(self) -> SegmentPlan:
+        """Segment SDPA's plan (per-length groups packed, one padded group otherwise), built on first use."""
+        if self._plan is None:
+            self._plan = (SegmentPlan.from_lengths(self.lengths, self.device, self.buckets_per_octave) if self.packed
+                          else SegmentPlan.padded(self.lengths, self.padded_len, self.device))
+        return self._plan
+
+    def doc_mask(self):
+        """FlexAttention's document mask for a packed layout (west.models.flex), built on first use."""
+        if not self.packed:
+            raise ValueError("a document mask describes packed rows; a padded layout uses its padded plan")
+        if self._doc_mask is None:
+            from west.models.flex import DocumentMask
+
+            self._doc_mask = DocumentMask(self.lengths, self.device)
+        return self._doc_mask
+
+    def prepare(self, conv_pad: int, flex: bool) -> None:
+        """Build now what the blocks will ask for (attention plan or document mask, convolution
+        indices), so it is made once per batch and never inside a compiled block."""
+        if flex:
+            self.doc_mask().block_mask()
+        else:
+            _ = self.plan
+        if self.packed:
+            self._gap_index(conv_pad)
+        else:
+            self._valid_2d()
+
     def cu_seqlens(self) -> torch.Tensor:
         cu = torch.zeros(self.num + 1, dtype=torch.int32)
         cu[1:] = torch.tensor(self.lengths, dtype=torch.int64).cumsum(0)
-        return cu.to(self.device)
+        return to_device(cu, self.device)
+
+    def _host_valid(self) -> torch.Tensor:
+        """(N, T) bool on the host: True on real frames of a padded layout."""
+        return torch.arange(self.padded_len)[None, :] < torch.tensor(self.lengths)[:, None]
 
     def valid_rows(self) -> torch.Tensor:
         """(rows,) bool: True on real frames."""
+        return self._valid_2d().reshape(-1)
+
+    def _valid_2d(self) -> torch.Tensor:
+        """(N, T) padded / (1, rows) packed; its shape, not Python ints, sizes the views of compiled blocks."""
         if self._valid is None:
-            if self.packed:
-                self._valid = torch.ones(self.rows, dtype=torch.bool, device=self.device)
-            else:
-                ar = torch.arange(self.padded_len)
-                ln = torch.tensor(self.lengths)
-                self._valid = (ar[None, :] < ln[:, None]).flatten().to(self.device)
+            self._valid = (torch.ones(1, self.rows, dtype=torch.bool, device=self.device) if self.packed
+                           else to_device(self._host_valid(), self.device))
         return self._valid
 
     def real_rows(self) -> Optional[torch.Tensor]:
@@ -69,15 +106,21 @@ class FrameLayout:
         if self.packed:
             return None
         if self._real is None:
-            self._real = self.valid_rows().nonzero().squeeze(1)
+            self._real = to_device(self._host_valid().flatten().nonzero().squeeze(1), self.device)
         return self._real
 
     # ---------------------------------------------------------------- convolution
-    def _gap_index(self, pad: int) -> torch.Tensor:
-        """Packed mode: buffer row of every frame when ``pad`` zeros lead and follow each utterance."""
+    def _gap_index(self, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Packed mode, ``pad`` zeros leading and following each utterance: (for every frame, its row
+        in that buffer; for every buffer row, the frame it holds, or ``rows`` = a zero row). Both
+        are index tensors, so a compiled block sees the buffer's size as a shape, never as a
+        Python count of utterances to specialise on."""
         if pad not in self._gap_cache:
             seg = torch.repeat_interleave(torch.arange(self.num), torch.tensor(self.lengths))
-            self._gap_cache[pad] = (torch.arange(self.rows) + pad * (seg + 1)).to(self.device)
+            dst = torch.arange(self.rows) + pad * (seg + 1)
+            src = torch.full((self.rows + pad * (self.num + 1),), self.rows, dtype=torch.int64)
+            src[dst] = torch.arange(self.rows)
+            self._gap_cache[pad] = (to_device(dst, self.device), to_device(src, self.device))
         return self._gap_cache[pad]
 
     def conv_in(self, x: torch.Tensor, pad: int) -> torch.Tensor:
@@ -87,17 +130,18 @@ class FrameLayout:
         gives each frame exactly its per-utterance, zero-padded convolution."""
         c = x.shape[-1]
         if self.packed:
-            idx = self._gap_index(pad)
-            buf = x.new_zeros(self.rows + pad * (self.num + 1), c).index_copy(0, idx, x)
+            src = self._gap_index(pad)[1]
+            buf = torch.cat([x, x.new_zeros(1, c)]).index_select(0, src)
             return buf.t().unsqueeze(0)
-        y = x.masked_fill(~self.valid_rows()[:, None], 0.0).view(self.num, self.padded_len, c)
+        valid = self._valid_2d()
+        y = x.masked_fill(~valid.reshape(-1, 1), 0.0).view(valid.shape[0], valid.shape[1], c)
         return F.pad(y.transpose(1, 2), (pad, pad))
 
     def conv_out(self, y: torch.Tensor, pad: int) -> torch.Tensor:
         """Inverse of :meth:`conv_in` for a same-length convolution output (padding 0)."""
         if self.packed:
-            return y[0].t().index_select(0, self._gap_index(pad) - pad)
-        return y.transpose(1, 2).reshape(self.rows, y.shape[1])
+            return y[0].t().index_select(0, self._gap_index(pad)[0] - pad)
+        return y.transpose(1, 2).reshape(-1, y.shape[1])
 
 
 class FlatEncoder(nn.Module):
@@ -111,7 +155,8 @@ class FlatEncoder(nn.Module):
     def forward_flat(self, feats: torch.Tensor, lengths: Optional[torch.Tensor] = None,
                      cu_seqlens: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, FrameLayout]:
         """Encoder output as flat rows plus the layout describing them; packed feats ``(ΣT, F)`` with
-        ``cu_seqlens``, or padded ``(N, T, F)`` with ``lengths``."""
+        ``cu_seqlens``, or padded ``(N, T, F)`` with ``lengths``. Give the host (CPU) copies of
+        ``lengths`` / ``cu_seqlens`` (``Batch.host``): read from a GPU they cost a sync."""
         if (lengths is None) == (cu_seqlens is None):
             raise ValueError("pass exactly one of lengths (padded feats) or cu_seqlens (packed feats)")
         packed = cu_seqlens is not None
@@ -133,4 +178,4 @@ class FlatEncoder(nn.Module):
         if cu_seqlens is not None:
             return x, layout.cu_seqlens()
         rows = x if layout.packed else x.view(layout.num, layout.padded_len, -1)
-        return rows, torch.tensor(layout.lengths, dtype=torch.int64, device=x.device)
+        return rows, to_device(torch.tensor(layout.lengths, dtype=torch.int64), x.device)

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from west.batch import to_device
 from west.models.config import ProjectorConfig
 from west.shapes import projected_frames
 
@@ -41,7 +42,7 @@ def group_frames(x: torch.Tensor, lengths: Sequence[int], stride: int) -> torch.
         seg = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
         starts = torch.tensor([0] + lengths[:-1]).cumsum(0)
         offsets = torch.tensor([0] + slots[:-1]).cumsum(0)
-        dst = (torch.arange(x.shape[0]) - starts[seg] + offsets[seg]).to(x.device)
+        dst = to_device(torch.arange(x.shape[0]) - starts[seg] + offsets[seg], x.device)
         x = x.new_zeros(sum(slots), x.shape[1]).index_copy(0, dst, x)
     return x.view(-1, s, x.shape[1])
 

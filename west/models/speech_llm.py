@@ -3,9 +3,13 @@
 One forward for every batch mode (see west/batch.py):
 * speech: the encoder runs padded (N, T, F)+feat_lens or packed (ΣT, F)+feat_cu_seqlens;
   projected frames overwrite the placeholder embeddings at ``speech_spans``;
-* LLM: padded rows pass ``attention_mask`` (causal + padding mask); packed rows pass
-  ``cu_seq_lens_*`` so attention stays inside each sample (west_varlen, flash-attn 2)
-  or rely on position-id detection (stock eager/sdpa). Always ``use_cache=False``.
+* LLM: padded rows pass ``attention_mask`` (causal + padding mask; with west_varlen plain
+  causal, exact for right padding); packed rows pass ``cu_seq_lens_*`` so attention stays
+  inside each sample (west_varlen, flash-attn 2) or rely on position-id detection (stock
+  eager/sdpa). Always ``use_cache=False``.
+* host syncs: lengths, spans, boundaries and label positions are read from the batch's host
+  copy (``Batch.host``) and index tensors reach the device by non-blocking copies, so a
+  forward never waits for the GPU (tests/test_models_sync_free.py runs it on the meta device).
 * loss: labels are pre-shifted, so CE(logits[t], labels[t]) with no shift; only
   label positions are projected to the vocabulary (the decoder's last hidden states at
   those positions times the output embedding: no (R, L, vocab) logits are ever built).
@@ -22,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from west.batch import IGNORE_INDEX, Batch
+from west.batch import Batch, to_device
 from west.models.config import POSTERIOR_TYPES, ConformerConfig, SpeechLLMConfig
 from west.models.conformer import ConformerEncoder
 from west.models.hf_attention import ATTN_NAME, packed_kwargs
@@ -122,17 +126,18 @@ class SpeechLLM(nn.Module):
         """(projected embeddings, encoder frames (Σ T', D), their lengths, CTC logits or None) or None."""
         if batch.feats is None or batch.speech_spans is None or batch.speech_spans.shape[0] == 0:
             return None
+        host = batch.host   # lengths and spans are read on the host: no device sync
         if batch.encoder_packed:
-            x, layout = self.encoder.forward_flat(batch.feats, cu_seqlens=batch.feat_cu_seqlens)
+            x, layout = self.encoder.forward_flat(batch.feats, cu_seqlens=host.feat_cu_seqlens)
         else:
             if batch.feat_lens is None:
                 raise ValueError("padded encoder feats need batch.feat_lens")
-            x, layout = self.encoder.forward_flat(batch.feats, lengths=batch.feat_lens)
+            x, layout = self.encoder.forward_flat(batch.feats, lengths=host.feat_lens)
         rows = layout.real_rows()
         if rows is not None:
             x = x.index_select(0, rows)
         expected = self.projector.output_lengths(layout.lengths)
-        spans = batch.speech_spans.detach().cpu()
+        spans = host.speech_spans.detach().cpu()
         if spans.shape[0] != len(expected) or spans[:, 2].tolist() != expected:
             raise ValueError(
                 f"speech_spans lengths {spans[:, 2].tolist()} != encoder+projector output {expected} "
@@ -166,40 +171,49 @@ class SpeechLLM(nn.Module):
         if encoded is None:
             return embeds, None
         speech = encoded[0]
-        spans = batch.speech_spans.to(embeds.device)
+        spans = batch.host.speech_spans.detach().cpu()   # index arithmetic on the host, then one copy each
         lens = spans[:, 2]
         rows = torch.repeat_interleave(spans[:, 0], lens)
         first = torch.repeat_interleave(spans[:, 1] - torch.cumsum(lens, 0) + lens, lens)
-        cols = first + torch.arange(rows.numel(), device=embeds.device)
+        cols = first + torch.arange(rows.numel())
         if rows.numel() and (int(cols.max()) >= embeds.shape[1] or int(rows.max()) >= embeds.shape[0]):
             raise ValueError(f"speech_spans point outside input_ids {tuple(batch.input_ids.shape)}; keys={batch.keys}")
+        rows, cols = to_device(rows, embeds.device), to_device(cols, embeds.device)
         return embeds.index_put((rows, cols), speech.to(embeds.dtype)), encoded
 
     def _llm_kwargs(self, batch: Batch) -> dict:
+        """Attention arguments for the decoder: per-segment boundaries for packed rows; for padded
+        rows, plain causal attention where it is exact (right padding: a real token never sees a
+        pad) instead of a padding mask. Models whose masks come as a per-layer-type mapping
+        (Qwen2/3, Gemma2 …) get that mapping with no mask in it, so transformers does not build
+        one, nor read position ids back from the device to look for packed rows."""
+        conf = self._base_llm().config
+        west = getattr(conf, "_attn_implementation", None) == ATTN_NAME
+        # stock attention implementations need transformers' own mask (or its packed-row detection)
+        no_mask = {t: None for t in set(conf.layer_types)} if west and getattr(conf, "layer_types", None) else None
         if not batch.is_packed:
-            return dict(attention_mask=batch.attention_mask)
+            return dict(attention_mask=no_mask if no_mask is not None else batch.attention_mask)
         total = batch.input_ids.numel()
-        if int(batch.cu_seqlens[-1]) != total:
-            raise ValueError(f"cu_seqlens ends at {int(batch.cu_seqlens[-1])}, batch has {total} tokens")
-        west = getattr(self._base_llm().config, "_attn_implementation", None) == ATTN_NAME
-        kw = packed_kwargs(batch.cu_seqlens, batch.max_seqlen, self.cfg.llm.attn_backend, west_extras=west)
-        return dict(attention_mask=None, **kw)
+        host_cu = batch.host.cu_seqlens
+        if int(host_cu[-1]) != total:
+            raise ValueError(f"cu_seqlens ends at {int(host_cu[-1])}, batch has {total} tokens")
+        kw = packed_kwargs(batch.cu_seqlens, batch.max_seqlen, self.cfg.llm.attn_backend, west_extras=west,
+                           host_cu_seqlens=host_cu)
+        return dict(attention_mask=no_mask, **kw)
 
     def _base_llm(self) -> nn.Module:
         return self.llm.get_base_model() if hasattr(self.llm, "get_base_model") else self.llm
 
     # ------------------------------------------------------------------ training
     def forward(self, batch: Batch) -> dict:
-        """-> dict(loss_sum=summed CE over label tokens [+ ctc_weight * summed CTC], n_tokens=int,
-        n_correct=int, ce_sum, and with a CTC head ctc_sum / ctc_utts / ctc_infeasible)."""
+        """-> dict(loss_sum=summed CE over label tokens [+ ctc_weight * summed CTC], n_tokens=int (host),
+        n_correct (0-d tensor on the device: reading it is the caller's sync), ce_sum, and with a CTC
+        head ctc_sum / ctc_utts / ctc_infeasible)."""
         embeds, encoded = self._embed(batch)
-        labels = batch.labels.to(embeds.device)
-        keep = labels != IGNORE_INDEX
-        logits = self._label_logits(embeds, batch, keep).float()
-        target = labels[keep]
-        ce_sum = F.cross_entropy(logits, target, reduction="sum")
-        n_correct = int((logits.detach().argmax(-1) == target).sum())
-        out = dict(loss_sum=ce_sum, ce_sum=ce_sum.detach(), n_tokens=int(target.numel()), n_correct=n_correct)
+        where = to_device(batch.label_positions(), embeds.device)   # found on the host copy of the labels
+        target = batch.labels.to(embeds.device).reshape(-1).index_select(0, where)
+        ce_sum, n_correct = self._label_loss(embeds, batch, where, target)
+        out = dict(loss_sum=ce_sum, ce_sum=ce_sum.detach(), n_tokens=int(where.numel()), n_correct=n_correct)
         if self.ctc_head is not None:
             ctc = self.ctc_loss(batch, encoded)
             out.update(loss_sum=ce_sum + self.cfg.ctc_weight * ctc["ctc_sum"],
@@ -207,9 +221,11 @@ class SpeechLLM(nn.Module):
                        ctc_infeasible=ctc["ctc_infeasible"])
         return out
 
-    def _label_logits(self, embeds: torch.Tensor, batch: Batch, keep: torch.Tensor) -> torch.Tensor:
-        """(#labels, vocab) logits: the LLM's decoder, then its output embedding on the label
-        positions only (transformers releases differ in whether ``logits_to_keep`` takes a mask)."""
+    def _label_loss(self, embeds: torch.Tensor, batch: Batch, where: torch.Tensor,
+                    target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(summed CE, correct argmax count) over the label positions ``where`` (flat indices): the
+        LLM's decoder, then its output embedding on those positions only (transformers releases
+        differ in whether ``logits_to_keep`` takes a mask). Both stay on the device."""
         base = self._base_llm()
         conf = base.config
         if getattr(conf, "final_logit_softcapping", None) or getattr(conf, "logit_scale", None):
@@ -217,7 +233,10 @@ class SpeechLLM(nn.Module):
                                       "projects hidden states with the output embedding only")
         hidden = base.get_decoder()(inputs_embeds=embeds, position_ids=batch.position_ids, use_cache=False,
                                     **self._llm_kwargs(batch)).last_hidden_state
-        return base.get_output_embeddings()(hidden[keep])
+        h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, where)
+        logits = base.get_output_embeddings()(h).float()
+        ce_sum = F.cross_entropy(logits, target, reduction="sum")
+        return ce_sum, (logits.detach().argmax(-1) == target).sum()
 
     def ctc_loss(self, batch: Batch, encoded) -> dict:
         """Summed CTC of every speech segment that has a transcript (blank: :attr:`ctc_blank_id`,
@@ -226,14 +245,14 @@ class SpeechLLM(nn.Module):
         A transcript of K tokens with R adjacent repeats needs K + R encoder frames;
         a segment with fewer cannot be aligned, adds 0 and is counted in ``ctc_infeasible``."""
         zero = self.ctc_head.weight.sum() * 0.0   # keeps the head in the graph (DDP) on any batch
-        lens = batch.ctc_target_lens
+        lens = batch.host.ctc_target_lens
         if encoded is None or lens is None or int(lens.sum()) == 0:
             return dict(ctc_sum=zero, ctc_utts=0, ctc_infeasible=0)
         _, x, frames, logits = encoded
         if lens.shape[0] != len(frames):
             raise ValueError(f"{lens.shape[0]} CTC targets for {len(frames)} speech segments; keys={batch.keys}")
         logits = logits if logits is not None else self.ctc_head(x)
-        total, utts, infeasible = segment_ctc(logits, frames, lens.tolist(), batch.ctc_targets.tolist(),
+        total, utts, infeasible = segment_ctc(logits, frames, lens.tolist(), batch.host.ctc_targets.tolist(),
                                               self.ctc_blank_id)
         return dict(ctc_sum=total + zero, ctc_utts=utts, ctc_infeasible=infeasible)
 

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from west.batch import to_device
 from west.models.layout import FrameLayout
 from west.shapes import SUBSAMPLING_LAYERS, subsampled_frames
 
@@ -108,7 +109,7 @@ class Conv2dSubsampling(nn.Module):
         offsets = torch.tensor([0] + slots[:-1]).cumsum(0)
         seg = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
         starts = torch.tensor([0] + lengths[:-1]).cumsum(0)
-        dst = (torch.arange(feats.shape[0]) - starts[seg] + offsets[seg]).to(feats.device)
+        dst = to_device(torch.arange(feats.shape[0]) - starts[seg] + offsets[seg], feats.device)
         buf = feats.new_zeros(sum(slots), feats.shape[1]).index_copy(0, dst, feats)
         y = self._conv_images(buf[None])[0]                      # (T'buf, C * F')
         t = y.shape[0]
@@ -117,5 +118,5 @@ class Conv2dSubsampling(nn.Module):
         keep = torch.arange(sum(out_lens)) - ostarts[oseg] + offsets[oseg] // s
         if int(keep.max()) >= t:
             raise AssertionError("aligned subsampling layout is inconsistent with west.shapes")
-        y = y.index_select(0, keep.to(feats.device))
+        y = y.index_select(0, to_device(keep, feats.device))
         return self._project(y), FrameLayout(out_lens, feats.device, buckets_per_octave=buckets_per_octave)

@@ -86,43 +86,21 @@ def flash_varlen(*args, **kwargs) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- flex
-_compiled_flex = None
-_last_block_mask: tuple = ()  # (cu_seqlens object, causal, block mask): one build per batch, not per layer
-
-
 def flex_document_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
-                            causal: bool = False, scale: Optional[float] = None) -> torch.Tensor:
-    """FlexAttention with a document mask (tokens see only their own segment).
+                            causal: bool = False, scale: Optional[float] = None, mask=None) -> torch.Tensor:
+    """FlexAttention with a document mask (tokens see only their own segment): west.models.flex.
 
-    Compiled on CUDA. On CPU torch 2.13 has no FlexAttention backward, so it is
-    refused when grad is needed; forward runs unfused (materialises scores)."""
-    global _compiled_flex, _last_block_mask
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    ``mask`` is the batch's prebuilt :class:`west.models.flex.DocumentMask` (what SpeechLLM
+    passes, built from host lengths); without it one is built from ``cu_seqlens``, which reads
+    them back to the host. Compiled on CUDA; forward-only on the CPU."""
+    from west.models.flex import DocumentMask, flex_attention
 
-    total = q.shape[0]
-    _check_cu(cu_seqlens, total, "cu_seqlens")
-    if not q.is_cuda and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        raise NotImplementedError("FlexAttention has no backward on CPU; use backend 'sdpa_segments'")
-    if _last_block_mask and _last_block_mask[0] is cu_seqlens and _last_block_mask[1] == causal:
-        block_mask = _last_block_mask[2]
-    else:
-        cu = cu_seqlens.to(q.device, torch.int64)
-        doc = torch.searchsorted(cu[1:], torch.arange(total, device=q.device), right=True)
-
-        def mask_mod(b, h, qi, ki):
-            same = doc[qi] == doc[ki]
-            return same & (qi >= ki) if causal else same
-
-        block_mask = create_block_mask(mask_mod, None, None, total, total, device=q.device)
-        _last_block_mask = (cu_seqlens, causal, block_mask)
-    fn = flex_attention
-    if q.is_cuda:
-        if _compiled_flex is None:
-            _compiled_flex = torch.compile(flex_attention, dynamic=True)
-        fn = _compiled_flex
-    out = fn(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-             block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
-    return out[0].transpose(0, 1)
+    _check_cu(cu_seqlens, q.shape[0], "cu_seqlens")
+    if mask is None:
+        mask = DocumentMask(torch.diff(cu_seqlens.detach().to("cpu", torch.int64)).tolist(), q.device, causal)
+    if mask.causal != causal:
+        raise ValueError(f"document mask is {'causal' if mask.causal else 'bidirectional'}, the call is not")
+    return flex_attention(q, k, v, mask, scale=scale)
 
 
 # --------------------------------------------------------------------------- torch varlen
@@ -210,9 +188,11 @@ def _sm80(device: torch.device) -> bool:
 
 
 def _check_cu(cu: torch.Tensor, total: int, name: str) -> None:
+    """dtype always; the end only on a host tensor: reading a device one back would stall every layer
+    (SpeechLLM checks the batch's host copy once per batch instead)."""
     if cu.dtype != torch.int32:
         raise TypeError(f"{name} must be int32 (flash-attn convention), got {cu.dtype}")
-    if int(cu[-1]) != total:
+    if cu.device.type == "cpu" and int(cu[-1]) != total:
         raise ValueError(f"{name}[-1]={int(cu[-1])} but the tensor has {total} rows")
 
 

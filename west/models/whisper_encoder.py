@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from west.models.attention import SegmentPlan
+from west.batch import to_device
 from west.models.hf_attention import ATTN_NAME, packed_kwargs, register
 from west.models.layout import FlatEncoder, FrameLayout
 from west.models.llm import hf_checkpointing
@@ -150,9 +150,9 @@ class WhisperPackedEncoder(FlatEncoder):
     def _packed_mel(self, feats: torch.Tensor, lens: list[int], packed: bool) -> torch.Tensor:
         if feats.shape[-1] != self.num_mel_bins:
             raise ValueError(f"Whisper expects {self.num_mel_bins} mel bins (its config), feats have {feats.shape[-1]}")
-        if not packed:
-            lengths = torch.tensor(lens, device=feats.device)
-            feats = feats[torch.arange(feats.shape[1], device=feats.device)[None, :] < lengths[:, None]]
+        if not packed:   # the real frames of every row, in order (indices built on the host)
+            rows = torch.cat([i * feats.shape[1] + torch.arange(n) for i, n in enumerate(lens)])
+            feats = feats.reshape(-1, feats.shape[-1]).index_select(0, to_device(rows, feats.device))
         too_long = [i for i, n in enumerate(lens) if n > self.max_frames]
         if too_long:
             raise ValueError(
@@ -169,26 +169,22 @@ class WhisperPackedEncoder(FlatEncoder):
         starts = torch.cumsum(widths, 0) - widths
         seg = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens))
         first = torch.repeat_interleave(torch.tensor([0] + lens[:-1]).cumsum(0), torch.tensor(lens))
-        in_rows = (starts[seg] + torch.arange(sum(lens)) - first).to(dev)
+        in_rows = to_device(starts[seg] + torch.arange(sum(lens)) - first, dev)
         out_seg = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(out_lens))
         positions = torch.cat([torch.arange(n) for n in out_lens])
-        out_rows = (starts[out_seg] // 2 + positions).to(dev)
+        out_rows = to_device(starts[out_seg] // 2 + positions, dev)
 
         buf = mel.new_zeros(int(widths.sum()), mel.shape[1]).index_copy(0, in_rows, mel)
         keep = torch.zeros(buf.shape[0], 1, dtype=mel.dtype, device=dev).index_fill(0, in_rows, 1.0)
         h = F.gelu(hf.conv1(buf.t()[None]))          # (1, D, L)
         h = F.gelu(hf.conv2(h * keep.t()[None]))     # gaps re-zeroed: conv2 sees per-utterance zero padding
         h = h[0].t().index_select(0, out_rows)       # (ΣT', D)
-        h = h + hf.embed_positions(positions.to(dev))
+        h = h + hf.embed_positions(to_device(positions, dev))
         h = F.dropout(h, p=hf.dropout, training=self.training)[None]
 
         cu = torch.zeros(len(out_lens) + 1, dtype=torch.int32)
         cu[1:] = torch.tensor(out_lens).cumsum(0)
-        cu = cu.to(dev)
-        plan = None
-        if self.backend in ("auto", "sdpa_segments"):
-            plan = SegmentPlan.from_lengths(out_lens, dev, buckets_per_octave=8)
-        kw = packed_kwargs(cu, max(out_lens), backend=self.backend, plan=plan)
+        kw = packed_kwargs(to_device(cu, dev), max(out_lens), backend=self.backend, host_cu_seqlens=cu)
         for layer in hf.layers:
             if self.training and hf.layerdrop > 0.0 and torch.rand([]) < hf.layerdrop:
                 continue
@@ -198,12 +194,16 @@ class WhisperPackedEncoder(FlatEncoder):
     def _forward_padded_30s(self, mel: torch.Tensor, lens: list[int], out_lens: list[int]) -> torch.Tensor:
         """Stock path: each utterance padded to the 30 s window with the value the feature
         extractor gives silence (the utterance's floor, max(feat) - 2, never below -1.5)."""
-        full = self.max_frames
-        parts = torch.split(mel, lens)
-        batch = torch.stack([
-            F.pad(p.t(), (0, full - p.shape[0]), value=max(float(p.max()) - 2.0, -1.5)) for p in parts])
+        full, n, dev = self.max_frames, len(lens), mel.device
+        seg = to_device(torch.repeat_interleave(torch.arange(n), torch.tensor(lens)), dev)
+        floor = mel.new_zeros(n).scatter_reduce(0, seg, mel.amax(1), "amax", include_self=False)
+        fill = (floor - 2.0).clamp(min=-1.5)                   # per utterance, on the device
+        rows = torch.cat([i * full + torch.arange(t) for i, t in enumerate(lens)])
+        batch = fill[:, None, None].expand(n, full, mel.shape[1]).reshape(n * full, -1)
+        batch = batch.index_copy(0, to_device(rows, dev), mel).view(n, full, -1).transpose(1, 2)
         y = self.hf(input_features=batch).last_hidden_state   # (N, 1500, D)
-        return torch.cat([y[i, :n] for i, n in enumerate(out_lens)])
+        keep = torch.cat([i * y.shape[1] + torch.arange(t) for i, t in enumerate(out_lens)])
+        return y.reshape(-1, y.shape[-1]).index_select(0, to_device(keep, dev))
 
 
 __all__ = ["WhisperPackedEncoder", "load_hf_whisper_encoder", "read_whisper_config", "whisper_encoder_frames",

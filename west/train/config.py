@@ -39,6 +39,7 @@ class TrainConfig:
     eps: float = 1e-8
     precision: str = setting("fp32", choices=("fp32", "bf16"))  # bf16: autocast, master weights stay fp32
     grad_checkpointing: bool = False
+    compile: bool = False                           # regional torch.compile of the repeated blocks
     fsdp: bool = False                              # FSDP2 fully_shard instead of DDP
     find_unused_parameters: bool = False
     device: str = setting("auto", choices=("auto", "cpu", "cuda"))

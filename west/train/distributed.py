@@ -71,12 +71,17 @@ def init_distributed(device: str = "auto", timeout_s: float = 1800) -> DistInfo:
         # TORCH_NCCL_ASYNC_ERROR_HANDLING=3) and torchrun then stops the other ranks.
         dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s),
                                 device_id=dev if dev.type == "cuda" else None)
+    global _host_group
+    if backend == "nccl" and _host_group is None:   # collective: every rank creates it here
+        _host_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, dev, backend)
 
 
 def cleanup() -> None:
+    global _host_group
     if dist.is_initialized():
         dist.destroy_process_group()
+    _host_group = None
 
 
 def get_rank() -> int:
@@ -103,18 +108,33 @@ def _comm_device() -> torch.device:
     return torch.device("cpu")
 
 
+_host_group = None   # gloo group for host numbers when the default backend is nccl (init_distributed)
+
+
 def _all_reduce(values: Sequence[float], op: "dist.ReduceOp") -> list[float]:
-    """One collective over a short vector of numbers (float64: exact for ints < 2**53)."""
+    """One collective over a short vector of host numbers (float64: exact for ints < 2**53). With
+    nccl it goes through a gloo group on the CPU, so it never waits on the GPU's queue."""
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return [float(v) for v in values]
-    t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=_comm_device())
-    dist.all_reduce(t, op=op)
+    device = torch.device("cpu") if _host_group is not None else _comm_device()
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=op, group=_host_group)
     return t.tolist()
 
 
 def all_reduce_sum(values: Sequence[float]) -> list[float]:
     """Sum a short vector of numbers over ranks in ONE collective."""
     return _all_reduce(values, dist.ReduceOp.SUM)
+
+
+def all_reduce_sum_device(t: torch.Tensor) -> torch.Tensor:
+    """Sum a vector that lives on the training device over ranks, without reading it back
+    (the caller reads the result once). Unchanged in a single process."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return t
+    t = t.to(_comm_device())
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
 
 
 def all_reduce_max(values: Sequence[float]) -> list[float]:

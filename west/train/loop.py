@@ -30,6 +30,7 @@ from torch import nn
 
 from west.batch import Batch
 from west.train import checkpoint as ckpt
+from west.train.compile import compilations, compile_regions
 from west.train.config import RunConfig, TrainConfig
 from west.train.distributed import DistInfo, all_reduce_max, sum_counts_over_ranks, unwrap, wrap_model
 from west.train.evaluate import Evaluator
@@ -80,6 +81,8 @@ class Trainer:
         self.data, self.dummy_batch, self.evaluator = data, dummy_batch, evaluator
         if train.grad_checkpointing:
             enable_grad_checkpointing(model)
+        if train.compile:
+            compile_regions(model)
         self.model = wrap_model(model, info, fsdp=train.fsdp, precision=train.precision,
                                 find_unused_parameters=train.find_unused_parameters)
         # The frozen base LLM (model.llm.path) that lean checkpoints refer to instead of storing it.
@@ -270,6 +273,7 @@ class Trainer:
         best = self.best and {**self.best, "metric": self.cfg.best_metric,
                               "checkpoint": _existing(ckpt.step_dir(self.ckpt_root, self.best["step"]))}
         return {"step": self.step, "epoch": self.epoch, "skipped_steps": self.guard.total,
+                "compilations": compilations() if self.cfg.compile else 0,
                 "failed_saves": self.failed_saves, "partial_epoch_steps": self.totals.steps,
                 "wall_s": time.perf_counter() - t_start, "best": best, "checkpoints": self.ckpt_root}
 

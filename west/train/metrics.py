@@ -307,4 +307,6 @@ def done_sentence(summary: dict) -> str:
     text += f"; {plural(summary.get('skipped_steps', 0), 'bad step')}"
     if summary.get("failed_saves"):
         text += f", {plural(summary['failed_saves'], 'failed checkpoint save')}"
+    if summary.get("compilations"):
+        text += f"; {plural(summary['compilations'], 'compiled graph')} (train.compile)"
     return text

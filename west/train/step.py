@@ -24,8 +24,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from west.batch import COUNTER_NAMES, IGNORE_INDEX, Batch
-from west.train.distributed import all_reduce_sum, grad_sync
+from west.batch import COUNTER_NAMES, IGNORE_INDEX, Batch, to_device
+from west.train.distributed import all_reduce_sum, all_reduce_sum_device, grad_sync
 
 
 def count_label_tokens(batch: Batch) -> int:
@@ -115,11 +115,48 @@ def _sum_counters(batches: Sequence[Batch]) -> list[float]:
     return [float(sum(int(b.counters.get(name, 0)) for b in batches)) for name in COUNTER_NAMES]
 
 
-def _grad_norm(model: nn.Module, max_norm: float) -> float:
+def _clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
+    """Clip in place and return the total norm before clipping, as a device tensor (no sync)."""
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm if max_norm > 0 else math.inf)
     if hasattr(norm, "full_tensor"):  # FSDP2 returns a replicated DTensor
         norm = norm.full_tensor()
-    return float(norm)
+    return norm.detach().float()
+
+
+# where each figure sits in the vector a step reads back: the model's sums, then host numbers, then the norm
+_SUMS = ("loss_sum", "n_correct", *AUX_KEYS)
+
+
+def queue_step(model: nn.Module, micro_batches: Sequence[Batch], plan: StepPlan, *, device: torch.device,
+               world_size: int, grad_clip: float = 0.0, precision: str = "fp32") -> torch.Tensor:
+    """Forward and backward of every micro-batch, clipping, and the step's figures summed over ranks,
+    all queued on the device without reading anything back: -> one float64 vector (``_SUMS``, the
+    label-count mismatch flag, COUNTER_NAMES, then the gradient norm before clipping)."""
+    scale = plan.loss_scale(world_size)
+    on_device: list[list[torch.Tensor]] = [[] for _ in _SUMS]
+    on_host = [0.0] * len(_SUMS)             # plain numbers a model may return instead of tensors
+    model_tokens = 0
+    last = len(micro_batches) - 1
+    for i, mb in enumerate(micro_batches):
+        with grad_sync(model, enabled=(i == last)):
+            with autocast(device, precision):
+                out = model(mb.to(device))
+            (out["loss_sum"].float() * scale).backward()
+            model_tokens += int(out["n_tokens"])   # a host int in SpeechLLM's output
+            for j, name in enumerate(_SUMS):
+                v = out.get(name, 0)
+                if isinstance(v, torch.Tensor):
+                    on_device[j].append(v.detach().double().reshape(()))
+                else:
+                    on_host[j] += float(v)
+            del out
+    norm = _clip_grad_norm(model, grad_clip)   # same on every rank (gradients are already reduced)
+    mismatch = float(model_tokens != plan.local_tokens)
+    host = to_device(torch.tensor([*on_host, mismatch, *_sum_counters(micro_batches)], dtype=torch.float64), device)
+    n = len(_SUMS)
+    dev = torch.stack([torch.stack(v).sum() if v else host.new_zeros(()) for v in on_device])
+    total = all_reduce_sum_device(torch.cat([host[:n] + dev, host[n:]]))
+    return torch.cat([total, norm.double().reshape(1)])
 
 
 def train_step(model: nn.Module, micro_batches: Sequence[Batch], plan: StepPlan,
@@ -129,54 +166,37 @@ def train_step(model: nn.Module, micro_batches: Sequence[Batch], plan: StepPlan,
     """Accumulate per-token-scaled gradients of ``micro_batches`` and take one optimizer step.
 
     ``plan`` comes from ``plan_step`` on the same micro-batches (dummy batches included).
+    Everything up to the figures of the step is queued by :func:`queue_step`; the host reads
+    them once (the step's only sync: before it the GPU never waits for the host to look at a
+    number). The optimizer step follows that read, because a non-finite loss or norm on any
+    rank skips it on every rank.
     """
     lr = float(optimizer.param_groups[0]["lr"])
-    local_counters = _sum_counters(micro_batches)
     if plan.global_tokens == 0:
         # No rank has a label token: nothing to learn, and stepping AdamW on zero gradients
         # would still move the weights (momentum, decay). Every rank takes this branch.
-        counters = all_reduce_sum(local_counters)
+        counters = all_reduce_sum(_sum_counters(micro_batches))
         return StepResult("empty", math.nan, 0.0, 0, 0, math.nan, lr,
                           dict(zip(COUNTER_NAMES, map(int, counters))))
-
-    scale = plan.loss_scale(world_size)
-    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    n_correct = model_tokens = 0
-    aux = [0.0] * len(AUX_KEYS)
-    last = len(micro_batches) - 1
-    for i, mb in enumerate(micro_batches):
-        with grad_sync(model, enabled=(i == last)):
-            with autocast(device, precision):
-                out = model(mb.to(device))
-            (out["loss_sum"].float() * scale).backward()
-            loss_sum += out["loss_sum"].detach().double()
-            n_correct += int(out["n_correct"])
-            model_tokens += int(out["n_tokens"])
-            for j, key in enumerate(AUX_KEYS):
-                aux[j] += float(out.get(key, 0.0))
-            del out
-    loss_local = float(loss_sum)
-    mismatch = model_tokens != plan.local_tokens
-    local = [loss_local, n_correct, 0.0 if math.isfinite(loss_local) else 1.0, float(mismatch),
-             *local_counters, *aux]
-    total = all_reduce_sum(local)  # flags travel with the stats: every rank decides alike
-    g_loss, g_correct, g_bad = total[0], int(total[1]), total[2] > 0
-    if total[3] > 0:
-        raise RuntimeError(f"model counted {model_tokens} label tokens, the batches hold "
-                           f"{plan.local_tokens} labels != IGNORE_INDEX (on this or another rank): "
-                           "the model must use Batch.labels as given (already shifted)")
-    n_counters = len(COUNTER_NAMES)
-    counters = dict(zip(COUNTER_NAMES, (int(c) for c in total[4:4 + n_counters])))
-    g_aux = dict(zip(AUX_KEYS, total[4 + n_counters:]))
+    values = queue_step(model, micro_batches, plan, device=device, world_size=world_size,
+                        grad_clip=grad_clip, precision=precision).tolist()   # the sync
+    n = len(_SUMS)
+    g_loss, g_correct = values[0], int(values[1])
+    g_aux = dict(zip(AUX_KEYS, values[2:n]))
+    if values[n] > 0:
+        raise RuntimeError(f"the model's label-token count differs from the {plan.local_tokens} labels != "
+                           "IGNORE_INDEX its batches hold (on this or another rank): the model must use "
+                           "Batch.labels as given (already shifted)")
+    counters = dict(zip(COUNTER_NAMES, (int(c) for c in values[n + 1:-1])))
+    norm = values[-1]
     mean = g_loss / plan.global_tokens
 
     def result(status: str, norm: float) -> StepResult:
         return StepResult(status, mean, g_loss, plan.global_tokens, g_correct, norm, lr, counters, g_aux)
 
-    if g_bad:
+    if not math.isfinite(g_loss):   # a non-finite loss on any rank: every rank skips alike
         optimizer.zero_grad(set_to_none=True)
         return result("nonfinite", math.nan)
-    norm = _grad_norm(model, grad_clip)
     if not math.isfinite(norm):  # finite loss, overflowing gradient: same on every rank
         optimizer.zero_grad(set_to_none=True)
         return result("nonfinite", norm)

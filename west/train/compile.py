@@ -1,0 +1,37 @@
+"""``train.compile``: regional ``torch.compile`` of the model's repeated blocks.
+
+Each Conformer block (or Whisper layer) and each LLM decoder layer has its ``forward``
+compiled in place, so identical blocks share one compiled graph, compile time stays that
+of one block, and state-dict names are unchanged (checkpoints load either way). The
+attention kernels stay outside the graphs (``torch.compiler.disable`` on segment SDPA and
+the varlen dispatch: their Python loops and host plans would specialise per batch);
+FlexAttention in the packed Conformer is traced into its block.
+
+Pack rows change length from batch to batch: after the first new shape dynamo marks the
+changing sizes dynamic (``dynamic=None``, torch's default), so a run compiles each block
+about twice, not once per batch. :func:`compilations` reports how many graphs were built.
+"""
+from __future__ import annotations
+
+from torch import nn
+
+
+def compile_regions(model: nn.Module) -> int:
+    """Compile every repeated block of ``model`` (``model.fsdp_units()``: the units FSDP shards
+    one by one) in place; returns how many were wrapped."""
+    import torch
+
+    units = getattr(model, "fsdp_units", None)
+    if units is None:
+        raise ValueError(f"train.compile: {type(model).__name__} lists no repeated blocks (fsdp_units())")
+    blocks = list(units())
+    for block in blocks:
+        block.forward = torch.compile(block.forward)
+    return len(blocks)
+
+
+def compilations() -> int:
+    """Frames dynamo compiled in this process so far (each a graph; a recompilation counts again)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["frames"]["ok"])
