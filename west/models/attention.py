@@ -26,12 +26,15 @@ from west.models.varlen_kernels import (HALF, choose_backend, flash_attn_varlen_
 
 
 # --------------------------------------------------------------------------- plan
-def bucket_length(n: int, buckets_per_octave: Optional[int]) -> int:
+def bucket_length(n: int, buckets_per_octave: Optional[int], longest: Optional[int] = None) -> int:
     """Length segment ``n`` is padded to inside its group (``n`` itself if bucketing is off).
 
     With ``b`` buckets per octave a segment is padded by less than 1/b of its
     length, so attention FLOPs grow by < (1+1/b)² while the number of SDPA calls
-    drops from "distinct lengths" to ~b·log2(max/min)."""
+    drops from "distinct lengths" to ~b·log2(max/min). ``b = 0``: one group, every
+    segment padded to ``longest`` (the fewest operators, the most padded FLOPs)."""
+    if buckets_per_octave == 0:
+        return n if longest is None else longest
     if not buckets_per_octave or n <= buckets_per_octave:
         return n
     step = max(1, (1 << (n.bit_length() - 1)) // buckets_per_octave)
@@ -84,9 +87,10 @@ class SegmentPlan:
             starts.append(s)
             s += n
         by_len: dict[int, list[int]] = {}
+        longest = max(lengths, default=0)
         for i, n in enumerate(lengths):
             if n > 0:
-                by_len.setdefault(bucket_length(n, buckets_per_octave), []).append(i)
+                by_len.setdefault(bucket_length(n, buckets_per_octave, longest), []).append(i)
         groups, order, flat_index = [], [], []
         for n_pad in sorted(by_len):
             segs = by_len[n_pad]

@@ -29,7 +29,7 @@ class ConformerConfig:
     subsampling_rate: int = setting(4, choices=tuple(SUBSAMPLING_LAYERS))
     dropout: float = setting(0.1, min=0)
     attn_dropout: float = setting(0.0, min=0)
-    buckets_per_octave: Optional[int] = 8          # packed attention grouping (None = exact lengths)
+    buckets_per_octave: Optional[int] = setting(8, min=0)  # packed attention grouping (None = exact lengths, 0 = one group)
     attn_backend: str = setting("auto", choices=ENCODER_BACKENDS)  # auto: flex for packed rows on CUDA
     gradient_checkpointing: bool = False
     pos_enc: str = setting("relative", choices=("relative", "wenet"))  # wenet: as WeNet's rel_pos computes it

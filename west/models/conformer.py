@@ -189,7 +189,7 @@ class ConformerEncoder(FlatEncoder):
             x, layout = self.subsampling.forward_packed(feats, lens, self.cfg.buckets_per_octave)
         else:
             x, layout = self.subsampling.forward_padded(feats, lens)
-        longest = (bucket_length(max(layout.lengths), self.cfg.buckets_per_octave) if layout.packed
+        longest = (bucket_length(max(layout.lengths), self.cfg.buckets_per_octave, max(layout.lengths)) if layout.packed
                    else layout.padded_len)   # the longest group segment SDPA forms (flex needs <= this)
         pos = self._pos_table(longest, x)
         if self.blocks:   # plans built once here, outside any compiled block, then shared by all blocks

@@ -131,7 +131,7 @@ class FrameLayout:
         c = x.shape[-1]
         if self.packed:
             src = self._gap_index(pad)[1]
-            buf = torch.cat([x, x.new_zeros(1, c)]).index_select(0, src)
+            buf = F.pad(x, (0, 0, 0, 1)).index_select(0, src)   # row ``rows``: the zero every gap reads
             return buf.t().unsqueeze(0)
         valid = self._valid_2d()
         y = x.masked_fill(~valid.reshape(-1, 1), 0.0).view(valid.shape[0], valid.shape[1], c)

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Everything issue 23 measures on a GPU, in one call: builds the seed's shapes with random weights
+# and the built-in corpus, checks the attention kernels, runs the batch-mode benchmark with the
+# seed's memory-budget method, and trains a few steps with the real loader (eager, then
+# train.compile). Tables, JSON and logs go to OUT (at most 8 files, for the device tool).
+#
+#   bash tools/gpu_suite.sh OUT [--parts build,attention,bench,train,compile] [--num_utts 700]
+#        [--memory_budget 24GiB] [--python python3] [--work_dir /tmp/west_gpu] [--device cuda]
+#
+# On a machine without the data stack (the lent GPU machines), first run, where pip works:
+#   bash tools/gpu_wheels.sh            # -> .whl/ (wheels + a word list), carried with the call
+# and the suite installs them into /tmp/site. Tested on the CPU with tiny sizes
+# (tests/test_gpu_suite.py runs `--device cpu --tiny`); docs/benchmarks.md says what ran where.
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+[ $# -ge 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+out=$(mkdir -p "$1" && cd "$1" && pwd); shift
+parts=build,attention,bench,train,compile
+num_utts=700
+num_train=800
+memory_budget=24GiB
+python=python3
+work_dir=/tmp/west_gpu
+device=cuda
+tiny=false
+steps=40
+while [ $# -gt 0 ]; do
+  case $1 in
+    --parts|--num_utts|--memory_budget|--python|--work_dir|--device|--steps|--num_train) declare "${1#--}=$2"; shift 2 ;;
+    --tiny) tiny=true; shift ;;
+    *) echo "gpu_suite.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+has() { [[ ",$parts," == *",$1,"* ]]; }
+log() { echo "[gpu_suite $(date +%H:%M:%S)] $*" | tee -a "$out/suite.log"; }
+t_start=$(date +%s)
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+
+if ! "$python" -c "import kaldi_native_fbank, soundfile, soxr, kaldiio, editdistance" 2>/dev/null \
+    && ls "$repo"/.whl/*.whl >/dev/null 2>&1; then
+  "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    "$repo"/.whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$repo${PYTHONPATH:+:$PYTHONPATH}
+"$python" - <<'EOF' 2>&1 | tee -a "$out/suite.log"
+import torch, transformers
+gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
+print(f"[gpu_suite] torch {torch.__version__}, transformers {transformers.__version__}, GPU {gpu}")
+EOF
+
+conf=$repo/recipes/aishell/conf/seed_gpu.yaml
+data=$work_dir/data; exp=$work_dir/exp
+llm=$exp/seed_llm
+shape=qwen2-1.5b
+pack=8192; batch=32; max_tokens=4096
+if $tiny; then   # the CPU check of this script: same steps, toy sizes
+  shape=bench-10m; pack=1024; batch=4; max_tokens=512; num_utts=24; num_train=60; steps=3
+  llm=$exp/seed_llm_tiny
+  conf=$repo/recipes/aishell/conf/bench_llm_heavy.yaml
+fi
+common=(--model.llm.path "$llm" --train.device "$device")
+
+if has build; then
+  log "build: corpus ($num_train train utterances), lists, CMVN, tokenizer, random $shape LLM"
+  words=()
+  [ -f "$repo/.whl/jieba_dict.txt" ] && words=(--synth_opts "--dict $repo/.whl/jieba_dict.txt")
+  bash "$repo/recipes/aishell/run.sh" --work_dir "$work_dir" --python "$python" --stage 0 --stop_stage 4 \
+    --synthetic true --num_train "$num_train" --num_dev 20 --num_test 20 --nj "$(nproc)" \
+    --llm_pretrain_steps 0 "${words[@]}" >>"$out/suite.log" 2>&1
+  [ -f "$llm/config.json" ] || "$python" "$repo/tools/make_seed_llm.py" "$llm" --tokenizer "$exp/tiny_llm" \
+    --shape "$shape" >>"$out/suite.log" 2>&1
+  log "build done ($(( $(date +%s) - t_start )) s)"
+fi
+
+if has attention; then
+  log "attention: packed LLM kernels and the Conformer's (flex vs segment SDPA) against float64"
+  dtype=bfloat16; [ "$device" = cpu ] && dtype=float32
+  "$python" "$repo/tools/check_attention_cuda.py" --device "$device" --dtype "$dtype" --out "$out/attention.json" \
+    2>&1 | tee -a "$out/suite.log" | tail -8
+  "$python" "$repo/tools/check_encoder_attention.py" --device "$device" --dtype "$dtype" \
+    --out "$out/encoder_attention.json" 2>&1 | tee -a "$out/suite.log" | tail -9
+fi
+
+if has bench; then
+  log "bench: west-benchmark, each mode at its largest size under $memory_budget, $num_utts utterances"
+  budget=(--memory_budget "$memory_budget")
+  $tiny && budget=(--memory_budget 2GiB)
+  "$python" -m west.bin.benchmark --config "$conf" "${common[@]}" --data "$data/train/data.list" \
+    --data.cmvn "$data/train/global_cmvn.json" --num_utts "$num_utts" --out_dir "$exp/bench" --repeats 2 \
+    --batch_size "$batch" --max_tokens_in_batch "$max_tokens" --pack_tokens "$pack" --profile never \
+    "${budget[@]}" >>"$out/suite.log" 2>&1
+  cp "$exp/bench/benchmark.json" "$out/benchmark.json"
+  cp "$exp/bench/benchmark.md" "$out/benchmark.md"
+  tail -n 40 "$out/benchmark.md"
+fi
+
+train_run() {   # name, extra args...
+  local name=$1; shift
+  rm -rf "$exp/$name"
+  "$python" -m west.bin.train --config "$conf" "${common[@]}" --train_data "$data/train/data.list" \
+    --data.cmvn "$data/train/global_cmvn.json" --output_dir "$exp/$name" --batch_type pack --pack_tokens "$pack" \
+    --max_steps "$steps" --train.save_every 0 --train.save_at_epoch_end false --train.warmup_steps 5 \
+    --train.log_every 5 --train.tensorboard false --train.progress_bar false --data.num_workers 4 \
+    --data.pin_memory "$([ "$device" = cuda ] && echo true || echo false)" "$@" >>"$out/suite.log" 2>&1
+  "$python" "$repo/tools/step_summary.py" "$exp/$name/train_log.jsonl" --name "$name" --skip $(( steps > 10 ? 5 : 1 )) \
+    | tee -a "$out/suite.md"
+}
+
+if has train; then
+  log "train: west-train, pack $pack, $steps steps, the real loader (4 workers, pinned memory)"
+  train_run train_eager
+fi
+if has compile; then
+  log "compile: the same with train.compile true"
+  train_run train_compiled --train.compile true
+fi
+{ [ -f "$out/benchmark.md" ] && cat "$out/benchmark.md"; } >>"$out/suite.md" 2>/dev/null || true
+log "done in $(( $(date +%s) - t_start )) s; tables: $out/suite.md"

@@ -1,0 +1,51 @@
+#!/usr/bin/env python3
+"""One table row from a west-train log: the steady-state step of a run (tools/gpu_suite.sh).
+
+Reads DIR/train_log.jsonl, drops the first ``--skip`` steps (warm-up, compilation) and prints
+the medians: step time, utterances and real LLM tokens per second, loader wait, GPU busy and
+SM % (NVML, when sampled), peak allocated memory. Not a test.
+
+    python tools/step_summary.py exp/run/train_log.jsonl --name pack --skip 5
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+COLUMNS = (("step_time_s", "step s", "{:.3f}"), ("utts_per_s", "utts/s", "{:.0f}"),
+           ("tokens_per_s", "LLM tokens/s", "{:,.0f}"), ("data_wait_s", "loader wait s", "{:.4f}"),
+           ("gpu_busy_pct", "GPU busy %", "{:.0f}"), ("gpu_sm_pct", "SM %", "{:.0f}"),
+           ("peak_mem_mb", "peak GiB", "{:.1f}"))
+
+
+def summarize(path: Path, skip: int) -> dict:
+    steps = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    steps = [s for s in steps if "event" not in s and s.get("status") == "ok"][skip:]
+    if not steps:
+        raise SystemExit(f"{path}: no optimizer steps after the first {skip}")
+    out = {"steps": len(steps)}
+    for key, _, _ in COLUMNS:
+        values = [s[key] for s in steps if isinstance(s.get(key), (int, float))]
+        out[key] = statistics.median(values) if values else None
+    if out["peak_mem_mb"] is not None:
+        out["peak_mem_mb"] = max(s["peak_mem_mb"] for s in steps) / 1024
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("log", type=Path)
+    p.add_argument("--name", default="run")
+    p.add_argument("--skip", type=int, default=5, help="first steps left out (warm-up, compilation)")
+    a = p.parse_args(argv)
+    s = summarize(a.log, a.skip)
+    head = "| run | steps | " + " | ".join(title for _, title, _ in COLUMNS) + " |"
+    cells = [fmt.format(s[key]) if s[key] is not None else "–" for key, _, fmt in COLUMNS]
+    print(f"{head}\n|{'---|' * (len(COLUMNS) + 2)}\n| {a.name} | {s['steps']} | " + " | ".join(cells) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
