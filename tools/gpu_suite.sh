@@ -5,6 +5,7 @@
 # train.compile). Tables, JSON and logs go to OUT (at most 8 files, for the device tool).
 #
 #   bash tools/gpu_suite.sh OUT [--parts build,attention,bench,train,compile] [--num_utts 700]
+#   bash tools/gpu_suite.sh OUT --parts build,big    # Whisper-large-v3 + Qwen2-7B shapes, LoRA (a second call)
 #        [--memory_budget 24GiB] [--python python3] [--work_dir /tmp/west_gpu] [--device cuda]
 #
 # On a machine without the data stack (the lent GPU machines), first run, where pip works:
@@ -113,6 +114,25 @@ fi
 if has compile; then
   log "compile: the same with train.compile true"
   train_run train_compiled --train.compile true
+fi
+if has big; then   # issue 23: fits 40 GiB at pack 8192; pack vs Whisper padded to 30 s under 80 GB
+  big=$repo/recipes/aishell/conf/whisper_7b_lora.yaml
+  wdir=$exp/whisper_large_v3; qdir=$exp/qwen2_7b
+  $tiny && { wdir=$exp/whisper_tiny; qdir=$llm; }
+  log "big: random Whisper-large-v3 and Qwen2-7B shapes"
+  [ -f "$wdir/config.json" ] || "$python" "$repo/tools/make_random_whisper.py" "$wdir" \
+    --shape "$($tiny && echo tiny || echo large-v3)" >>"$out/suite.log" 2>&1
+  [ -f "$qdir/config.json" ] || "$python" "$repo/tools/make_seed_llm.py" "$qdir" --tokenizer "$exp/tiny_llm" \
+    --shape qwen2-7b >>"$out/suite.log" 2>&1
+  conf=$big common=(--model.encoder.path "$wdir" --model.llm.path "$qdir" --train.device "$device")
+  steps=$(( steps < 12 ? steps : 12 ))
+  train_run big_pack --data.cmvn null
+  log "big: west-benchmark pack vs whisper_padded_30s, each at its largest size under 80GiB"
+  "$python" -m west.bin.benchmark --config "$big" "${common[@]}" --data "$data/train/data.list" --data.cmvn null \
+    --num_utts "$(( num_utts < 200 ? num_utts : 200 ))" --out_dir "$exp/bench_big" --repeats 1 --profile never \
+    --modes pack,whisper_padded_30s --memory_budget "$($tiny && echo 2GiB || echo 80GiB)" >>"$out/suite.log" 2>&1
+  cp "$exp/bench_big/benchmark.md" "$out/benchmark_big.md"
+  tail -n 20 "$out/benchmark_big.md"
 fi
 { [ -f "$out/benchmark.md" ] && cat "$out/benchmark.md"; } >>"$out/suite.md" 2>/dev/null || true
 log "done in $(( $(date +%s) - t_start )) s; tables: $out/suite.md"

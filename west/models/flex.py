@@ -15,6 +15,7 @@ forward-only: the CPU path of the Conformer stays segment SDPA, and tests compar
 """
 from __future__ import annotations
 
+import inspect
 from functools import lru_cache
 from typing import Callable, Optional, Sequence
 
@@ -61,6 +62,11 @@ class DocumentMask:
                 same = doc[q_idx] == doc[kv_idx]
                 return same & (q_idx >= kv_idx) if causal else same
 
+            if "seq_lengths" not in inspect.signature(BlockMask.from_kv_blocks).parameters:   # older torch
+                from torch.nn.attention.flex_attention import create_block_mask
+
+                self._block_mask = create_block_mask(mask_mod, None, None, self.rows, self.rows, device=self._device)
+                return self._block_mask
             kv_num, kv_idx, full_num, full_idx = (to_device(t, self._device) for t in self._tables)
             self._block_mask = BlockMask.from_kv_blocks(
                 kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=self.block, mask_mod=mask_mod,

@@ -73,7 +73,11 @@ def build_optimizer(model: nn.Module, lr: float, weight_decay: float,
             why = {"encoder": " (model.freeze_encoder)", "llm": " (model.freeze_llm without model.lora)"}
             raise ConfigError(f"train.lr_{module}: set to {value}, but no {module} parameter is trainable"
                               + why.get(module, ""))
-    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps)
+    params = [p for g in groups for p in g["params"]]
+    # on CUDA one fused kernel updates every tensor (the foreach path launches several per group);
+    # sharded (DTensor) parameters keep the default
+    fused = all(p.device.type == "cuda" and not hasattr(p, "placements") for p in params)
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused or None)
 
 
 def optimizer_from_config(model: nn.Module, train: TrainConfig) -> torch.optim.AdamW:

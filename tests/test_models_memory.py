@@ -1,0 +1,37 @@
+"""What trades compute for memory must not change the step: activation checkpointing of the
+encoder blocks and the LLM layers gives the same loss and gradients as keeping activations."""
+import pytest
+import torch
+
+from west.models.speech_llm import SpeechLLM
+from test_models_speech_llm import packed_batch, padded_batch, samples, tiny_config
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _grads(model: SpeechLLM, batch):
+    model.zero_grad(set_to_none=True)
+    out = model(batch)
+    out["loss_sum"].backward()
+    return float(out["loss_sum"].detach()), {n: p.grad.clone() for n, p in model.named_parameters()
+                                            if p.grad is not None}
+
+
+@pytest.mark.parametrize("layout", ["pack", "padded"])
+def test_activation_checkpointing_same_loss_and_gradients(layout):
+    ss = samples()
+    batch = packed_batch(ss, sum(len(s.ids) for s in ss) + 4) if layout == "pack" else padded_batch(ss)
+    torch.manual_seed(0)
+    plain = SpeechLLM(tiny_config()).train()      # dropout is 0 in tiny_config: train mode is deterministic
+    cfg = tiny_config()
+    cfg.encoder.gradient_checkpointing = True
+    cfg.llm.gradient_checkpointing = True
+    torch.manual_seed(0)
+    ckpt = SpeechLLM(cfg).train()
+    assert ckpt.encoder.gradient_checkpointing and ckpt.llm.model.gradient_checkpointing
+    loss_a, grads_a = _grads(plain, batch)
+    loss_b, grads_b = _grads(ckpt, batch)
+    assert loss_a == pytest.approx(loss_b, rel=1e-6)
+    assert grads_a.keys() == grads_b.keys() and len(grads_a) == sum(1 for _ in plain.parameters())
+    for name in grads_a:
+        torch.testing.assert_close(grads_b[name], grads_a[name], rtol=1e-5, atol=1e-7, msg=name)
