@@ -8,7 +8,7 @@ import torch
 
 from west.models.attention import reference_attention, varlen_attention, LazySegmentPlan
 from west.models.conformer import ConformerEncoder, encoder_backend, relative_sinusoids
-from west.models.flex import DocumentMask, document_blocks, rel_pos_attention
+from west.models.flex import DocumentMask, document_blocks, flex_works, rel_pos_attention, rel_pos_reference
 from e2e_helpers import tiny_encoder
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -41,22 +41,6 @@ def test_document_blocks_equal_create_block_mask(lengths, causal):
     assert _blocks(got[2:]) == _blocks((want.full_kv_num_blocks, want.full_kv_indices))
 
 
-def _rel_reference(q, k, v, qv, pos_proj, lengths, scale, key_positions):
-    """float64 per document: softmax(q·k·scale + qv·P·scale) v, P indexed as the Conformer does."""
-    m = (pos_proj.shape[0] + 1) // 2
-    out, start = [], 0
-    for n in lengths:
-        sl = slice(start, start + n)
-        i = torch.arange(n)
-        rows = m - 1 - i[None, :].expand(n, n) if key_positions else m - 1 - (i[:, None] - i[None, :])
-        p = pos_proj.double()[rows]                                     # (n, n, H, D)
-        s = torch.einsum("qhd,khd->hqk", q[sl].double(), k[sl].double())
-        s = s + torch.einsum("qhd,qkhd->hqk", qv[sl].double(), p)
-        out.append(torch.einsum("hqk,khd->qhd", (s * scale).softmax(-1), v[sl].double()))
-        start += n
-    return torch.cat(out)
-
-
 @pytest.mark.parametrize("key_positions", [False, True])
 def test_rel_pos_score_mod_equals_reference(key_positions):
     torch.manual_seed(0)
@@ -66,7 +50,7 @@ def test_rel_pos_score_mod_equals_reference(key_positions):
     pos_proj = torch.randn(2 * m - 1, h, d)
     with torch.no_grad():
         got = rel_pos_attention(q, k, v, qv, pos_proj, DocumentMask(lengths, "cpu"), 0.35, key_positions)
-    want = _rel_reference(q, k, v, qv, pos_proj, lengths, 0.35, key_positions)
+    want = rel_pos_reference(*(t.double() for t in (q, k, v, qv, pos_proj)), lengths, 0.35, key_positions)
     assert (got.double() - want).norm() / want.norm() < 1e-5
 
 
@@ -102,7 +86,10 @@ def test_llm_flex_backend_uses_the_batch_mask_and_matches_reference():
     assert True in plan._masks   # the causal document mask was built once, from the host boundaries
 
 
-def test_backend_choice():
+def test_backend_choice(monkeypatch):
+    import west.models.conformer as conformer
+
+    monkeypatch.setattr(conformer, "flex_works", lambda device: True)
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert encoder_backend("auto", cpu, packed=True) == "sdpa_segments"
     assert encoder_backend("auto", cuda, packed=True) == "flex"
@@ -120,3 +107,15 @@ def test_positional_table_must_cover_the_longest_document():
     with torch.no_grad(), pytest.raises(ValueError, match="longest document"):
         rel_pos_attention(q, q, q, q, table, DocumentMask([30], "cpu"), 1.0)
     assert relative_sinusoids(4, 8).shape == (7, 8)
+
+
+def test_auto_falls_back_when_flex_cannot_train(monkeypatch, caplog):
+    """flex_works runs a forward + backward once; where it fails (here: the CPU has no FlexAttention
+    backward), auto uses segment SDPA and says why."""
+    import west.models.conformer as conformer
+
+    flex_works.cache_clear()
+    assert flex_works("cpu") is False
+    assert "does not train on cpu" in caplog.text
+    monkeypatch.setattr(conformer, "flex_works", lambda device: False)
+    assert encoder_backend("auto", torch.device("cuda"), packed=True) == "sdpa_segments"

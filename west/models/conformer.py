@@ -26,7 +26,7 @@ from torch.utils.checkpoint import checkpoint
 from west.batch import to_device
 from west.models.attention import SegmentGroup, bucket_length, segment_sdpa
 from west.models.config import ConformerConfig
-from west.models.flex import flex_available, rel_pos_attention
+from west.models.flex import flex_available, flex_works, rel_pos_attention
 from west.models.layout import FlatEncoder, FrameLayout
 from west.models.subsampling import Conv2dSubsampling
 
@@ -106,7 +106,8 @@ def encoder_backend(requested: str, device: torch.device, packed: bool, dropout:
         return "sdpa_segments"
     if requested == "flex":
         return "flex" if device.type == "cuda" or not torch.is_grad_enabled() else "sdpa_segments"
-    return "flex" if device.type == "cuda" and flex_available() else "sdpa_segments"
+    usable = device.type == "cuda" and flex_available() and flex_works(str(device))
+    return "flex" if usable else "sdpa_segments"
 
 
 class ConvModule(nn.Module):
