@@ -119,7 +119,10 @@ def bench(tmp_path_factory, corpus):
     model = build_model(cfg.model, 0)
     runner = PassRunner(model, cfg.train, torch.device("cpu"), 0)
     source = BatchSource(str(corpus["list"]), load_tokenizer(cfg.model), model.cfg.speech_shape(), 0)
-    return {"cfg": cfg, "runner": runner, "source": source, "dir": d, "llm": llm, "list": corpus["list"]}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # tiny steps: a second thread only waits for a busy core
+    yield {"cfg": cfg, "runner": runner, "source": source, "dir": d, "llm": llm, "list": corpus["list"]}
+    torch.set_num_threads(threads)
 
 
 def inject_oom(monkeypatch, runner, too_big):
@@ -161,11 +164,11 @@ def test_mode_search_token_budget_keeps_every_utterance(bench, monkeypatch):
     runner, source = bench["runner"], bench["source"]
     inject_oom(monkeypatch, runner, lambda b: b.counters["computed_llm_tokens"] > 300)
     mode = standard_modes(["pack"], pack_tokens=256)[0]
-    rec = search_mode(runner, source, mode, bench["cfg"].data, None, granularity=16, log=lambda s: None)
+    rec = search_mode(runner, source, mode, bench["cfg"].data, None, granularity=32, log=lambda s: None)
     conf = dataclasses.replace(bench["cfg"].data, **mode.data)
     found = source.batches(dataclasses.replace(conf, pack_tokens=rec["size"]))
     assert max(b.counters["computed_llm_tokens"] for b in found) <= 300
-    over = source.batches(dataclasses.replace(conf, pack_tokens=rec["size"] + 16))
+    over = source.batches(dataclasses.replace(conf, pack_tokens=rec["size"] + 32))
     assert max(b.counters["computed_llm_tokens"] for b in over) > 300
     assert min(t["size"] for t in rec["trials"]) >= rec["lo"]
     assert sum(b.counters["utterances"] for b in source.batches(conf)) == 24
