@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from west.bin import benchmark as cli
 from west.bench.costs import sdpa_flops
 from west.bench.modes import ALL_MODES, standard_modes
+from west.bin import benchmark as cli
 
 CONFIG = """\
 train: {lr: 0.001, warmup_steps: 2, max_steps: 10, device: cpu, grad_clip: 1.0}
@@ -126,6 +126,27 @@ def test_flops_and_speedups(result):
     for c in res["checks"]:   # --profile always: a profile comparison for every check
         text = Path(c["profile_file"]).read_text(encoding="utf-8")
         assert "| op (self time" in text and "**all ops**" in text
+
+
+def test_dispatched_operators_per_mode(result):
+    """Every mode reports the ops its steps dispatch, by phase, and its encoder's alone."""
+    out, res = result
+    for r in res["modes"].values():
+        o, e = r["ops"], r["encoder_ops"]
+        assert o["steps"] == e["steps"] == r["totals"]["batches"]
+        per = o["per_step"]
+        assert per["total"] == sum(per[p] for p in ("forward", "backward", "optimizer", "other"))
+        assert min(per["forward"], per["backward"], per["optimizer"]) > 0 and per["views"] < per["total"]
+        assert o["pass"]["total"] == pytest.approx(per["total"] * o["steps"])
+        assert e["per_step"]["optimizer"] == e["per_step"]["other"] == 0
+        assert 0 < e["per_step"]["forward"] < per["forward"] and 0 < e["per_step"]["backward"] < per["backward"]
+    m = res["modes"]
+    # the same LLM rows and optimizer: the two pack modes differ in the encoder only
+    assert m["pack"]["ops"]["per_step"]["optimizer"] == m["pack_encoder_padded"]["ops"]["per_step"]["optimizer"]
+    md = (out / "benchmark.md").read_text(encoding="utf-8")
+    assert "Dispatched aten operators per training step" in md
+    for r in m.values():
+        assert f"| {r['method']} | {r['ops']['steps']} | {r['ops']['per_step']['total']:,.0f} |" in md
 
 
 def test_sdpa_flop_formula_with_gqa():

@@ -28,6 +28,10 @@ SHAPES = {
     # ~10M Qwen2 whose forward FLOPs dwarf the tiny encoder's on a CPU; vocabulary = the tokenizer's.
     "bench-10m": dict(hidden_size=384, intermediate_size=1152, num_hidden_layers=6, num_attention_heads=6,
                       num_key_value_heads=2, tie_word_embeddings=True, vocab_size=None),
+    # The seed's depth at a tiny width (recipes/aishell/conf/seed_depth_tiny.yaml): Qwen2-1.5B's 28
+    # layers with GQA, for counting the operators a step dispatches (tools/seed_depth_ops.sh) on a CPU.
+    "seed-depth-tiny": dict(hidden_size=96, intermediate_size=256, num_hidden_layers=28, num_attention_heads=6,
+                            num_key_value_heads=2, tie_word_embeddings=True, vocab_size=None),
 }
 COMMON = dict(vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
               hidden_act="silu", attention_dropout=0.0, initializer_range=0.02, use_sliding_window=False)

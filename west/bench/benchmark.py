@@ -18,6 +18,13 @@ Per mode (static / dynamic / pack / pack with the encoder padded, optionally nex
   so the predicted speed-up of mode m over static is FLOPs(static) / FLOPs(m): the bound that
   removing padding allows when nothing else (per-step overhead, kernel efficiency at
   other shapes) changes.
+* **dispatched operators** (``count_ops``): every aten op one training pass dispatches, per step,
+  split into forward / backward / optimizer / other, and the speech encoder's alone
+  (west.bench.op_counter): the host work a step costs, a kernel-launch count on a GPU.
+
+With a memory budget (west.bench.sizing) each mode first gets the largest size that fits;
+``add_efficiency`` then adds the seed table's derived columns (time for 10,000 utterances,
+TFLOP/s, MFU against a matrix-product peak measured in the same run).
 
 The modes live in west.bench.modes, the timed passes in west.bench.runner, the tables in
 west.bench.report; this module loads each mode's batches and runs the comparison.
@@ -34,6 +41,7 @@ import torch
 from west.batch import Batch
 from west.bench.costs import batch_shapes, count_flops, summarize
 from west.bench.modes import WHISPER_PADDED, Mode, model_overrides
+from west.bench.op_counter import count_encoder_ops, count_step_ops
 from west.bench.runner import PassRunner
 from west.data.config import DataConfig
 from west.data.dataset import build_dataloader
@@ -77,11 +85,12 @@ def pairwise(results: dict, fast: str, slow: str) -> Optional[dict]:
 def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, train: TrainConfig,
                   data_list: str, modes: Sequence[Mode], repeats: int = 3,
                   warmup_steps: int = 1, seed: int = 0, device: str = "cpu",
-                  profile: str = "auto", log=print) -> dict:
+                  profile: str = "auto", count_ops: bool = True, log=print) -> dict:
     """Load each mode's batches, count FLOPs, time ``repeats`` passes per mode; returns results.
 
     ``profile``: auto = profile the two modes of a speed-up check that falls below
-    ``TARGET_RATIO`` of its FLOP prediction; always / never."""
+    ``TARGET_RATIO`` of its FLOP prediction; always / never. ``count_ops``: one more pass per
+    mode with every dispatched operator counted (and the encoder's alone)."""
     if profile not in ("auto", "always", "never"):
         raise ValueError(f"profile must be auto, always or never, got {profile!r}")
     dev = torch.device(device)
@@ -117,6 +126,14 @@ def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, trai
             results[m.name]["flops"] = count_flops(model, loaded[m.name], dev)
         log(f"[benchmark] {m.name}: FLOP count + warm-up pass {time.perf_counter() - t0:.1f} s; "
             f"{results[m.name]['flops']['total'] / 1e12:.2f} TFLOP fwd+bwd")
+        if count_ops:
+            t0 = time.perf_counter()
+            with model_overrides(model, m.model):
+                results[m.name]["ops"] = count_step_ops(runner, loaded[m.name])
+                results[m.name]["encoder_ops"] = count_encoder_ops(model, loaded[m.name], dev, train.precision)
+            ops, enc = results[m.name]["ops"]["per_step"], results[m.name]["encoder_ops"]["per_step"]
+            log(f"[benchmark] {m.name}: {ops['total']:.0f} dispatched ops per step (encoder alone {enc['total']:.0f}), "
+                f"counted in {time.perf_counter() - t0:.1f} s")
     for rep in range(repeats):
         for m in modes:
             with model_overrides(model, m.model):
@@ -156,3 +173,19 @@ def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, trai
     runner.model.load_state_dict(runner.init)
     return {"modes": results, "checks": checks, "reference": ref, "target_ratio": TARGET_RATIO,
             "host_allocator": host_allocator}
+
+
+def add_efficiency(res: dict, peak: dict, per: int = 10_000) -> None:
+    """The seed table's derived columns, in place: ``time_per_{per}_s`` (time × per / N, an
+    extrapolation from the N utterances timed), ``tflops_per_s`` (counted FLOPs, padding
+    included, over time) and ``mfu``: useful FLOP/s over ``peak`` (west.bench.peak). Useful
+    FLOPs = the ``pack`` mode's count (real tokens and frames only, up to a pack's few pad
+    tokens), the same work for every mode; without a pack mode, the smallest count of any mode."""
+    modes = res["modes"]
+    useful_from = "pack" if "pack" in modes else min(modes, key=lambda k: modes[k]["flops"]["total"])
+    useful = modes[useful_from]["flops"]["total"]
+    for r in modes.values():
+        r[f"time_per_{per}_s"] = r["time_s"] * per / res["num_utts"]
+        r["tflops_per_s"] = r["flops"]["total"] / r["time_s"] / 1e12
+        r["mfu"] = useful / r["time_s"] / 1e12 / peak["tflops"]
+    res["efficiency"] = {"per_utts": per, "useful_flops_from": useful_from, "useful_flops": useful, "peak": peak}

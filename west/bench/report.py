@@ -45,6 +45,69 @@ def seed_table(res: dict) -> str:
     return "\n".join(lines)
 
 
+def budget_table(res: dict) -> str:
+    """The seed's table at the sizes a memory budget allows (west.bench.sizing): time for 10,000
+    utterances extrapolated, utilisation, TFLOP/s, MFU, peak memory, dispatched ops per step."""
+    env, eff, budget = res["env"], res["efficiency"], res["memory_budget"]
+    cuda = env["device"].startswith("cuda")
+    per, n = eff["per_utts"], res["num_utts"]
+    peak = eff["peak"]
+    util = "GPU busy % (NVML) | SM % (NVML)" if cuda else f"CPU util % (100 = all {env['cpu_count']} cores)"
+    mem = "peak memory (CUDA allocated, timed pass)" if cuda else "peak memory (live tensor bytes, worst batch)"
+    head = (f"| method | configuration | {util} | time on training {per:,} utts (extrapolated from {n}) "
+            f"| achieved TFLOP/s | MFU (useful FLOP/s / {peak['tflops']:.2f} TFLOP/s {peak['dtype']} {peak['n']}³ mm) "
+            f"| {mem} | dispatched ops per step |")
+    lines = [head, "|---" * head.count(" | ") + "|---|"]
+    for name, r in res["modes"].items():
+        u = (f"{r['util_pct']:.0f} | " + ("n/a" if r.get("sm_pct") is None else f"{r['sm_pct']:.0f}")) if cuda \
+            else f"{r['util_pct']:.1f}"
+        mem_b = r["peak_mem_gib"] * 2**30 if cuda else budget["search"][name]["peak_bytes"]
+        ops = r.get("ops", {}).get("per_step", {}).get("total")
+        lines.append(f"| {r['method']} | {r['configuration']} | {u} | {_fmt_time(r[f'time_per_{per}_s'])} "
+                     f"| {r['tflops_per_s']:.3g} | {100 * r['mfu']:.1f}% | {mem_b / 2**30:.2f} GiB "
+                     f"| {'n/a' if ops is None else f'{ops:,.0f}'} |")
+    return "\n".join(lines)
+
+
+def budget_notes(res: dict) -> str:
+    """How the sizes were found, and what the derived columns mean."""
+    b, eff = res["memory_budget"], res["efficiency"]
+    where = ("CUDA caching-allocator cap (torch.cuda.set_per_process_memory_fraction "
+             f"{b['fraction']:.3f} of the card's {b['card'] / 2**30:.1f} GiB)" if b.get("card")
+             else "host budget on live tensor storages (west.bench.memory.LiveTensorBytes: tensors returned by "
+                  "dispatched ops plus the weights and the batch; not kernel temporaries, allocator slack or "
+                  "the Python heap)")
+    out = [f"- memory budget {b['text']} ({b['budget'] / 2**30:.2f} GiB): {where}"]
+    for name, r in b["search"].items():
+        tried = ", ".join(f"{t['size']}{'' if t['fits'] else ' OOM'}" for t in r["trials"])
+        cap = " (the cap: all utterances in one batch)" if r["capped"] else ""
+        out.append(f"- {name}: {r['key']} = {r['size']}{cap}; tried {tried}")
+    out.append(f"- each trial: the production step on the worst batches at that size (most computed LLM "
+               f"positions / LLM attention terms / encoder frames) from the initial weights with a fresh AdamW, "
+               f"twice when one batch is the worst on all three; time = {res['num_utts']} utterances timed, "
+               f"x {eff['per_utts']:,} / {res['num_utts']} (an extrapolation)")
+    out.append(f"- MFU = useful FLOPs ({eff['useful_flops_from']} mode's count: "
+               f"{eff['useful_flops'] / 1e12:.2f} TFLOP) / time / the matrix-product peak measured in this run ({eff['peak']['tflops']:.2f} TFLOP/s, "
+               f"{eff['peak']['dtype']} {eff['peak']['n']}³, mean of {eff['peak']['iters']}); achieved TFLOP/s "
+               "counts every computed FLOP, padding included")
+    return "\n".join(out)
+
+
+def ops_table(res: dict) -> str:
+    """Dispatched aten operators per training step (west.bench.op_counter), and the encoder's alone."""
+    lines = ["| method | steps | ops per step | forward | backward | optimizer | other (clip, scaling, schedule) "
+             "| of which views | encoder alone per step: forward | backward | total |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in res["modes"].values():
+        if "ops" not in r:
+            continue
+        o, e = r["ops"]["per_step"], r["encoder_ops"]["per_step"]
+        lines.append(f"| {r['method']} | {r['ops']['steps']} | {o['total']:,.0f} | {o['forward']:,.0f} "
+                     f"| {o['backward']:,.0f} | {o['optimizer']:,.0f} | {o['other']:,.0f} | {o['views']:,.0f} "
+                     f"| {e['forward']:,.0f} | {e['backward']:,.0f} | {e['total']:,.0f} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def compute_table(res: dict) -> str:
     """What each mode computes, and the speed-up the removed compute predicts."""
     lines = ["| method | batches | LLM tokens real / computed | LLM useful | enc frames real / computed "
@@ -128,6 +191,12 @@ def profile_report(c: dict, prof: dict) -> str:
 
 def report(res: dict) -> str:
     parts = [seed_table(res), compute_table(res), notes(res)]
+    ops = ops_table(res)
+    if ops:
+        parts.insert(2, "Dispatched aten operators per training step (forward + backward + optimizer, "
+                        "west.bench.op_counter; the encoder alone on the same batches):\n\n" + ops)
+    if res.get("memory_budget"):
+        parts[:0] = [budget_table(res), budget_notes(res)]
     for c in res["checks"]:
         if c.get("profile_file"):
             parts.append(f"Where {c['fast']} loses against {c['slow']} (top of {c['profile_file']}):\n\n"

@@ -12,19 +12,20 @@ import torch
 from west.batch import Batch
 from west.train.config import TrainConfig
 from west.train.gpu_monitor import build_monitor
-from west.train.step import plan_step
 from west.train.schedule import build_optimizer, build_scheduler
-from west.train.step import train_step
+from west.train.step import plan_step, train_step
 
 
 class PassRunner:
-    """Timed training passes from one fixed initial state."""
+    """Timed training passes from one fixed initial state. The initial weights are kept in host
+    memory: a copy on the GPU would take part of a memory budget that training does not spend."""
 
     def __init__(self, model: torch.nn.Module, train: TrainConfig, device: torch.device, seed: int):
         self.model, self.train, self.device, self.seed = model, train, device, seed
-        self.init = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        self.init = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
-    def _fresh(self, n_steps: int):
+    def fresh(self, n_steps: int):
+        """The initial weights back, train mode, the seed, a new AdamW and schedule: (optimizer, scheduler)."""
         self.model.load_state_dict(self.init)
         self.model.train()
         torch.manual_seed(self.seed)
@@ -41,10 +42,10 @@ class PassRunner:
             torch.cuda.synchronize(self.device)
 
     def run(self, batches: Sequence[Batch], warmup_steps: int) -> dict:
-        opt, sched = self._fresh(len(batches))
+        opt, sched = self.fresh(len(batches))
         for b in batches[:warmup_steps]:
             self.step(b, opt, sched)
-        opt, sched = self._fresh(len(batches))
+        opt, sched = self.fresh(len(batches))
         gc.collect()
         monitor = build_monitor(self.device.type, self.device.index or 0)
         monitor.start()
@@ -78,7 +79,7 @@ class PassRunner:
         """torch.profiler over one whole training pass: ({op: self ms}, table by input shape)."""
         from torch.profiler import ProfilerActivity, profile
 
-        opt, sched = self._fresh(len(batches))
+        opt, sched = self.fresh(len(batches))
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
         with profile(activities=acts, record_shapes=True) as prof:
             for b in batches:

@@ -1,7 +1,9 @@
 """``python -m west.bin.benchmark``: the seed table (static / dynamic / pack) on this machine.
 
 Trains the same initial model on the same N utterances in every batch mode and prints
-the seed's table plus the compute each mode performs; writes OUT_DIR/benchmark.{json,md,png}.
+the seed's table plus the compute each mode performs and the operators it dispatches; writes
+OUT_DIR/benchmark.{json,md,png}. With ``--memory_budget 24GiB`` every mode first gets the largest
+size that fits (the seed's method) and the seed's table leads: time for 10,000 utterances, MFU.
 See west/bench/benchmark.py for what is measured and docs/benchmarks.md for results.
 
     python -m west.bin.benchmark --config recipes/aishell/conf/tiny_cpu.yaml \\
@@ -39,6 +41,15 @@ def build_arg_parser() -> argparse.ArgumentParser:
                    help="torch.profiler comparison of pack against static / encoder padded: auto = when the "
                         "measured speed-up is below 95%% of the FLOP prediction")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch's default)")
+    p.add_argument("--memory_budget", default=None,
+                   help="the seed's method: first search every mode's largest size that fits this budget "
+                        "(24GiB, 20GB, 512MiB; 'card' = the CUDA card's size; on a CPU a budget on live tensor "
+                        "bytes), then time every mode at its size and print the seed's table (time for 10,000 "
+                        "utterances, utilisation, TFLOP/s, MFU, peak memory, dispatched ops)")
+    p.add_argument("--search_granularity", type=int, default=128,
+                   help="with --memory_budget: the token sizes are searched to this many tokens (batch size: to 1)")
+    p.add_argument("--count_ops", action=argparse.BooleanOptionalAction, default=True,
+                   help="count the aten operators every mode dispatches per step (one more pass per mode)")
     return p
 
 
@@ -61,9 +72,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError(f"--modes {WHISPER_PADDED} needs model.encoder.type whisper")
         modes = standard_modes(names, args.batch_size,
                                args.max_tokens_in_batch, args.pack_tokens)
+        if args.memory_budget is not None:
+            from west.bench.sizing import check_budget
+
+            check_budget(args.memory_budget, resolved_device(cfg.train.device))
+            if args.search_granularity < 1:
+                raise ConfigError("--search_granularity must be >= 1")
     except (ConfigError, ValueError) as e:
         print(f"west-benchmark: error: {e}", file=sys.stderr)
         return 2
+
+    import torch
 
     from west.bench.benchmark import run_benchmark
     from west.bench.modes import select_utterances
@@ -71,8 +90,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     from west.train.build import build_model, load_tokenizer
 
     if args.threads > 0:
-        import torch
-
         torch.set_num_threads(args.threads)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -86,12 +103,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     tokenizer = load_tokenizer(cfg.model)
     model = build_model(cfg.model, args.seed)
-    res = run_benchmark(model, tokenizer, cfg.data, cfg.train, str(subset), modes, args.repeats,
-                        args.warmup_steps, args.seed, device, args.profile)
+    budget = None
+    if args.memory_budget is not None:
+        from west.bench.memory_search import NothingFits
+        from west.bench.sizing import find_sizes
+
+        try:
+            modes, budget = find_sizes(model, tokenizer, cfg.data, cfg.train, str(subset), modes, device,
+                                       args.memory_budget, args.search_granularity, args.seed)
+        except NothingFits as e:
+            print(f"west-benchmark: error: --memory_budget {args.memory_budget}: {e}", file=sys.stderr)
+            return 1
+    try:
+        res = run_benchmark(model, tokenizer, cfg.data, cfg.train, str(subset), modes, args.repeats,
+                            args.warmup_steps, args.seed, device, args.profile, args.count_ops)
+    except torch.OutOfMemoryError as e:
+        if budget is None:
+            raise
+        sizes = ", ".join(f"{name} {r['key']} {r['size']}" for name, r in budget["search"].items())
+        print(f"west-benchmark: error: a timed pass ran out of memory at the sizes found under --memory_budget "
+              f"{args.memory_budget} ({sizes}): {str(e).splitlines()[0]}. The search steps through each size's "
+              "worst batches only; a whole pass can fragment the allocator further: try a smaller budget",
+              file=sys.stderr)
+        return 1
     env["load_after"] = [round(x, 2) for x in os.getloadavg()]
     res.update(num_utts=len(keys), repeats=args.repeats, warmup_steps=args.warmup_steps, env=env,
                command=" ".join(["python -m west.bin.benchmark", *(argv if argv is not None else sys.argv[1:])]),
                data=str(args.data), config=args.config)
+    if budget is not None:
+        from west.bench.benchmark import add_efficiency
+        from west.bench.peak import run_peak
+
+        add_efficiency(res, run_peak(device, cfg.train.precision))
+        res["memory_budget"] = budget
     text = save(res, out)
     print(text, flush=True)
     print(f"[benchmark] wrote {out / 'benchmark.json'}, {out / 'benchmark.md'}, {out / 'benchmark.png'}")

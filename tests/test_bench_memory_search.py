@@ -1,0 +1,220 @@
+"""The memory-budget search (west.bench.memory_search, west.bench.sizing) and the host-bytes
+tracker (west.bench.memory) on a CPU: an injected out-of-memory at a chosen size is found
+exactly; sizes parse or fail naming the flag. No timing is asserted."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from west.bench.memory import LiveTensorBytes, parse_size, storage_bytes
+from west.bench.memory_search import NothingFits, largest_fitting
+
+CONFIG = """\
+train: {lr: 0.001, warmup_steps: 2, max_steps: 10, device: cpu, grad_clip: 1.0}
+data: {num_workers: 0, dither: 0.0}
+model:
+  encoder: {d_model: 32, num_heads: 2, ffn_dim: 64, num_blocks: 1, conv_kernel: 3, dropout: 0.0}
+  projector: {stride: 2, hidden_dim: 32}
+  llm: {attn_implementation: west_varlen, attn_backend: auto, dtype: float32}
+  freeze_llm: false
+"""
+
+
+def limit(k: int, calls: list):
+    """A trial that runs out of memory above size ``k`` (records what it was asked)."""
+    def trial(size: int) -> bool:
+        calls.append(size)
+        return size <= k
+    return trial
+
+
+@pytest.mark.parametrize("start", [None, 1, 8, 37, 38, 500, 1000])
+def test_search_finds_the_injected_limit(start):
+    calls: list = []
+    res = largest_fitting(limit(37, calls), 1, 1000, start=start)
+    assert res.size == 37 and not res.capped
+    assert len(calls) == len(set(calls)) <= 22          # every size tried once; doubling + bisection
+    assert res.trials == [(s, s <= 37) for s in calls]
+
+
+def test_search_granularity_and_bounds():
+    calls: list = []
+    res = largest_fitting(limit(5000, calls), 200, 100_000, start=4096, granularity=128)
+    assert res.size <= 5000 < res.size + 128 and res.size % 128 == 0
+    assert all(s == 4096 or s % 128 == 0 for s in calls)
+    res = largest_fitting(limit(10**9, []), 3, 50, start=4)     # everything fits up to the cap
+    assert res.size == 50 and res.capped
+    res = largest_fitting(limit(3, []), 3, 50, start=20)       # only the smallest fits
+    assert res.size == 3 and not res.capped
+    with pytest.raises(NothingFits, match="smallest size 3"):
+        largest_fitting(limit(2, []), 3, 50, start=20)
+    with pytest.raises(NothingFits):
+        largest_fitting(limit(2, []), 3, 50)
+    with pytest.raises(ValueError, match="lo <= hi"):
+        largest_fitting(limit(2, []), 10, 5)
+
+
+def test_parse_size():
+    assert parse_size("24GiB") == 24 * 2**30
+    assert parse_size("20GB") == 20 * 10**9
+    assert parse_size("512MiB") == 512 * 2**20
+    assert parse_size("1.5 gib") == 3 * 2**29
+    assert parse_size("4096") == 4096
+    for bad in ("24 gigs", "GiB", "-1GiB", "0MiB", ""):
+        with pytest.raises(ValueError, match="--memory_budget"):
+            parse_size(bad)
+
+
+def test_live_tensor_bytes_raises_at_the_allocation_over_budget():
+    a = torch.ones(10)
+    tracker = LiveTensorBytes(budget=1000, baseline=storage_bytes([a]))      # 40 bytes of baseline
+    with tracker:
+        x = torch.empty(100)                   # 400 bytes: 440 live
+        v = x.view(10, 10).t()                 # views share x's storage: nothing new
+        x.add_(1)                              # in place: nothing new
+        y = x * 2                              # 400 more: 840
+        assert tracker.baseline + tracker.live == 840
+        del y                                  # freed: back to 440
+        assert tracker.live == 400
+        z = torch.empty(140)                   # 560: 1000, exactly the budget, fits
+        assert tracker.peak == 1000
+        del z
+        with pytest.raises(torch.OutOfMemoryError, match="simulated out of memory.*exceed the host budget"):
+            torch.empty(141)                   # 564 bytes: 1004 > 1000
+        del v, x
+    assert tracker.live == 0 and tracker.peak == 1004
+
+
+def test_live_tensor_bytes_follows_autograd():
+    w = torch.randn(256, requires_grad=True)     # 1 KiB
+    tracker = LiveTensorBytes()
+    with tracker:
+        h = w.exp()                              # saved by ExpBackward for the backward
+        loss = (h * h).sum()
+        del h
+        saved = tracker.live
+        loss.backward()
+        del loss
+    assert saved == 1024 + 4                     # exp's result (saved by the graph) and the sum; h*h is gone
+    assert tracker.live == 1024                  # the graph is freed; w.grad remains
+    assert w.grad is not None
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory, corpus):
+    from west.bench.runner import PassRunner
+    from west.bench.trial_batches import BatchSource
+    from west.config import load_config
+    from west.models.tiny_llm import build_tiny_llm
+    from west.train.build import build_model, load_tokenizer
+
+    d = tmp_path_factory.mktemp("bench_mem")
+    llm = build_tiny_llm(list(corpus["texts"].values()) + ["Transcribe the speech."], d / "llm", vocab_size=300,
+                         hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
+    (d / "conf.yaml").write_text(CONFIG, encoding="utf-8")
+    cfg = load_config(str(d / "conf.yaml"), [("model.llm.path", str(llm))])
+    model = build_model(cfg.model, 0)
+    runner = PassRunner(model, cfg.train, torch.device("cpu"), 0)
+    source = BatchSource(str(corpus["list"]), load_tokenizer(cfg.model), model.cfg.speech_shape(), 0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # tiny steps: a second thread only waits for a busy core
+    yield {"cfg": cfg, "runner": runner, "source": source, "dir": d, "llm": llm, "list": corpus["list"]}
+    torch.set_num_threads(threads)
+
+
+def inject_oom(monkeypatch, runner, too_big):
+    """The runner's step raises an out-of-memory error on a batch for which ``too_big(batch)``."""
+    real = runner.step
+
+    def step(b, opt, sched):
+        if too_big(b):
+            raise torch.OutOfMemoryError(f"injected: {b.counters['utterances']} utterances")
+        return real(b, opt, sched)
+
+    monkeypatch.setattr(runner, "step", step)
+
+
+def test_mode_search_finds_the_injected_batch_size(bench, monkeypatch):
+    from west.bench.modes import standard_modes
+    from west.bench.sizing import search_mode
+
+    runner, init = bench["runner"], {k: v.clone() for k, v in bench["runner"].init.items()}
+    inject_oom(monkeypatch, runner, lambda b: b.counters["utterances"] > 5)
+    rec = search_mode(runner, bench["source"], standard_modes(["static"])[0], bench["cfg"].data, None,
+                      log=lambda s: None)
+    assert rec["key"] == "batch_size" and rec["size"] == 5 and not rec["capped"]
+    assert (rec["lo"], rec["hi"]) == (1, 24)
+    assert all(t["fits"] == (t["size"] <= 5) for t in rec["trials"])
+    assert any("injected" in t["oom"] for t in rec["trials"])
+    # the trials left the model as it was
+    assert all(torch.equal(v, init[k]) for k, v in runner.model.state_dict().items())
+    assert all(p.grad is None for p in runner.model.parameters())
+
+
+def test_mode_search_token_budget_keeps_every_utterance(bench, monkeypatch):
+    """Pack: OOM above 300 computed LLM positions. The size found makes no batch above that, one
+    granule more does, and no size below the longest utterance is tried (all modes keep all N)."""
+    from west.bench.modes import standard_modes
+    from west.bench.sizing import search_mode
+    from west.bench.trial_batches import worst_batches
+
+    runner, source = bench["runner"], bench["source"]
+    inject_oom(monkeypatch, runner, lambda b: b.counters["computed_llm_tokens"] > 300)
+    mode = standard_modes(["pack"], pack_tokens=256)[0]
+    rec = search_mode(runner, source, mode, bench["cfg"].data, None, granularity=32, log=lambda s: None)
+    conf = dataclasses.replace(bench["cfg"].data, **mode.data)
+    found = source.batches(dataclasses.replace(conf, pack_tokens=rec["size"]))
+    assert max(b.counters["computed_llm_tokens"] for b in found) <= 300
+    over = source.batches(dataclasses.replace(conf, pack_tokens=rec["size"] + 32))
+    assert max(b.counters["computed_llm_tokens"] for b in over) > 300
+    assert min(t["size"] for t in rec["trials"]) >= rec["lo"]
+    assert sum(b.counters["utterances"] for b in source.batches(conf)) == 24
+    assert worst_batches(over)   # the trial ran the worst of them
+
+
+def test_host_budget_trial(bench):
+    """On a CPU a trial runs under the live-tensor tracker: a budget at the weights' size fails
+    with the simulated error, a generous one fits and reports its peak."""
+    from west.bench.sizing import run_trial
+
+    runner, source = bench["runner"], bench["source"]
+    batches = source.batches(dataclasses.replace(bench["cfg"].data, batch_type="static", batch_size=4))[:2]
+    weights = storage_bytes([*runner.model.parameters(), *runner.model.buffers()])
+    fitted, peak, msg = run_trial(runner, batches, weights)
+    assert not fitted and "simulated out of memory" in msg and peak > weights
+    fitted, peak, msg = run_trial(runner, batches, 2**34)
+    assert fitted and msg == "" and weights < peak < 2**34
+
+
+def test_cli_with_a_host_budget(bench, tmp_path, capsys):
+    from west.bin import benchmark as cli
+
+    args = ["--config", str(bench["dir"] / "conf.yaml"), "--model.llm.path", str(bench["llm"]),
+            "--data", str(bench["list"]), "--num_utts", "8", "--out_dir", str(tmp_path / "out"),
+            "--modes", "static,pack", "--repeats", "1", "--profile", "never", "--pack_tokens", "512"]
+    threads = torch.get_num_threads()
+    assert cli.main([*args, "--memory_budget", "24 gigs"]) == 2
+    assert cli.main([*args, "--memory_budget", "card"]) == 2        # CUDA only
+    assert cli.main([*args, "--memory_budget", "1KiB", "--modes", "static"]) == 1   # not even the weights fit
+    err = capsys.readouterr().err
+    assert "--memory_budget: cannot read '24 gigs' as a size" in err
+    assert "--memory_budget card needs a CUDA device" in err
+    assert "--memory_budget 1KiB: mode static: even batch_size=1 runs out of memory (simulated out of memory" in err
+    assert cli.main([*args, "--memory_budget", "64MiB", "--threads", "1", "--search_granularity", "64"]) == 0
+    torch.set_num_threads(threads)
+    res = json.loads((tmp_path / "out" / "benchmark.json").read_text(encoding="utf-8"))
+    md = (tmp_path / "out" / "benchmark.md").read_text(encoding="utf-8")
+    assert md.startswith("| method | configuration | CPU util %") and "(extrapolated from 8)" in md
+    search = res["memory_budget"]["search"]
+    assert res["memory_budget"]["budget"] == 64 * 2**20 and set(search) == {"static", "pack"}
+    for name, r in res["modes"].items():
+        s = search[name]
+        assert r["data"][s["key"]] == s["size"] and f"{s['size']}" in r["configuration"]
+        assert r["time_per_10000_s"] == pytest.approx(r["time_s"] * 10000 / 8)
+        assert 0 < r["mfu"] and r["ops"]["per_step"]["total"] > 0
+        assert all(t["fits"] == (t["peak_bytes"] <= 64 * 2**20) for t in s["trials"])
+        assert s["capped"] or any(not t["fits"] and t["size"] <= s["size"] + s["granularity"] for t in s["trials"])
+    assert res["efficiency"]["peak"]["tflops"] > 0 and res["efficiency"]["useful_flops_from"] == "pack"
