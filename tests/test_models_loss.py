@@ -251,6 +251,13 @@ def test_library_dispatch_matches_plain(fake, impl, autocast):
         assert_close(r, g, 1e-5 if not autocast else 2e-2)
 
 
+@pytest.mark.parametrize("impl", ["liger", "cce"])
+def test_library_empty_rows(fake, impl):
+    loss, n_correct, _, gw, gb = run(impl, *make(0))
+    assert float(loss) == 0.0 and int(n_correct) == 0 and fake.calls == []
+    assert torch.equal(gw, torch.zeros(V, H)) and torch.equal(gb, torch.zeros(V))
+
+
 def test_auto_prefers_liger_then_cce_then_chunked(fake, monkeypatch):
     inputs = make(12)
     run("auto", *inputs)
@@ -268,8 +275,9 @@ def test_library_not_importable_or_not_on_cuda(monkeypatch):
     monkeypatch.setitem(sys.modules, "cut_cross_entropy", None)
     monkeypatch.setattr(loss_mod, "_on_cuda", lambda t: True)
     for impl, package in (("liger", "liger-kernel"), ("cce", "cut-cross-entropy")):
-        with pytest.raises(RuntimeError, match=f"impl='{impl}' needs the {package} package"):
-            linear_cross_entropy(hid, w, t, impl=impl)
+        for rows in (slice(None), slice(0, 0)):   # a batch without label rows is refused too
+            with pytest.raises(RuntimeError, match=f"impl='{impl}' needs the {package} package"):
+                linear_cross_entropy(hid[rows], w, t[rows], impl=impl)
     assert torch.equal(linear_cross_entropy(hid, w, t, impl="auto")[0],
                        linear_cross_entropy(hid, w, t, impl="chunked")[0])
 
