@@ -1,0 +1,291 @@
+"""linear_cross_entropy: the chunked loss equals the plain one (value, argmax count, gradients)
+without ever holding more than one chunk of logits; the optional CUDA libraries are dispatched
+to (checked with fake modules: the real ones are not installed here)."""
+import sys
+import types
+from collections import Counter
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from west.models import loss as loss_mod
+from west.models.loss import CCE_IMPL, LOSS_IMPLS, linear_cross_entropy
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+H, V = 16, 50
+
+
+def make(n: int, h: int = H, v: int = V, bias: bool = True, dtype=torch.float32, seed: int = 0):
+    """(hidden, weight, bias, target); every other row's target is its argmax, so n_correct
+    is neither 0 nor n."""
+    g = torch.Generator().manual_seed(seed)
+    hid = torch.randn(n, h, generator=g, dtype=dtype)
+    w = torch.randn(v, h, generator=g, dtype=dtype) * 0.5
+    b = torch.randn(v, generator=g, dtype=dtype) if bias else None
+    t = torch.randint(0, v, (n,), generator=g)
+    if n:
+        best = F.linear(hid, w, b).argmax(-1)
+        t[::2] = best[::2]
+    return hid, w, b, t
+
+
+def run(impl, hid, w, b, t, chunk_rows=8, train_w=True, autocast=False):
+    """(loss, n_correct, grad_h, grad_w, grad_b of 0.37 * loss) for fresh leaf copies of the inputs."""
+    hid = hid.clone().requires_grad_(True)
+    w = w.clone().requires_grad_(train_w)
+    b = None if b is None else b.clone().requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        loss, n_correct = linear_cross_entropy(hid, w, t, bias=b, chunk_rows=chunk_rows, impl=impl)
+    (0.37 * loss).backward()   # a grad_output other than 1, as a normalised loss would give
+    return loss.detach(), n_correct, hid.grad, w.grad, None if b is None else b.grad
+
+
+def assert_close(a, b, rel):
+    """|a - b| <= rel * max|a| (elementwise scale of the reference)."""
+    assert a.shape == b.shape and a.dtype == b.dtype
+    assert float((a - b).abs().max()) <= rel * float(a.abs().max())
+
+
+# (rows, chunk_rows, vocab): N not a multiple of chunk_rows, a multiple, N < chunk_rows, one row;
+# V = 3000 > MIN_VOCAB_BLOCK makes tiles of 23 rows x 1043 columns (row and vocab tiling)
+CASES = [(37, 8, V), (16, 8, V), (5, 8, V), (1, 1, V), (37, 8, 3000), (300, 2, 3000)]
+
+
+@pytest.mark.parametrize("n, chunk_rows, v", CASES)
+@pytest.mark.parametrize("bias", [True, False])
+def test_chunked_equals_plain_float32(n, chunk_rows, v, bias):
+    inputs = make(n, v=v, bias=bias)
+    ref = run("plain", *inputs, chunk_rows=chunk_rows)
+    got = run("chunked", *inputs, chunk_rows=chunk_rows)
+    assert got[0].dtype == torch.float32 and got[0].dim() == 0
+    assert got[1].dtype == torch.int64 and got[1].dim() == 0
+    assert 0 < int(ref[1]) <= n and int(got[1]) == int(ref[1])
+    assert torch.allclose(got[0], ref[0], rtol=1e-5, atol=0)
+    for r, g in zip(ref[2:], got[2:]):
+        if r is None:
+            assert g is None
+        else:
+            assert_close(r, g, 1e-5)
+
+
+def test_argmax_ties_across_vocab_tiles_count_the_first_index():
+    """Two equal top logits in different vocabulary tiles: argmax (and so n_correct) takes
+    the first, in the plain and the chunked path alike."""
+    hid, w, _, _ = make(4, v=3000)
+    w[5] = w[2500] = 10 * hid[0] / hid[0].norm()
+    hid[:] = hid[0]
+    t = torch.tensor([5, 5, 5, 2500])
+    for impl in ("plain", "chunked"):
+        _, n_correct = linear_cross_entropy(hid, w, t, chunk_rows=1, impl=impl)
+        assert int(n_correct) == 3, impl
+
+
+@pytest.mark.parametrize("n, chunk_rows, v", [(37, 8, 300), (5, 8, 300), (37, 8, 3000)])
+def test_chunked_under_bf16_autocast(n, chunk_rows, v):
+    """Logits in bf16 as F.linear under autocast, softmax in float32: the loss and grad_h
+    match the plain path; grad_W / grad_b within bf16 rounding (chunks accumulate in fp32)."""
+    inputs = make(n, h=32, v=v)
+    ref = run("plain", *inputs, chunk_rows=chunk_rows, autocast=True)
+    got = run("chunked", *inputs, chunk_rows=chunk_rows, autocast=True)
+    fp32 = run("plain", *inputs, chunk_rows=chunk_rows)
+    assert int(got[1]) == int(ref[1])
+    assert got[0].dtype == torch.float32
+    assert torch.allclose(got[0], ref[0], rtol=1e-5)
+    # the bf16 matmul really happened: fp32 logits give a visibly different loss
+    assert float((fp32[0] - ref[0]).abs()) > 10 * float((got[0] - ref[0]).abs())
+    for r, g in zip(ref[2:], got[2:]):
+        assert g.dtype == torch.float32   # gradients come back in the leaves' dtype
+        assert_close(r, g, 2e-2)
+
+
+@pytest.mark.parametrize("impl", ["chunked", "plain"])
+def test_empty_rows_give_zero_loss_and_zero_gradients(impl):
+    hid, w, b, t = make(0)
+    loss, n_correct, gh, gw, gb = run(impl, hid, w, b, t)
+    assert float(loss) == 0.0 and loss.dtype == torch.float32 and int(n_correct) == 0
+    # the weights stay in the graph (DDP expects a gradient for every used parameter)
+    assert gh.shape == (0, H) and torch.equal(gw, torch.zeros(V, H)) and torch.equal(gb, torch.zeros(V))
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_frozen_weight_gets_no_gradient(autocast):
+    inputs = make(37)
+    ref = run("plain", *inputs, train_w=False, autocast=autocast)
+    got = run("chunked", *inputs, train_w=False, autocast=autocast)
+    assert got[3] is None
+    assert_close(ref[2], got[2], 1e-5)
+    assert_close(ref[4], got[4], 1e-5 if not autocast else 2e-2)
+
+
+def test_gradcheck_float64():
+    hid, w, b, t = make(7, h=3, v=5, dtype=torch.float64, seed=3)
+    hid, w, b = (x.requires_grad_(True) for x in (hid, w, b))
+
+    def fn(hid, w, b):
+        return linear_cross_entropy(hid, w, t, bias=b, chunk_rows=3, impl="chunked")[0]
+
+    assert fn(hid, w, b).dtype == torch.float64
+    assert torch.autograd.gradcheck(fn, (hid, w, b))
+
+
+class OpRecorder(TorchDispatchMode):
+    """The largest numel among all op outputs, and how many matmuls ran."""
+
+    def __init__(self):
+        super().__init__()
+        self.max_numel = 0
+        self.ops = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.ops[func.overloadpacket.__name__] += 1
+        for x in tree_flatten(out)[0]:
+            if isinstance(x, torch.Tensor):
+                self.max_numel = max(self.max_numel, x.numel())
+        return out
+
+
+@pytest.mark.parametrize("v", [V, 3000])
+@pytest.mark.parametrize("autocast", [False, True])
+@pytest.mark.parametrize("impl", ["chunked", "plain"])
+def test_never_more_than_one_chunk_of_logits(impl, autocast, v):
+    chunk_rows, n = 8, 40
+    inputs = make(n, h=4, v=v)     # W (V x 4) and its gradient stay under the chunk_rows x V bound
+    with OpRecorder() as rec:
+        run(impl, *inputs, chunk_rows=chunk_rows, autocast=autocast)
+    if impl == "chunked":
+        assert rec.max_numel <= chunk_rows * v
+    else:   # the bound is tight enough to catch the full logits
+        assert rec.max_numel >= n * v > chunk_rows * v
+
+
+def test_frozen_weight_skips_its_matmul():
+    inputs = make(40)
+    counts = {}
+    for train_w in (True, False):
+        with OpRecorder() as rec:
+            run("chunked", *inputs, chunk_rows=8, train_w=train_w)
+        counts[train_w] = sum(rec.ops[k] for k in ("mm", "addmm", "addmm_"))
+    # 5 chunks: forward 1 + backward 3 (recompute, grad_h, grad_W) per chunk, 2 when W is frozen
+    assert counts == {True: 20, False: 15}
+
+
+@pytest.mark.parametrize("impl", ["chunked", "plain"])
+@pytest.mark.parametrize("bad, idx", [(-100, 3), (V, 6), (V + 7, 0)])
+def test_target_outside_vocabulary_is_named(impl, bad, idx):
+    hid, w, b, t = make(10)
+    t[idx] = bad
+    with pytest.raises(ValueError, match=rf"target\[{idx}\] = {bad} is outside the vocabulary \[0, {V}\)"):
+        linear_cross_entropy(hid, w, t, bias=b, impl=impl)
+
+
+def test_bad_shapes_and_options():
+    hid, w, b, t = make(10)
+    with pytest.raises(ValueError, match="impl='fast'"):
+        linear_cross_entropy(hid, w, t, impl="fast")
+    with pytest.raises(ValueError, match="target must be"):
+        linear_cross_entropy(hid, w, t[:9])
+    with pytest.raises(ValueError, match="integer class ids"):
+        linear_cross_entropy(hid, w, t.float())
+    with pytest.raises(ValueError, match="weight must be"):
+        linear_cross_entropy(hid, w[:, :3], t)
+    with pytest.raises(ValueError, match="bias must be"):
+        linear_cross_entropy(hid, w, t, bias=b[:3])
+    with pytest.raises(ValueError, match="chunk_rows"):
+        linear_cross_entropy(hid, w, t, chunk_rows=0)
+    with pytest.raises(ValueError, match="outside autocast"):
+        linear_cross_entropy(hid, w.double(), t, impl="chunked")
+    assert LOSS_IMPLS == ("auto", "chunked", "plain", "liger", "cce")
+
+
+# ---------------------------------------------------------------- optional libraries, faked
+class FakeLibrary:
+    """A stand-in for liger-kernel / cut-cross-entropy: the plain torch computation with the
+    library's signature, recording its calls."""
+
+    def __init__(self):
+        self.calls = []
+
+    def liger(self, input, weight, target, bias=None, ce_weight=None, ignore_index=-100,
+              lse_square_scale=0.0, label_smoothing=0.0, reduction="mean", softcap=None):
+        self.calls.append({"lib": "liger", "reduction": reduction, "dtype": input.dtype, "bias": bias is not None})
+        return F.cross_entropy(F.linear(input, weight, bias).float(), target, reduction=reduction)
+
+    def cce(self, e, c, targets, bias=None, ignore_index=-100, softcap=None, reduction="mean",
+            shift=0, filter_eps="auto", impl="cce"):
+        self.calls.append({"lib": "cce", "reduction": reduction, "dtype": e.dtype, "bias": bias is not None,
+                           "impl": impl})
+        return F.cross_entropy(F.linear(e, c, bias).float(), targets, reduction=reduction)
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    """Install both fake libraries and pretend the tensors are on CUDA."""
+    lib = FakeLibrary()
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers.functional",
+                        types.SimpleNamespace(liger_fused_linear_cross_entropy=lib.liger))
+    monkeypatch.setitem(sys.modules, "cut_cross_entropy", types.SimpleNamespace(linear_cross_entropy=lib.cce))
+    monkeypatch.setattr(loss_mod, "_on_cuda", lambda t: True)
+    return lib
+
+
+@pytest.mark.parametrize("impl", ["liger", "cce"])
+@pytest.mark.parametrize("autocast", [False, True])
+def test_library_dispatch_matches_plain(fake, impl, autocast):
+    inputs = make(37)
+    ref = run("plain", *inputs, autocast=autocast)
+    got = run(impl, *inputs, autocast=autocast)
+    assert [c["lib"] for c in fake.calls] == [impl]
+    call = fake.calls[0]
+    assert call["reduction"] == "sum" and call["bias"]
+    if impl == "cce":
+        assert call["impl"] == CCE_IMPL
+        assert call["dtype"] == (torch.bfloat16 if autocast else torch.float32)   # cast as F.linear would
+    assert int(got[1]) == int(ref[1])   # from the extra no-grad argmax pass
+    assert got[0].dtype == torch.float32 and torch.allclose(got[0], ref[0], rtol=1e-5)
+    for r, g in zip(ref[2:], got[2:]):
+        assert_close(r, g, 1e-5 if not autocast else 2e-2)
+
+
+@pytest.mark.parametrize("impl", ["liger", "cce"])
+def test_library_empty_rows(fake, impl):
+    loss, n_correct, _, gw, gb = run(impl, *make(0))
+    assert float(loss) == 0.0 and int(n_correct) == 0 and fake.calls == []
+    assert torch.equal(gw, torch.zeros(V, H)) and torch.equal(gb, torch.zeros(V))
+
+
+def test_auto_prefers_liger_then_cce_then_chunked(fake, monkeypatch):
+    inputs = make(12)
+    run("auto", *inputs)
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers.functional", None)   # not importable
+    run("auto", *inputs)
+    assert [c["lib"] for c in fake.calls] == ["liger", "cce"]
+    monkeypatch.setattr(loss_mod, "_on_cuda", lambda t: False)   # CPU tensors: the torch path
+    ref, got = run("chunked", *inputs), run("auto", *inputs)
+    assert len(fake.calls) == 2 and torch.equal(ref[0], got[0])
+
+
+def test_library_not_importable_or_not_on_cuda(monkeypatch):
+    hid, w, _, t = make(12)
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers.functional", None)
+    monkeypatch.setitem(sys.modules, "cut_cross_entropy", None)
+    monkeypatch.setattr(loss_mod, "_on_cuda", lambda t: True)
+    for impl, package in (("liger", "liger-kernel"), ("cce", "cut-cross-entropy")):
+        for rows in (slice(None), slice(0, 0)):   # a batch without label rows is refused too
+            with pytest.raises(RuntimeError, match=f"impl='{impl}' needs the {package} package"):
+                linear_cross_entropy(hid[rows], w, t[rows], impl=impl)
+    assert torch.equal(linear_cross_entropy(hid, w, t, impl="auto")[0],
+                       linear_cross_entropy(hid, w, t, impl="chunked")[0])
+
+
+def test_library_refuses_cpu_tensors(fake, monkeypatch):
+    monkeypatch.setattr(loss_mod, "_on_cuda", lambda t: t.is_cuda)
+    hid, w, _, t = make(12)
+    for impl in ("liger", "cce"):
+        with pytest.raises(ValueError, match=f"impl='{impl}' runs on CUDA tensors only"):
+            linear_cross_entropy(hid, w, t, impl=impl)
+    assert fake.calls == []
