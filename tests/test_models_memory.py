@@ -35,3 +35,25 @@ def test_activation_checkpointing_same_loss_and_gradients(layout):
     assert grads_a.keys() == grads_b.keys() and len(grads_a) == sum(1 for _ in plain.parameters())
     for name in grads_a:
         torch.testing.assert_close(grads_b[name], grads_a[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_chunked_loss_in_the_model_equals_the_plain_loss():
+    """model.loss chunked (tiles of 3 rows here, so several per batch) against plain: the same loss,
+    correct-token count and gradients, through the whole model."""
+    ss = samples()
+    batch = packed_batch(ss, sum(len(s.ids) for s in ss) + 4)
+    results = {}
+    for impl in ("plain", "chunked"):
+        torch.manual_seed(0)
+        model = SpeechLLM(tiny_config(loss=impl, loss_chunk_rows=3)).eval()
+        model.zero_grad(set_to_none=True)
+        out = model(batch)
+        out["loss_sum"].backward()
+        results[impl] = (float(out["loss_sum"].detach()), int(out["n_correct"]),
+                         {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    (la, ca, ga), (lb, cb, gb) = results["plain"], results["chunked"]
+    assert la == pytest.approx(lb, rel=1e-6) and ca == cb and ga.keys() == gb.keys()
+    scale = max(float(g.abs().max()) for g in ga.values())
+    for name in ga:   # relative to the largest gradient: some (k biases) are zero up to rounding
+        err = float((gb[name] - ga[name]).abs().max())
+        assert err <= 1e-5 * scale, (name, err, scale)

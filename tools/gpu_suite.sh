@@ -25,6 +25,7 @@ work_dir=/tmp/west_gpu
 device=cuda
 tiny=false
 steps=40
+workers=4
 while [ $# -gt 0 ]; do
   case $1 in
     --parts|--num_utts|--memory_budget|--python|--work_dir|--device|--steps|--num_train) declare "${1#--}=$2"; shift 2 ;;
@@ -55,7 +56,7 @@ llm=$exp/seed_llm
 shape=qwen2-1.5b
 pack=8192; batch=32; max_tokens=4096
 if $tiny; then   # the CPU check of this script: same steps, toy sizes
-  shape=bench-10m; pack=1024; batch=4; max_tokens=512; num_utts=24; num_train=60; steps=3
+  shape=bench-10m; pack=1024; batch=4; max_tokens=512; num_utts=24; num_train=60; steps=3; workers=1
   llm=$exp/seed_llm_tiny
   conf=$repo/recipes/aishell/conf/bench_llm_heavy.yaml
 fi
@@ -101,14 +102,14 @@ train_run() {   # name, extra args...
   "$python" -m west.bin.train --config "$conf" "${common[@]}" --train_data "$data/train/data.list" \
     --data.cmvn "$data/train/global_cmvn.json" --output_dir "$exp/$name" --batch_type pack --pack_tokens "$pack" \
     --max_steps "$steps" --train.save_every 0 --train.save_at_epoch_end false --train.warmup_steps 5 \
-    --train.log_every 5 --train.tensorboard false --train.progress_bar false --data.num_workers 4 \
+    --train.log_every 5 --train.tensorboard false --train.progress_bar false --data.num_workers "$workers" \
     --data.pin_memory "$([ "$device" = cuda ] && echo true || echo false)" "$@" >>"$out/suite.log" 2>&1
   "$python" "$repo/tools/step_summary.py" "$exp/$name/train_log.jsonl" --name "$name" --skip $(( steps > 10 ? 5 : 1 )) \
     | tee -a "$out/suite.md"
 }
 
 if has train; then
-  log "train: west-train, pack $pack, $steps steps, the real loader (4 workers, pinned memory)"
+  log "train: west-train, pack $pack, $steps steps, the real loader ($workers workers, pinned memory on CUDA)"
   train_run train_eager
 fi
 if has compile; then

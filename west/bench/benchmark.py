@@ -106,6 +106,8 @@ def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, trai
     for m in modes:
         conf = dataclasses.replace(data_conf, **{**m.data, "num_workers": 0})
         batches, load_s, skipped = load_batches(data_list, tokenizer, conf, shape, seed)
+        if dev.type == "cuda":   # as the training loader with pin_memory gives them: copied without a sync
+            batches = [b.pin_memory() for b in batches]
         keys = sorted(k for b in batches for k in b.keys)
         loaded[m.name] = batches
         padded = full_window if m.model.get("encoder.pad_to_30s") else None

@@ -111,8 +111,9 @@ def sdpa_flops() -> dict:
 
 def count_flops(model: torch.nn.Module, batches: Sequence[Batch], device: torch.device) -> dict:
     """Forward+backward FLOPs over ``batches``: ``total``, ``forward``, ``backward`` and the
-    forward FLOPs of each top-level part (``fwd_<child>``; the encoder is what the root's
-    forward does outside its called children). Weights are not updated; this pass doubles
+    forward FLOPs of each top-level part (``fwd_<child>``; a child called through a method has
+    what the root's forward does outside its called children, else the LLM has it: the loss
+    over its output embedding). Weights are not updated; this pass doubles
     as the warm-up that sees every batch shape once. (Per-module numbers come from forward
     hooks only: torch's attribution of backward ops to modules is approximate.) Packed LLM
     attention is counted as segment SDPA runs it (segments padded to their bucket), an upper
@@ -152,13 +153,14 @@ def _count(model: torch.nn.Module, batches: Sequence[Batch], device: torch.devic
             called += n
         out["forward"] += int(fwd.get_total_flops())
         out["backward"] += int(bwd.get_total_flops())
-        # a child the root calls through a method (not __call__) has no hook: its FLOPs are the rest
+        # a child the root calls through a method (not __call__) has no hook: its FLOPs are the rest;
+        # else the rest is the root's own work, SpeechLLM's loss over the LLM's output embedding
         rest = int(sum(counts.get(root, {}).values())) - called
-        for c in children:
-            if getattr(model, c) is not None and not any(k == f"{root}.{c}" or k.startswith(f"{root}.{c}.")
-                                                         for k in counts):
-                out[f"fwd_{c}"] += rest
-                break
+        unhooked = [c for c in children if getattr(model, c) is not None
+                    and not any(k == f"{root}.{c}" or k.startswith(f"{root}.{c}.") for k in counts)]
+        owner = unhooked[0] if unhooked else ("llm" if "llm" in children else None)
+        if owner is not None:
+            out[f"fwd_{owner}"] += rest
     out["total"] = out["forward"] + out["backward"]
     return out
 

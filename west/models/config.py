@@ -9,6 +9,7 @@ from west.shapes import ENCODER_TYPES, SUBSAMPLING_LAYERS, SpeechShape
 
 POSTERIOR_TYPES = ("ctc_posterior", "ctc_compact")  # read the CTC head's posteriors
 BACKENDS = ("auto", "sdpa_segments", "flash", "torch_varlen", "flex")  # west_varlen's kernels (models.attention)
+LOSS_IMPLS = ("auto", "chunked", "plain", "liger", "cce")  # west.models.loss.linear_cross_entropy
 ENCODER_BACKENDS = ("auto", "sdpa_segments", "flex")   # the Conformer's packed attention (models.conformer)
 
 
@@ -77,6 +78,8 @@ class SpeechLLMConfig:
         lambda v, m: v > 0 or m.projector.type not in POSTERIOR_TYPES,
         "must be > 0 with model.projector.type ctc_posterior or ctc_compact (the CTC loss trains their head)"))
     ctc_blank: Optional[int] = setting(None, min=0)  # None = an extra class after the vocabulary
+    loss: str = setting("auto", choices=LOSS_IMPLS)  # the LLM's CE over the vocabulary (models.loss)
+    loss_chunk_rows: int = setting(512, min=1)         # chunked loss: logits tiles of at most this x vocab
 
     def speech_shape(self) -> SpeechShape:
         """The geometry the data side needs (Whisper's window and mel bins from its dir's config)."""

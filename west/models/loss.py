@@ -15,7 +15,8 @@ from contextlib import nullcontext
 import torch
 import torch.nn.functional as F
 
-LOSS_IMPLS = ("auto", "chunked", "plain", "liger", "cce")
+from west.models.config import LOSS_IMPLS
+
 MIN_VOCAB_BLOCK = 1024   # narrowest logits tile (columns) the chunked path makes, for GEMM efficiency
 CCE_IMPL = "cce"   # cut-cross-entropy's own default (gradient filtering below bf16 precision)
 
@@ -86,7 +87,7 @@ def _checked_target(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Te
         raise ValueError(f"target must hold integer class ids; got dtype {target.dtype}")
     if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
         raise ValueError(f"chunk_rows must be a positive int; got {chunk_rows!r}")
-    if n:
+    if n and target.device.type == "cpu":   # a device target is the caller's to check (on its host copy)
         bad = (target < 0) | (target >= v)
         if bool(bad.any()):
             i = int(bad.nonzero()[0, 0])
@@ -99,7 +100,7 @@ def _compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
     """The dtype ``F.linear(hidden, weight)`` computes in here: the autocast dtype when autocast
     is on for the device (float64 is never autocast), else the tensors' own dtype."""
     dev = hidden.device.type
-    if torch.is_autocast_enabled(dev) and torch.float64 not in (hidden.dtype, weight.dtype):
+    if _autocast_on(dev) and torch.float64 not in (hidden.dtype, weight.dtype):
         return torch.get_autocast_dtype(dev)
     if hidden.dtype != weight.dtype:
         raise ValueError(f"hidden is {hidden.dtype} but weight is {weight.dtype} (outside autocast they must match)")
@@ -111,10 +112,15 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+def _autocast_on(device_type: str) -> bool:
+    """Autocast is on for this device type (devices without autocast, e.g. meta: never)."""
+    return torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
+
+
 def _no_autocast(t: torch.Tensor):
     """Run with the dtypes chosen here (autocast would re-cast inside the Function)."""
     dev = t.device.type
-    return torch.autocast(dev, enabled=False) if torch.is_autocast_enabled(dev) else nullcontext()
+    return torch.autocast(dev, enabled=False) if _autocast_on(dev) else nullcontext()
 
 
 def _empty(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:

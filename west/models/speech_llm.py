@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from west.batch import Batch, to_device
@@ -31,6 +30,7 @@ from west.models.config import POSTERIOR_TYPES, ConformerConfig, SpeechLLMConfig
 from west.models.conformer import ConformerEncoder
 from west.models.hf_attention import ATTN_NAME, packed_kwargs
 from west.models.llm import apply_lora, hf_checkpointing, load_llm
+from west.models.loss import linear_cross_entropy
 from west.models.ctc import segment_ctc
 from west.models.projector import CompactPosteriorProjector, PosteriorProjector, Projector
 
@@ -210,7 +210,13 @@ class SpeechLLM(nn.Module):
         n_correct (0-d tensor on the device: reading it is the caller's sync), ce_sum, and with a CTC
         head ctc_sum / ctc_utts / ctc_infeasible)."""
         embeds, encoded = self._embed(batch)
-        where = to_device(batch.label_positions(), embeds.device)   # found on the host copy of the labels
+        host_where = batch.label_positions()                         # found on the host copy of the labels
+        vocab = self._base_llm().get_output_embeddings().weight.shape[0]
+        host_target = batch.host.labels.reshape(-1)[host_where]
+        if bool(((host_target < 0) | (host_target >= vocab)).any()):   # checked here, on the host copy
+            raise ValueError(f"labels {sorted(set(host_target[(host_target < 0) | (host_target >= vocab)].tolist()))[:5]} "
+                             f"are outside the LLM's vocabulary [0, {vocab}); keys={batch.keys}")
+        where = to_device(host_where, embeds.device)
         target = batch.labels.to(embeds.device).reshape(-1).index_select(0, where)
         ce_sum, n_correct = self._label_loss(embeds, batch, where, target)
         out = dict(loss_sum=ce_sum, ce_sum=ce_sum.detach(), n_tokens=int(where.numel()), n_correct=n_correct)
@@ -234,9 +240,12 @@ class SpeechLLM(nn.Module):
         hidden = base.get_decoder()(inputs_embeds=embeds, position_ids=batch.position_ids, use_cache=False,
                                     **self._llm_kwargs(batch)).last_hidden_state
         h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, where)
-        logits = base.get_output_embeddings()(h).float()
-        ce_sum = F.cross_entropy(logits, target, reduction="sum")
-        return ce_sum, (logits.detach().argmax(-1) == target).sum()
+        head = base.get_output_embeddings()
+        if type(head) is not nn.Linear:
+            raise NotImplementedError(f"{type(base).__name__}'s output embedding is a {type(head).__name__}; "
+                                      "west's loss multiplies by a plain Linear's weight")
+        return linear_cross_entropy(h, head.weight, target, bias=head.bias, chunk_rows=self.cfg.loss_chunk_rows,
+                                    impl=self.cfg.loss)
 
     def ctc_loss(self, batch: Batch, encoded) -> dict:
         """Summed CTC of every speech segment that has a transcript (blank: :attr:`ctc_blank_id`,
