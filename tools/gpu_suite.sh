@@ -77,18 +77,20 @@ fi
 if has attention; then
   log "attention: packed LLM kernels and the Conformer's (flex vs segment SDPA) against float64"
   dtype=bfloat16; [ "$device" = cpu ] && dtype=float32
-  "$python" "$repo/tools/check_attention_cuda.py" --device "$device" --dtype "$dtype" --out "$out/attention.json" \
+  sizes=(); esizes=()
+  $tiny && sizes=(--check_tokens 512 --time_tokens 1024 --repeats 3) && esizes=(--check_rows 400 --time_rows 1000 --repeats 3)
+  "$python" "$repo/tools/check_attention_cuda.py" --device "$device" --dtype "$dtype" --out "$out/attention.json" "${sizes[@]}" \
     2>&1 | tee -a "$out/suite.log" | tail -8
-  "$python" "$repo/tools/check_encoder_attention.py" --device "$device" --dtype "$dtype" \
+  "$python" "$repo/tools/check_encoder_attention.py" --device "$device" --dtype "$dtype" "${esizes[@]}" \
     --out "$out/encoder_attention.json" 2>&1 | tee -a "$out/suite.log" | tail -9
 fi
 
 if has bench; then
   log "bench: west-benchmark, each mode at its largest size under $memory_budget, $num_utts utterances"
-  budget=(--memory_budget "$memory_budget")
-  $tiny && budget=(--memory_budget 2GiB)
+  budget=(--memory_budget "$memory_budget" --repeats 2)
+  $tiny && budget=(--memory_budget 2GiB --repeats 1)
   "$python" -m west.bin.benchmark --config "$conf" "${common[@]}" --data "$data/train/data.list" \
-    --data.cmvn "$data/train/global_cmvn.json" --num_utts "$num_utts" --out_dir "$exp/bench" --repeats 2 \
+    --data.cmvn "$data/train/global_cmvn.json" --num_utts "$num_utts" --out_dir "$exp/bench" \
     --batch_size "$batch" --max_tokens_in_batch "$max_tokens" --pack_tokens "$pack" --profile never \
     "${budget[@]}" >>"$out/suite.log" 2>&1
   cp "$exp/bench/benchmark.json" "$out/benchmark.json"
