@@ -345,7 +345,9 @@ def test_decode_cli_checks(tmp_path, capsys):
     ck = tmp_path / "checkpoints" / "step_00000002"
     ck.mkdir(parents=True)
     (ck / "meta.json").write_text("{}")
-    assert decode.resolve_checkpoint(str(tmp_path)) == ck
+    with pytest.raises(FileNotFoundError, match="nor a run dir with one"):
+        decode.resolve_checkpoint(str(tmp_path))  # its only checkpoint is unusable: reported, not taken
+    assert "step_00000002 is not usable (meta.json: no integer step" in capsys.readouterr().err
     assert decode.main(["--checkpoint", str(ck), "--data", str(tmp_path / "no"), "--result", "y"]) == 2
 
 
