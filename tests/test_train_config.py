@@ -60,6 +60,12 @@ def test_yaml_flags_and_overrides_are_typed(conf, tmp_path):
         parse_train_args(["--config", conf, "--model.new_key", "[1, 2]"])
 
 
+def test_preempt_signals_parse(llm):
+    assert parse([], llm).train.preempt_signals == ["SIGTERM", "SIGUSR1"]
+    assert parse(["--train.preempt_signals", "SIGUSR1"], llm).train.preempt_signals == ["SIGUSR1"]
+    assert parse(["--train.preempt_signals", "[]"], llm).train.preempt_signals == []  # off
+
+
 def test_yaml_float_written_without_dot_is_read(llm):
     cfg = load_config(None, [("train.lr", "5e-5"), ("model.llm.path", llm)])
     assert cfg.train.lr == 5e-5
@@ -76,6 +82,8 @@ BAD = [  # (command line, the key the error must start with), across all four se
     (["--train.precision", "fp16"], "train.precision"),
     (["--train.max_steps", "0", "--train.max_epochs", "0"], "train.max_steps"),
     (["--train.accum_steps", "0"], "train.accum_steps"),
+    (["--train.preempt_signals", "TERM"], "train.preempt_signals"),            # signal names: SIGTERM
+    (["--train.preempt_signals", "SIGTERM,SIGKILL"], "train.preempt_signals"),  # cannot be caught
     (["--train.betas", "0.9"], "train.betas"),
     (["--train.betas", "0.9,1.5"], "train.betas"),
     (["--train.min_lr_ratio", "2"], "train.min_lr_ratio"),

@@ -168,7 +168,8 @@ class Trainer:
         self.evaluated = (self.step, meta["eval"]) if meta.get("eval") else (-1, {})
         self.best = meta.get("best")
         if self.info.is_main:
-            print(f"resumed from {path} (step {self.step}, epoch {self.epoch})", flush=True)
+            how = f"; saved on preemption ({meta['preempted']})" if meta.get("preempted") else ""
+            print(f"resumed from {path} (step {self.step}, epoch {self.epoch}{how})", flush=True)
         return True
 
     def save(self, strict: bool = False) -> None:
@@ -178,6 +179,8 @@ class Trainer:
                 "guard": self.guard.state_dict(), "totals": self.totals.state_dict(), "best": self.best}
         if self.evaluated[0] == self.step:
             meta["eval"] = self.evaluated[1]
+        if self.preempted:
+            meta["preempted"] = self.preempted
         model_cfg = getattr(unwrap(self.model), "cfg", None)
         if hasattr(model_cfg, "to_dict"):   # decode rebuilds this model, whatever config.yaml says later
             meta["model"] = model_cfg.to_dict()
