@@ -3,7 +3,8 @@
 A signal (train.preempt_signals) during a step makes every rank finish the next step, save
 there and return with ``preempted`` set; resuming gives the uninterrupted run's losses and
 weights exactly, also when only one of two ranks was signalled and when the signal comes in
-an epoch's last step. The handlers exist only while fit() runs. A truncated or unreadable
+an epoch's last step. The handlers exist only while fit() runs; DataLoader workers, which a
+scheduler signals too, survive it. A truncated or unreadable
 newest checkpoint is reported, set aside and the previous one used; an explicit --resume of
 it is an error. A full disk (OSError ENOSPC, on any rank) stops the run and leaves the
 previous checkpoint loadable. The CLI runs (torchrun, exit status) are in test_train_e2e.py.
@@ -14,6 +15,7 @@ import errno
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,7 @@ from west.train import checkpoint as ck
 from west.train.config import RunConfig, TrainConfig
 from west.train.distributed import DistInfo, cleanup
 from west.train.loop import Trainer
+from west.train.preempt import shield_loader_workers
 from west.train.step import TooManyBadSteps
 from test_train_fakes import (START_METHOD, ListData, TokenModel, dummy_batch, free_port, init_gloo,
                               make_batches)
@@ -153,6 +156,43 @@ def test_handlers_are_set_only_while_fit_runs(tmp_path):
         assert signal.getsignal(signal.SIGTERM) is mine  # restored after an error too
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+class WorkerPids(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int) -> int:
+        time.sleep(0.02)
+        return os.getpid()
+
+
+@pytest.mark.parametrize("shielded", [True, False])
+def test_loader_workers_outlive_a_signal_to_the_whole_job(shielded):
+    loader = torch.utils.data.DataLoader(WorkerPids(), batch_size=None, num_workers=1,
+                                         multiprocessing_context=START_METHOD)
+    if shielded:
+        shield_loader_workers(loader, ["SIGTERM", "SIGUSR1"])
+    it = iter(loader)
+    worker = next(it)
+    os.kill(worker, signal.SIGTERM)  # as a scheduler does to every process of the job
+    if shielded:
+        time.sleep(0.3)
+        assert list(it) == [worker] * 5
+        return
+    deadline = time.time() + 5  # torch's workers die of it (the loader would fail within 5 s)
+    while _state(worker) not in ("Z", "gone") and time.time() < deadline:
+        time.sleep(0.02)
+    assert _state(worker) in ("Z", "gone")
+    del it
+
+
+def _state(pid: int) -> str:
+    """A process's state letter from /proc (Z: a zombie, exited, not yet reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
 
 
 def _truncate(path: Path) -> None:

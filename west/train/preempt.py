@@ -13,8 +13,9 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+from functools import partial
 from types import FrameType
-from typing import Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 # EX_TEMPFAIL (sysexits.h): "a temporary failure; try again later". Not 143 (128 + SIGTERM):
 # a shell reports 143 for a process that SIGTERM killed before it could save anything.
@@ -61,3 +62,21 @@ class Preemption:
             # None: the previous handler was not set from Python; the default is what it was
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         self._previous.clear()
+
+
+def shield_loader_workers(loader: Any, signals: Sequence[str]) -> None:
+    """Make ``loader``'s worker processes ignore ``signals``.
+
+    A scheduler signals every process of the job, DataLoader workers included, and torch's
+    workers die on SIGTERM (their C handler re-raises it): the main process then failed with
+    "DataLoader worker ... is killed by signal" instead of saving. Ignoring it, a worker still
+    ends when its loader shuts down or the main process dies (torch's own watchdog)."""
+    if signals:
+        loader.worker_init_fn = partial(_ignore_signals, tuple(signals), loader.worker_init_fn)
+
+
+def _ignore_signals(signals: tuple[str, ...], then: Optional[Callable[[int], None]], worker_id: int) -> None:
+    for name in signals:
+        signal.signal(signal.Signals[name], signal.SIG_IGN)
+    if then is not None:
+        then(worker_id)
