@@ -292,7 +292,9 @@ def test_paths_checked_before_data(tmp_path, llm):
     (ckpt / "meta.json").write_text("{}")
     with pytest.raises(ConfigError, match="run.resume: never"):
         check_paths(parse(exp + ["--resume", "never"], llm))
-    check_paths(parse(exp, llm))  # auto resumes
+    check_paths(parse(exp, llm))  # auto resumes (the trainer then reports the unusable checkpoint)
+    with pytest.raises(ConfigError, match="run.resume: .*step_00000005: not a usable checkpoint \\(meta.json"):
+        check_paths(parse(exp + ["--resume", str(ckpt)], llm))  # an explicit dir must be whole
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
