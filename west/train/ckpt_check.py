@@ -57,10 +57,10 @@ def read_checked_meta(path: Path) -> tuple[Optional[str], dict]:
     meta_file = path / "meta.json"
     if not meta_file.is_file():
         return "no meta.json", {}
-    problem = _json_problem(meta_file)
-    if problem:
-        return problem, {}
-    meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    try:
+        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        return f"meta.json: {e}", {}
     if not isinstance(meta, dict) or not isinstance(meta.get("step"), int) \
             or not isinstance(meta.get("world_size"), int) or meta["world_size"] < 1:
         return "meta.json: no integer step and world_size", {}
@@ -88,7 +88,7 @@ def check_checkpoint(path: str | os.PathLike) -> Optional[str]:
     files = sorted(p for p in path.rglob("*") if p.is_file())
     checks = {".json": _json_problem, ".safetensors": _safetensors_problem, ".pt": _pt_problem}
     for f in files:
-        check = checks.get(f.suffix)
+        check = checks.get(f.suffix) if f != path / "meta.json" else None  # read above
         problem = check(f) if check else None
         if problem:
             return problem if f.parent == path else f"{f.parent.name}/{problem}"

@@ -330,8 +330,10 @@ class Trainer:
                 "compilations": compilations() if self.cfg.compile else 0,
                 "failed_saves": self.failed_saves, "partial_epoch_steps": self.totals.steps,
                 "wall_s": time.perf_counter() - t_start, "best": best, "checkpoints": self.ckpt_root,
-                "preempted": self.preempted,
-                "checkpoint": _existing(ckpt.step_dir(self.ckpt_root, self.last_saved)) if self.last_saved >= 0 else None}
+                "preempted": self.preempted, "checkpoint": self._last_checkpoint()}
+
+    def _last_checkpoint(self) -> Optional[str]:
+        return _existing(ckpt.step_dir(self.ckpt_root, self.last_saved)) if self.last_saved >= 0 else None
 
     def _save_preempted(self) -> None:
         try:
