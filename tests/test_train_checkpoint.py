@@ -1,4 +1,5 @@
-"""Checkpoints: round trip, tied weights, keep-last-K, latest lookup, disk full mid-save."""
+"""Checkpoints: round trip, tied weights, keep-last-K, latest lookup, disk full mid-save, the checks that
+find a truncated or unreadable file before a resume."""
 from __future__ import annotations
 
 import errno
@@ -120,7 +121,7 @@ def test_disk_full_keeps_previous_checkpoint(tmp_path, monkeypatch, target):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(ck, target, full)
-    with pytest.raises(ck.CheckpointError, match="disk full"):
+    with pytest.raises(ck.DiskFullError, match="disk full.*step_00000010 kept: free space"):
         save(tmp_path, 20, model, opt, sched)
     monkeypatch.undo()
 
@@ -145,3 +146,25 @@ def test_incomplete_checkpoint_is_refused(tmp_path):
     model, opt, sched = trained()
     with pytest.raises(ck.CheckpointError, match="not a complete checkpoint"):
         ck.load_checkpoint(tmp_path / "step_00000001", model=model, optimizer=opt, scheduler=sched)
+
+
+def test_check_checkpoint_names_the_damaged_file(tmp_path):
+    model, opt, sched = trained()
+    good = save(tmp_path, 1, model, opt, sched)
+    assert ck.check_checkpoint(good) is None
+    cases = {  # file -> damage -> what the check must say
+        "model.safetensors": (lambda p: p.write_bytes(p.read_bytes()[:-7]), "model.safetensors: "),
+        "optimizer.pt": (lambda p: p.write_bytes(p.read_bytes()[:100]), "optimizer.pt: "),
+        "scheduler.pt": (lambda p: p.unlink(), "missing scheduler.pt"),
+        "data_rank0.json": (lambda p: p.write_text("{"), "data_rank0.json: "),
+        "meta.json": (lambda p: p.write_text('{"step": 2, "world_size": 1}'), "meta.json: step 2 in a dir named"),
+    }
+    for step, (name, (damage, says)) in enumerate(cases.items(), start=2):
+        path = save(tmp_path, step, model, opt, sched, keep_last=10)
+        damage(path / name)
+        assert ck.check_checkpoint(path).startswith(says), name
+    warned: list[str] = []
+    assert ck.find_latest(tmp_path, warn=warned.append) == good  # newest first, down to the good one
+    assert len(warned) == len(cases) and all("is not usable" in w and f"falling back to {good}" in w for w in warned)
+    with pytest.raises(ck.CheckpointError, match="step_00000002: not a complete checkpoint \\(model.safetensors"):
+        ck.load_checkpoint(ck.step_dir(tmp_path, 2), model=model, optimizer=opt, scheduler=sched)

@@ -60,6 +60,12 @@ def test_yaml_flags_and_overrides_are_typed(conf, tmp_path):
         parse_train_args(["--config", conf, "--model.new_key", "[1, 2]"])
 
 
+def test_preempt_signals_parse(llm):
+    assert parse([], llm).train.preempt_signals == ["SIGTERM", "SIGUSR1"]
+    assert parse(["--train.preempt_signals", "SIGUSR1"], llm).train.preempt_signals == ["SIGUSR1"]
+    assert parse(["--train.preempt_signals", "[]"], llm).train.preempt_signals == []  # off
+
+
 def test_yaml_float_written_without_dot_is_read(llm):
     cfg = load_config(None, [("train.lr", "5e-5"), ("model.llm.path", llm)])
     assert cfg.train.lr == 5e-5
@@ -76,6 +82,8 @@ BAD = [  # (command line, the key the error must start with), across all four se
     (["--train.precision", "fp16"], "train.precision"),
     (["--train.max_steps", "0", "--train.max_epochs", "0"], "train.max_steps"),
     (["--train.accum_steps", "0"], "train.accum_steps"),
+    (["--train.preempt_signals", "TERM"], "train.preempt_signals"),            # signal names: SIGTERM
+    (["--train.preempt_signals", "SIGTERM,SIGKILL"], "train.preempt_signals"),  # cannot be caught
     (["--train.betas", "0.9"], "train.betas"),
     (["--train.betas", "0.9,1.5"], "train.betas"),
     (["--train.min_lr_ratio", "2"], "train.min_lr_ratio"),
@@ -284,7 +292,9 @@ def test_paths_checked_before_data(tmp_path, llm):
     (ckpt / "meta.json").write_text("{}")
     with pytest.raises(ConfigError, match="run.resume: never"):
         check_paths(parse(exp + ["--resume", "never"], llm))
-    check_paths(parse(exp, llm))  # auto resumes
+    check_paths(parse(exp, llm))  # auto resumes (the trainer then reports the unusable checkpoint)
+    with pytest.raises(ConfigError, match="run.resume: .*step_00000005: not a usable checkpoint \\(meta.json"):
+        check_paths(parse(exp + ["--resume", str(ckpt)], llm))  # an explicit dir must be whole
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
@@ -345,7 +355,9 @@ def test_decode_cli_checks(tmp_path, capsys):
     ck = tmp_path / "checkpoints" / "step_00000002"
     ck.mkdir(parents=True)
     (ck / "meta.json").write_text("{}")
-    assert decode.resolve_checkpoint(str(tmp_path)) == ck
+    with pytest.raises(FileNotFoundError, match="nor a run dir with one"):
+        decode.resolve_checkpoint(str(tmp_path))  # its only checkpoint is unusable: reported, not taken
+    assert "step_00000002 is not usable (meta.json: no integer step" in capsys.readouterr().err
     assert decode.main(["--checkpoint", str(ck), "--data", str(tmp_path / "no"), "--result", "y"]) == 2
 
 

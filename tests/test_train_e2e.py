@@ -1,19 +1,24 @@
 """west-train and west-decode end to end on the tiny CPU recipe config (real data, real model).
 
-The kill -9 / resume pair and the 2-rank run are subprocesses (``python -m
+The kill -9 / resume pair and the 2-rank runs are subprocesses (``python -m
 west.bin.train``, ``torchrun -m west.bin.train``); the uninterrupted reference, static
 and dynamic runs call the same ``main()`` in-process, next to the subprocesses. Checked: static / dynamic /
 pack runs and their logs, config.yaml and checkpoints; kill -9 mid-epoch then resume
 on a tar shard list gives exactly the uninterrupted run's per-step losses and weights;
 2 gloo ranks on two lists of 13 utterances together take equal steps and use every
-utterance exactly once; decoding
+utterance exactly once; SIGTERM mid-epoch (in-process on 1 rank; to torchrun, which
+forwards it, on 2) makes west-train save and exit 75, and the same command again ends
+with the uninterrupted run's weights; decoding
 writes a result file that tools/compute_cer.py scores; bad input fails before any
 data is read, naming the key.
 """
 from __future__ import annotations
 
 import contextlib
+import io
 import json
+import os
+import signal
 import subprocess
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,6 +29,7 @@ import yaml
 
 from e2e_helpers import PYTHON, ROOT, read_jsonl, subprocess_env, tiny_llm, train_argv, write_lists
 from west.batch import COUNTER_NAMES
+from west.train.preempt import PREEMPTED_EXIT_CODE
 
 N_UTTS = 13  # odd on purpose: 2 ranks cannot split it evenly
 KILL_AFTER = 5  # SIGKILL right after step 5 is logged; the latest checkpoint is step 4
@@ -46,6 +52,27 @@ from west.bin.train import main
 sys.exit(main(sys.argv[2:]))
 """
 
+# Under torchrun: rank 0 sends SIGTERM to torchrun after step K, as a scheduler would, and waits
+# until torchrun's forwarded SIGTERM has reached it, so the run stops after step K + 1.
+TORCHRUN_SIGTERM_HOOK = """
+import os, signal, sys, time
+from west.train import metrics
+K = int(sys.argv[1])
+_log_step = metrics.MetricsLogger.log_step
+def log_step(self, rec):
+    _log_step(self, rec)
+    if rec["step"] == K and os.environ["RANK"] == "0":
+        os.kill(os.getppid(), signal.SIGTERM)
+        preemption = signal.getsignal(signal.SIGTERM).__self__   # west.train.preempt.Preemption
+        deadline = time.time() + 60
+        while preemption.requested is None and time.time() < deadline:
+            time.sleep(0.01)
+metrics.MetricsLogger.log_step = log_step
+from west.bin.train import main
+sys.exit(main(sys.argv[2:]))
+"""
+PREEMPT_AFTER = 4  # in-process run: SIGTERM after step 4 -> checkpoint at step 5 (save_every is 2)
+
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, corpus):
@@ -67,6 +94,41 @@ def _one_thread():
 
 def _start(cmd: list[str], log: Path) -> subprocess.Popen:
     return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=subprocess_env(), cwd=ROOT)
+
+
+@contextlib.contextmanager
+def _sigterm_after_step(k: int):
+    """This process gets SIGTERM right after step ``k`` is logged (in-process runs)."""
+    from west.train import metrics
+
+    log_step = metrics.MetricsLogger.log_step
+
+    def hooked(self, rec):
+        log_step(self, rec)
+        if rec["step"] == k:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    metrics.MetricsLogger.log_step = hooked
+    try:
+        yield
+    finally:
+        metrics.MetricsLogger.log_step = log_step
+
+
+def _main_captured(argv: list[str]) -> SimpleNamespace:
+    from west.bin.train import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        rc = main(argv)
+    return SimpleNamespace(rc=rc, log=out.getvalue())
+
+
+def _latest_meta(out: Path) -> tuple:
+    from west.train.checkpoint import find_latest, read_meta
+
+    latest = find_latest(out / "checkpoints")
+    return latest, read_meta(latest)
 
 
 def _finish(procs: dict, logs: dict, timeout: float = 300) -> dict:
@@ -94,16 +156,20 @@ def runs(setup):
     d, llm = setup.dir, setup.llm
     hook = d / "kill_after.py"
     hook.write_text(KILL_HOOK)
+    sigterm_hook = d / "sigterm_torchrun.py"
+    sigterm_hook.write_text(TORCHRUN_SIGTERM_HOOK)
     train = [PYTHON, "-m", "west.bin.train"]
-    dirs = {name: d / name for name in ("pack", "killed", "static", "dynamic", "ddp")}
+    dirs = {name: d / name for name in ("pack", "killed", "static", "dynamic", "ddp", "preempted", "ddp_preempted")}
     pack = train_argv(llm, setup.shards, dirs["pack"], *PACK, "--audit", "--train.tensorboard", "true")
     killed = train_argv(llm, setup.shards, dirs["killed"], *PACK, "--audit")
-    logs = {name: d / f"{name}.log" for name in ("killed", "resumed", "ddp")}
-    ddp = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "west.bin.train",
-           *train_argv(llm, setup.split, dirs["ddp"], "--batch_type", "static", "--batch_size", "3",
-                       "--train.max_epochs", "1", "--audit")]
+    logs = {name: d / f"{name}.log" for name in ("killed", "resumed", "ddp", "ddp_preempted", "ddp_resumed")}
+    torchrun = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    ddp_args = ["--batch_type", "static", "--batch_size", "3", "--train.max_epochs", "1", "--audit"]
+    ddp = [*torchrun, "-m", "west.bin.train", *train_argv(llm, setup.split, dirs["ddp"], *ddp_args)]
+    # the same command twice: SIGTERM to torchrun after step 1 in the first (3 steps per epoch)
+    ddp_preempted = [*torchrun, str(sigterm_hook), "1", *train_argv(llm, setup.split, dirs["ddp_preempted"], *ddp_args)]
     procs = {"killed": _start([PYTHON, str(hook), str(KILL_AFTER)] + killed, logs["killed"]),
-             "ddp": _start(ddp, logs["ddp"])}
+             "ddp": _start(ddp, logs["ddp"]), "ddp_preempted": _start(ddp_preempted, logs["ddp_preempted"])}
     in_process = {
         "pack": pack,
         "static": train_argv(llm, setup.split, dirs["static"], "--batch_type", "static", "--batch_size", "4",
@@ -115,6 +181,16 @@ def runs(setup):
     with _one_thread():
         for name, argv in in_process.items():
             res[name] = SimpleNamespace(rc=main(argv), log="(in process: see captured output)")
+        preempted = train_argv(llm, setup.shards, dirs["preempted"], *PACK, "--audit")
+        handler = signal.getsignal(signal.SIGTERM)
+        with _sigterm_after_step(PREEMPT_AFTER):
+            res["preempted"] = _main_captured(preempted)
+        res["preempted"].handler_restored = signal.getsignal(signal.SIGTERM) == handler
+        res["preempted"].latest = _latest_meta(dirs["preempted"])  # the resumed run prunes it
+        res["preempted_resumed"] = _main_captured(preempted)  # the same command again
+    res.update(_finish({"ddp_preempted": procs.pop("ddp_preempted")}, logs))
+    res["ddp_preempted"].latest = _latest_meta(dirs["ddp_preempted"])
+    procs["ddp_resumed"] = _start(ddp_preempted, logs["ddp_resumed"])
     res.update(_finish({"killed": procs.pop("killed")}, logs))
     from west.train.checkpoint import find_latest
 
@@ -213,6 +289,50 @@ def test_torchrun_two_ranks_equal_steps_exactly_once(runs, corpus):
     meta = json.loads((out / "checkpoints" / "step_00000003" / "meta.json").read_text())
     assert meta["world_size"] == 2
     assert (out / "checkpoints" / "step_00000003" / "data_rank1.json").is_file()
+
+
+def _same_weights(a: Path, b: Path) -> bool:
+    from safetensors.torch import load_file
+
+    x, y = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+
+
+def test_sigterm_mid_epoch_then_the_same_command_matches_uninterrupted(runs):
+    r, again, out = runs.res["preempted"], runs.res["preempted_resumed"], runs.dirs["preempted"]
+    assert r.rc == PREEMPTED_EXIT_CODE == 75, r.log
+    step = PREEMPT_AFTER + 1  # the step in flight when the signal was seen by the next plan
+    ckpt = out / "checkpoints" / f"step_{step:08d}"
+    assert f"west-train: preempted (SIGTERM) after step {step}; checkpoint {ckpt}; run the same command" in r.log
+    latest, meta = r.latest
+    assert latest == ckpt
+    assert meta["preempted"] == "SIGTERM" and meta["epoch"] == 1 and meta["epoch_complete"] is False  # mid-epoch
+    assert r.handler_restored  # this process's SIGTERM handler is back
+    assert again.rc == 0, again.log
+    assert f"(step {step}, epoch 1; saved on preemption (SIGTERM))" in again.log
+    full = read_jsonl(runs.dirs["pack"] / "train_log.jsonl")
+    assert [x["loss"] for x in read_jsonl(out / "train_log.jsonl")] == [x["loss"] for x in full]
+    assert _same_weights(runs.dirs["pack"] / "checkpoints" / "step_00000008", out / "checkpoints" / "step_00000008")
+
+
+def test_sigterm_to_torchrun_then_the_same_command_matches_uninterrupted(runs):
+    r, again, out = runs.res["ddp_preempted"], runs.res["ddp_resumed"], runs.dirs["ddp_preempted"]
+    # torchrun forwards SIGTERM to both ranks, waits for them (each exits 75 after the save), then
+    # re-raises the signal as an exception: its own status is 1
+    assert r.rc == 1 and "SignalException" in r.log, r.log
+    ckpt = out / "checkpoints" / "step_00000002"
+    assert f"west-train: preempted (SIGTERM) after step 2; checkpoint {ckpt}" in r.log
+    latest, meta = r.latest
+    assert latest == ckpt
+    assert meta["world_size"] == 2 and meta["preempted"] == "SIGTERM" and meta["epoch_complete"] is False
+    assert again.rc == 0, again.log
+    assert "(step 2, epoch 0; saved on preemption (SIGTERM))" in again.log
+    ref = runs.dirs["ddp"]
+    losses = [x["loss"] for x in read_jsonl(out / "train_log.jsonl")]
+    assert len(losses) == 3 and losses == [x["loss"] for x in read_jsonl(ref / "train_log.jsonl")]
+    for rank in (0, 1):  # the same utterances in the same steps: the data position was saved on each rank
+        assert read_jsonl(out / "audit" / f"rank{rank}.jsonl") == read_jsonl(ref / "audit" / f"rank{rank}.jsonl")
+    assert _same_weights(ref / "checkpoints" / "step_00000003", out / "checkpoints" / "step_00000003")
 
 
 def test_decode_greedy_and_beam_then_score(runs, corpus, tmp_path):

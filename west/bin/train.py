@@ -2,6 +2,10 @@
 
 Everything that can be wrong with the command line or the paths is reported
 here, before any data is read (exit code 2, message naming the key).
+
+Exit codes: 0 done; 1 a checkpoint could not be loaded or saved (disk full), or too many
+non-finite steps; 2 bad command line, config or paths; 75 (``PREEMPTED_EXIT_CODE``)
+stopped by a preemption signal after a checkpoint: run the same command to resume.
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from typing import Sequence
 
 from west.config import Config, ConfigError, load_config, split_overrides
 from west.train.config import TrainConfig
+from west.train.preempt import PREEMPTED_EXIT_CODE
 from west.train.rundir import check_paths, save_config
 
 FLAGS = {  # west-train's top-level flags: the key each one sets, and its help
@@ -77,7 +82,14 @@ def run(cfg: Config) -> int:
     except (CheckpointError, TooManyBadSteps) as e:
         print(f"west-train: error: {e}", file=sys.stderr)
         return 1
-    if int(os.environ.get("RANK", "0")) == 0:
+    main_rank = int(os.environ.get("RANK", "0")) == 0
+    if summary.get("preempted"):
+        if main_rank:
+            print(f"west-train: preempted ({summary['preempted']}) after step {summary['step']:,}; checkpoint "
+                  f"{summary['checkpoint']}; run the same command to resume (exit status {PREEMPTED_EXIT_CODE})",
+                  flush=True)
+        return PREEMPTED_EXIT_CODE
+    if main_rank:
         print(f"west-train: {done_sentence(summary)}", flush=True)
     return 0
 

@@ -20,6 +20,7 @@ from west.train.distributed import DistInfo, cleanup, init_distributed
 from west.train.evaluate import build_evaluator
 from west.train.lean import frozen_names, state_bytes
 from west.train.loop import Trainer
+from west.train.preempt import shield_loader_workers
 from west.train.schedule import describe_groups
 
 
@@ -121,6 +122,7 @@ def build_trainer(cfg: Config, info: DistInfo) -> Trainer:
     shape = cfg.model.speech_shape()
     loader, dataset = build_dataloader(cfg.run.train_data, tokenizer, cfg.data, shape, info.rank,
                                        info.world_size, seed=cfg.train.seed, epoch=0, training=True)
+    shield_loader_workers(loader, cfg.train.preempt_signals)
     evaluator = build_evaluator(cfg, tokenizer, shape, info)
     if info.is_main:
         total, trainable = count_params(model)

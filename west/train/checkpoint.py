@@ -21,8 +21,11 @@ from every checkpoint's meta.json (so kill -9 and resume cannot lose the ranking
 
 A directory named ``step_*`` exists only after every file in it was fsynced, so
 a crash or a full disk during a save leaves the previous checkpoint as the
-latest one. The output dir must be visible to all ranks (shared filesystem).
-Nothing here unpickles: safetensors, JSON and ``weights_only=True`` only.
+latest one. Should a ``step_*`` dir still hold a truncated or unreadable file (a
+filesystem that lost writes, a copy cut short), ``find_latest`` reports it and takes
+the newest whole one (west.train.ckpt_check). The output dir must be visible to all
+ranks (shared filesystem). Nothing here unpickles: safetensors, JSON and
+``weights_only=True`` only.
 """
 from __future__ import annotations
 
@@ -42,15 +45,32 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from west.train import lean
-from west.train.distributed import all_ranks, barrier, get_rank, get_world_size
+from west.train.ckpt_check import (PREFIX, check_checkpoint, find_latest, latest_usable,  # noqa: F401
+                                   read_checked_meta, set_aside)
+from west.train.distributed import all_ranks, all_reduce_max, barrier, get_rank, get_world_size
 
-PREFIX = "step_"
 TMP_PREFIX = ".tmp_"
 TRASH_PREFIX = ".trash_"
 
 
 class CheckpointError(RuntimeError):
     """A save failed (previous checkpoint intact) or a checkpoint cannot be loaded."""
+
+
+class DiskFullError(CheckpointError):
+    """A save ran out of space (on some rank); the previous checkpoint is intact."""
+
+
+def _failure(error: Optional[BaseException]) -> int:
+    """0 no error, 1 an error, 2 the disk is full (ENOSPC, EDQUOT): ranks agree on the max."""
+    if error is None:
+        return 0
+    return 2 if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT) else 1
+
+
+def _agree(error: Optional[BaseException]) -> int:
+    """The worst outcome over all ranks (one small all-reduce; saves are rare)."""
+    return int(all_reduce_max([_failure(error)])[0])
 
 
 # ----------------------------------------------------------------------------- file writes
@@ -158,11 +178,6 @@ def list_checkpoints(root: str | os.PathLike) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def find_latest(root: str | os.PathLike) -> Optional[Path]:
-    ckpts = list_checkpoints(root)
-    return ckpts[-1] if ckpts else None
-
-
 def _remove(path: Path) -> None:
     """Rename first so a half-deleted dir never looks like a checkpoint."""
     if not path.exists():
@@ -239,8 +254,10 @@ def save_checkpoint(root: str | os.PathLike, step: int, *, model: nn.Module,
             tmp.mkdir()
     except OSError as e:
         error = e
-    if not all_ranks(error is None):
-        raise CheckpointError(f"cannot create {tmp}: {error}") from error
+    outcome = _agree(error)
+    if outcome:
+        raise (DiskFullError if outcome == 2 else CheckpointError)(
+            f"cannot create {tmp}{' (disk full)' if outcome == 2 else ''}: {error or 'on rank 0'}") from error
 
     # Full (unsharded, CPU) states on rank 0, empty elsewhere; collective under FSDP.
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
@@ -277,8 +294,8 @@ def save_checkpoint(root: str | os.PathLike, step: int, *, model: nn.Module,
     except OSError as e:
         error = e
     del model_sd, optim_sd
-    ok = all_ranks(error is None)
-    if ok and rank == 0:
+    outcome = _agree(error)
+    if not outcome and rank == 0:
         try:
             _save_json({"step": step, "world_size": world, **meta}, tmp / "meta.json")
             _fsync_path(tmp)
@@ -288,14 +305,17 @@ def save_checkpoint(root: str | os.PathLike, step: int, *, model: nn.Module,
             _fsync_path(root)
         except OSError as e:
             error = e
-    ok = all_ranks(ok and error is None)
-    if not ok:
+    outcome = max(outcome, _agree(error))
+    if outcome:
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
         barrier()
-        hint = " (disk full)" if isinstance(error, OSError) and error.errno == errno.ENOSPC else ""
-        raise CheckpointError(f"checkpoint at step {step} failed{hint}: {error or 'on another rank'}; "
-                              f"previous checkpoint kept") from error
+        previous = list_checkpoints(root)
+        kept = f"previous checkpoint {previous[-1]} kept" if previous else "no earlier checkpoint"
+        if outcome == 2:
+            raise DiskFullError(f"checkpoint at step {step} failed (disk full): {error or 'on another rank'}; "
+                                f"{kept}: free space, then run the same command to resume") from error
+        raise CheckpointError(f"checkpoint at step {step} failed: {error or 'on another rank'}; {kept}") from error
     if rank == 0:
         prune(root, keep_last, keep_best, best_metric)
     barrier()
@@ -318,13 +338,14 @@ def load_checkpoint(path: str | os.PathLike, *, model: nn.Module, optimizer: tor
     """
     path = Path(path)
     rank, world = get_rank(), get_world_size()
-    if not (path / "meta.json").is_file():
-        raise CheckpointError(f"{path}: not a complete checkpoint (no meta.json)")
-    meta = read_meta(path)
-    if int(meta["world_size"]) != world:
+    problem, meta = read_checked_meta(path)
+    if not problem and meta["world_size"] != world:
         raise CheckpointError(f"{path} was saved by {meta['world_size']} ranks, this run has {world}: "
                               "the data position of each rank cannot be mapped; resume with the same "
                               "world size or start a new output_dir")
+    problem = problem or check_checkpoint(path)
+    if problem:
+        raise CheckpointError(f"{path}: not a complete checkpoint ({problem})")
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
                                                          set_optimizer_state_dict)
 

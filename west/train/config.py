@@ -5,6 +5,7 @@ import os
 from typing import Optional
 
 from west.schema import section, setting
+from west.train.preempt import is_catchable
 
 
 @section("run")
@@ -49,6 +50,9 @@ class TrainConfig:
     save_every: int = setting(1000, min=0)          # steps between checkpoints; 0 = epoch ends only
     save_at_epoch_end: bool = True
     keep_last: int = setting(3, min=1)
+    preempt_signals: list[str] = setting(["SIGTERM", "SIGUSR1"], rule=(  # [] = off (west.train.preempt)
+        lambda v, _: all(is_catchable(s) for s in v),
+        "must be signal names such as SIGTERM, SIGUSR1, or [] for none (SIGKILL and SIGSTOP cannot be caught)"))
     save_frozen_llm: bool = False                   # false: the frozen LLM is referred to by path and SHA-256
     eval_every: int = setting(0, min=0)             # steps between dev evaluations; 0 = epoch ends only
     eval_decode_utts: int = setting(0, min=0)       # greedy-decode the first N dev utterances (CER/WER)

@@ -223,10 +223,12 @@ def build_evaluator(cfg: Config, tokenizer, shape: SpeechShape, info: DistInfo) 
         return None
     from west.data.dataset import build_dataloader
     from west.schema import require
+    from west.train.preempt import shield_loader_workers
 
     conf = dataclasses.replace(cfg.data, weights=None)
     loader, dataset = build_dataloader(cfg.run.cv_data, tokenizer, conf, shape, info.rank, info.world_size,
                                        seed=cfg.train.seed, epoch=0, training=False)
+    shield_loader_workers(loader, cfg.train.preempt_signals)  # a preemption must not kill them mid-evaluation
     usable = sum(len(e) for e in dataset.eligible)
     skipped = [s.summary(p) for p, s in dataset.list_skips if s.skipped]
     require(usable > 0, "run.cv_data", f"no usable utterance in {cfg.run.cv_data}"

@@ -15,6 +15,12 @@ dummies are not needed there.
 Dev evaluation (optional ``evaluator``, west.train.evaluate) runs every
 ``eval_every`` steps, at each epoch end and at the last step, at most once per
 step; with ``keep_best`` a checkpoint follows it, ranked by its dev figures.
+
+Preemption (``train.preempt_signals``, west.train.preempt): a signal on any rank
+reaches all of them in the next step's plan; that step runs to its end, then every
+rank saves at it (no dev evaluation first) and ``fit`` returns with ``preempted``
+set. Agreed at an epoch's end, the checkpoint is taken before the epoch-end work
+(summary, evaluation, epoch-end save), which the resumed run then does.
 """
 from __future__ import annotations
 
@@ -32,11 +38,12 @@ from west.batch import Batch
 from west.train import checkpoint as ckpt
 from west.train.compile import compilations, compile_regions
 from west.train.config import RunConfig, TrainConfig
-from west.train.distributed import DistInfo, all_reduce_max, sum_counts_over_ranks, unwrap, wrap_model
+from west.train.distributed import DistInfo, all_reduce_max, barrier, sum_counts_over_ranks, unwrap, wrap_model
 from west.train.evaluate import Evaluator
 from west.train.gpu_monitor import build_monitor
 from west.train.lean import base_llm_of
 from west.train.metrics import EpochTotals, MetricsLogger, peak_memory_mb, step_record
+from west.train.preempt import Preemption
 from west.train.profiling import build_profiler
 from west.train.schedule import optimizer_from_config, scheduler_from_config
 from west.train.step import BadStepGuard, StepResult, plan_step, train_step
@@ -100,6 +107,8 @@ class Trainer:
         self.losses: list[float] = []  # per-step global loss (tests and callers read it)
         self.evaluated: tuple[int, dict] = (-1, {})  # step and figures of the latest dev evaluation
         self.best: Optional[dict] = None  # the best evaluation so far by train.best_metric
+        self.preemption = Preemption(train.preempt_signals)  # handlers set while fit() runs
+        self.preempted: Optional[str] = None  # the signal, once all ranks agreed to stop
 
     def _total_steps(self) -> int:
         if self.cfg.max_steps > 0:
@@ -117,14 +126,32 @@ class Trainer:
     # ------------------------------------------------------------------ resume / save
 
     def resume_path(self) -> Optional[str]:
+        """The checkpoint to resume from (collective with auto/must). A newer step dir that fails
+        the checks is reported and set aside (``step_N.corrupt``); an explicit dir must pass them."""
         mode = self.run.resume
         if mode == "never":
             return None
         if mode not in ("auto", "must"):
+            problem = ckpt.check_checkpoint(mode)
+            if problem:
+                raise ckpt.CheckpointError(f"run.resume {mode}: not a usable checkpoint ({problem})")
             return mode
-        latest = ckpt.find_latest(self.ckpt_root)
+        latest, bad = ckpt.latest_usable(self.ckpt_root)
+        step = int(latest.name[len(ckpt.PREFIX):]) if latest else -1
+        high, neg_low = all_reduce_max([step, -step])
+        if high != -neg_low:  # every rank must load the same one
+            raise ckpt.CheckpointError(f"ranks see different newest checkpoints in {self.ckpt_root} (steps "
+                                       f"{int(-neg_low)} to {int(high)}): the output dir must be one filesystem "
+                                       "all ranks see")
+        if self.info.is_main:
+            for path, problem in bad:
+                moved = ckpt.set_aside(path)
+                print(f"WARNING: checkpoint {path} is not usable ({problem}); moved to {moved.name}; "
+                      f"{f'resuming from {latest.name}' if latest else 'no older checkpoint: starting afresh'}",
+                      flush=True)
+        barrier()
         if latest is None and mode == "must":
-            raise ckpt.CheckpointError(f"--resume: no checkpoint in {self.ckpt_root}")
+            raise ckpt.CheckpointError(f"--resume: no {'usable ' if bad else ''}checkpoint in {self.ckpt_root}")
         return str(latest) if latest else None
 
     def maybe_resume(self) -> bool:
@@ -141,14 +168,19 @@ class Trainer:
         self.evaluated = (self.step, meta["eval"]) if meta.get("eval") else (-1, {})
         self.best = meta.get("best")
         if self.info.is_main:
-            print(f"resumed from {path} (step {self.step}, epoch {self.epoch})", flush=True)
+            how = f"; saved on preemption ({meta['preempted']})" if meta.get("preempted") else ""
+            print(f"resumed from {path} (step {self.step}, epoch {self.epoch}{how})", flush=True)
         return True
 
-    def save(self) -> None:
+    def save(self, strict: bool = False) -> None:
+        """Collective checkpoint at this step. A failure keeps the previous checkpoint; the run goes
+        on with a warning, unless the disk is full (the next saves would fail too) or ``strict``."""
         meta = {"epoch": self.epoch, "epoch_complete": self.epoch_complete,
                 "guard": self.guard.state_dict(), "totals": self.totals.state_dict(), "best": self.best}
         if self.evaluated[0] == self.step:
             meta["eval"] = self.evaluated[1]
+        if self.preempted:
+            meta["preempted"] = self.preempted
         model_cfg = getattr(unwrap(self.model), "cfg", None)
         if hasattr(model_cfg, "to_dict"):   # decode rebuilds this model, whatever config.yaml says later
             meta["model"] = model_cfg.to_dict()
@@ -160,6 +192,8 @@ class Trainer:
                                  base=None if self.cfg.save_frozen_llm else self.base)
             self.last_saved = self.step
         except ckpt.CheckpointError as e:  # same outcome on every rank
+            if strict or isinstance(e, ckpt.DiskFullError):
+                raise
             self.failed_saves += 1
             if self.info.is_main:
                 print(f"WARNING: {e}", flush=True)
@@ -203,9 +237,11 @@ class Trainer:
             t0 = time.perf_counter()
             batches, n_real = self._fetch(it)
             data_s = time.perf_counter() - t0
-            plan = plan_step(batches, n_real)
+            plan = plan_step(batches, n_real, stop=self.preemption.requested is not None)
+            if plan.stop and self.preempted is None:
+                self._agree_to_stop(plan.stop_ranks)
             if plan.global_real_batches == 0:
-                return True
+                return True  # fit() looks at self.preempted before the epoch-end work
             result: StepResult = train_step(
                 self.model, batches, plan, self.optimizer, self.scheduler, device=self.info.device,
                 world_size=self.info.world_size, grad_clip=self.cfg.grad_clip,
@@ -220,17 +256,30 @@ class Trainer:
             self.losses.append(result.loss)
             profiler.step()
             self.guard.update(result.status == "nonfinite", self.step)  # may raise, on all ranks
+            if self.preempted:
+                return False  # fit() saves at once: no evaluation in the time left
             if self.cfg.eval_every and self.step % self.cfg.eval_every == 0:
                 self.evaluate(logger)
             if (self.cfg.save_every and self.step % self.cfg.save_every == 0) or self._best_save_due():
                 self.save()
+
+    def _agree_to_stop(self, n_ranks: int) -> None:
+        self.preempted = self.preemption.requested or "a signal to another rank"
+        if self.info.is_main:
+            print(f"preemption: {self.preempted} ({n_ranks} of {self.info.world_size} rank(s) signalled): "
+                  "stopping at the end of this step with a checkpoint", flush=True)
 
     def _best_save_due(self) -> bool:
         """keep_best: a dev evaluation at this step without a checkpoint at this step yet."""
         return self.cfg.keep_best > 0 and self.evaluated[0] == self.step and self.last_saved != self.step
 
     def fit(self) -> dict:
-        """Train until max_steps / max_epochs; returns a short summary."""
+        """Train until max_steps / max_epochs or a preemption signal; returns a short summary.
+        The signal handlers (train.preempt_signals) are set only while it runs."""
+        with self.preemption:
+            return self._fit()
+
+    def _fit(self) -> dict:
         seed_everything(self.cfg.seed + self.info.rank)
         t_start = time.perf_counter()
         resumed = self.maybe_resume()
@@ -254,8 +303,8 @@ class Trainer:
                     if not resumed:
                         self.data.set_epoch(self.epoch)
                     resumed = False
-                    if not self._run_epoch(logger, monitor, profiler):
-                        break  # max_steps inside the epoch
+                    if not self._run_epoch(logger, monitor, profiler) or self.preempted:
+                        break  # max_steps inside the epoch, or preempted
                     skipped = getattr(self.data, "skipped_counts", dict)()
                     summary = self.totals.summary(self.epoch, sum_counts_over_ranks(skipped))
                     logger.log_epoch({**summary, **self.evaluate(logger)})
@@ -264,9 +313,14 @@ class Trainer:
                         self.save()
                     self.epoch, self.epoch_complete = self.epoch + 1, False
                     self.totals.reset()
-            self.evaluate(logger)  # the last step (done already when it ended an epoch)
-            if self.last_saved != self.step:
-                self.save()
+            if self.preempted and not self._done():
+                if self.last_saved != self.step:
+                    self._save_preempted()
+            else:
+                self.preempted = None  # the run ended anyway: a normal finish
+                self.evaluate(logger)  # the last step (done already when it ended an epoch)
+                if self.last_saved != self.step:
+                    self.save()
         finally:
             monitor.stop()
             logger.close()
@@ -275,7 +329,17 @@ class Trainer:
         return {"step": self.step, "epoch": self.epoch, "skipped_steps": self.guard.total,
                 "compilations": compilations() if self.cfg.compile else 0,
                 "failed_saves": self.failed_saves, "partial_epoch_steps": self.totals.steps,
-                "wall_s": time.perf_counter() - t_start, "best": best, "checkpoints": self.ckpt_root}
+                "wall_s": time.perf_counter() - t_start, "best": best, "checkpoints": self.ckpt_root,
+                "preempted": self.preempted, "checkpoint": self._last_checkpoint()}
+
+    def _last_checkpoint(self) -> Optional[str]:
+        return _existing(ckpt.step_dir(self.ckpt_root, self.last_saved)) if self.last_saved >= 0 else None
+
+    def _save_preempted(self) -> None:
+        try:
+            self.save(strict=True)
+        except ckpt.CheckpointError as e:
+            raise type(e)(f"preempted ({self.preempted}) at step {self.step}: {e}") from e
 
 
 def _existing(path: Path) -> Optional[str]:

@@ -13,7 +13,7 @@ from west.schema import ConfigError, require
 
 def check_paths(cfg: Config, need_train_data: bool = True) -> None:
     """Inputs exist, the output dir is writable (created if missing), ``run.resume`` fits it."""
-    from west.train.checkpoint import find_latest  # lazy: keeps `--help` torch-free
+    from west.train.ckpt_check import check_checkpoint, latest_usable  # lazy: keeps `--help` light
 
     r = cfg.run
     require(r.output_dir, "run.output_dir", "required (--output_dir DIR)")
@@ -23,11 +23,16 @@ def check_paths(cfg: Config, need_train_data: bool = True) -> None:
             require(os.path.exists(path), "run.train_data", f"no such file: {path}")
     check_cv_data(cfg)
     prepare_output_dir(r.output_dir)
-    latest = find_latest(Path(r.output_dir) / "checkpoints")
-    require(not (r.resume == "never" and latest), "run.resume",
-            f"never, but {latest} exists: use a new --output_dir or --resume auto")
+    latest, bad = latest_usable(Path(r.output_dir) / "checkpoints")  # the trainer reports bad ones
+    found = latest or (bad[0][0] if bad else None)
+    require(not (r.resume == "never" and found), "run.resume",
+            f"never, but {found} exists: use a new --output_dir or --resume auto")
+    if r.resume not in ("auto", "never", "must"):  # a checkpoint dir: whole, or refused before any data is read
+        problem = check_checkpoint(r.resume)
+        require(problem is None, "run.resume", f"{r.resume}: not a usable checkpoint ({problem})")
     require(not (r.resume == "must" and latest is None), "run.resume",
-            f"--resume given but {r.output_dir}/checkpoints holds no checkpoint")
+            f"--resume given but {r.output_dir}/checkpoints holds no checkpoint" +
+            (f" that is usable ({bad[0][0].name}: {bad[0][1]})" if bad else ""))
 
 
 def check_cv_data(cfg: Config) -> None:

@@ -10,7 +10,7 @@ or rank is weighted by its own token count, so packing, padding and
 accumulation cannot change it.
 
 Collectives per step, identical on every rank whatever happens: the token
-all-reduce of ``plan_step``, DDP's gradient all-reduce on the last
+all-reduce of ``plan_step`` (which also carries the preemption flag, west.train.preempt), DDP's gradient all-reduce on the last
 micro-batch, and one stats all-reduce that also carries the "non-finite loss
 here" flag, so all ranks skip a bad step together.
 """
@@ -40,17 +40,23 @@ class StepPlan:
     local_tokens: int
     global_tokens: int
     global_real_batches: int  # 0 -> every rank is out of data: the epoch is over
+    stop_ranks: int = 0       # ranks asked to stop (a preemption signal): this is the last step
+
+    @property
+    def stop(self) -> bool:
+        return self.stop_ranks > 0
 
     def loss_scale(self, world_size: int) -> float:
         """Multiplier for a micro-batch's summed CE (DDP divides gradients by world_size)."""
         return world_size / max(self.global_tokens, 1)
 
 
-def plan_step(micro_batches: Sequence[Batch], n_real: int) -> StepPlan:
-    """All-reduce [label tokens, real micro-batches] of this rank's step in one collective."""
+def plan_step(micro_batches: Sequence[Batch], n_real: int, stop: bool = False) -> StepPlan:
+    """All-reduce [label tokens, real micro-batches, stop requested] of this rank's step in one
+    collective: ``stop`` (this rank got a preemption signal) reaches every rank at the same step."""
     local = sum(count_label_tokens(b) for b in micro_batches)
-    tokens, real = all_reduce_sum([local, n_real])
-    return StepPlan(local, int(tokens), int(real))
+    tokens, real, stop_ranks = all_reduce_sum([local, n_real, int(stop)])
+    return StepPlan(local, int(tokens), int(real), int(stop_ranks))
 
 
 class TooManyBadSteps(RuntimeError):
