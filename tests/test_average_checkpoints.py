@@ -36,7 +36,7 @@ def trained_run(tmp_path_factory):
     the tiny SpeechLLM with different random weights, saved by west-train's own saver."""
     from west.config import load_config
     from west.models.speech_llm import SpeechLLM
-    from west.train.checkpoint import save_checkpoint
+    from west.checkpoint.training import save_checkpoint
     from west.train.rundir import save_config
 
     run = tmp_path_factory.mktemp("run")

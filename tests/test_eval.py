@@ -1,4 +1,4 @@
-"""Dev evaluation during training and the best checkpoints (west.train.evaluate, west.train.checkpoint).
+"""Dev evaluation during training and the best checkpoints (west.train.evaluate, west.checkpoint.training).
 
 Checked: the dev loss is the training objective summed over the whole dev list (equal to
 an offline sum of model(batch) per utterance) and greedy CER equals west-decode's on the
@@ -270,7 +270,7 @@ def test_best_checkpoints_survive_kill_9_and_resume(tmp_path, capsys):
 
 
 def test_prune_ranks_meta_on_disk(tmp_path):
-    from west.train import checkpoint as ck
+    from west.checkpoint import training as ck
 
     for step, loss in ((1, 3.0), (2, float("nan")), (3, 1.0), (4, 2.0), (5, 1.0), (6, None), (7, 5.0)):
         d = ck.step_dir(tmp_path, step)

@@ -205,7 +205,7 @@ def _worker(rank: int, world: int, port: int, env: dict) -> None:
 
 
 def _resume_worker(rank: int, world: int, port: int, env: dict) -> None:
-    from west.train.checkpoint import find_latest
+    from west.checkpoint.integrity import find_latest
     from west.train.distributed import cleanup
 
     info, batches, dataset = _rank_setup(rank, world, port, env)

@@ -12,8 +12,8 @@ from test_models_speech_llm import packed_batch, run, samples, tiny_config
 from west.models.config import LLMConfig
 from west.models.llm import llm_fingerprint
 from west.models.speech_llm import SpeechLLM
-from west.train import checkpoint as ck
-from west.train.lean import BaseLLM, base_llm_of
+from west.checkpoint import training as ck
+from west.checkpoint.base_llm import BaseLLM, base_llm_of
 from west.train.schedule import build_optimizer, build_scheduler
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

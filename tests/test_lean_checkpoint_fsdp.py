@@ -23,9 +23,9 @@ def _full(model) -> dict:
 def _worker(rank: int, world: int, port: int, env: dict) -> None:
     from torch.distributed.tensor import DTensor
 
-    from west.train import checkpoint as ck
+    from west.checkpoint import training as ck
     from west.train.distributed import cleanup, wrap_model
-    from west.train.lean import base_llm_of, frozen_names
+    from west.checkpoint.base_llm import base_llm_of, frozen_names
     from west.train.schedule import build_optimizer, build_scheduler
 
     info = init_gloo(rank, world, port)
@@ -64,7 +64,7 @@ def test_fsdp_lean_lora_checkpoint_never_gathers_the_base(tmp_path):
 
     import torch.distributed.checkpoint.state_dict  # noqa: F401  (fork after the slow imports)
     from torch.distributed.fsdp import fully_shard  # noqa: F401
-    import west.train.checkpoint  # noqa: F401
+    import west.checkpoint.training  # noqa: F401
 
     env = {"base": str(write_base(tmp_path / "base")), "dir": tmp_path / "ckpts"}
     mp.start_processes(_worker, args=(2, free_port(), env), nprocs=2, join=True, start_method=START_METHOD)

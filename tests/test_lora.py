@@ -67,7 +67,7 @@ def test_adapter_dir_is_peft_format_and_merged_export_matches(tmp_path):
     from transformers import AutoModelForCausalLM
 
     from west.models.llm import load_adapter, read_adapter_settings, save_adapter
-    from west.models.saved import export_speech_llm
+    from west.checkpoint.pretrained import export_speech_llm, load_speech_llm
 
     base_dir = tmp_path / "base"
     torch.manual_seed(0)
@@ -90,7 +90,7 @@ def test_adapter_dir_is_peft_format_and_merged_export_matches(tmp_path):
         merged = AutoModelForCausalLM.from_pretrained(tmp_path / "export" / "llm")
         assert not any("lora" in n for n in merged.state_dict())
         assert torch.allclose(merged(input_ids=ids).logits, ours, atol=1e-5)
-        loaded = SpeechLLM.from_pretrained(tmp_path / "export").eval()
+        loaded = load_speech_llm(tmp_path / "export").eval()
         assert loaded.cfg.lora is None
         assert torch.allclose(loaded(b)["loss_sum"], loss, rtol=1e-5)
 

@@ -132,13 +132,13 @@ def test_average_lean_lora_checkpoints(runs, tmp_path):
     sys.path.insert(0, str(ROOT / "tools"))
     import average_checkpoints as avg
 
-    from west.models.speech_llm import SpeechLLM
+    from west.checkpoint.pretrained import load_speech_llm
 
     record = avg.average_checkpoints(runs.full, tmp_path / "avg", 2, mode="last")
     assert record["steps"] == [4, 5]
     ckpts = [load_file(runs.full / "checkpoints" / f"step_0000000{s}" / "adapter" / "adapter_model.safetensors")
              for s in (4, 5)]
-    model = SpeechLLM.from_pretrained(tmp_path / "avg")
+    model = load_speech_llm(tmp_path / "avg")
     mine = {k: v for k, v in model.llm.state_dict().items() if "lora_A" in k}
     key = next(k for k in ckpts[0] if "layers.0.self_attn.q_proj.lora_A" in k)
     got = next(v for k, v in mine.items() if "layers.0.self_attn.q_proj.lora_A" in k)

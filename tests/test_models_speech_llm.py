@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from west.checkpoint.pretrained import load_speech_llm, save_speech_llm
 from west.batch import IGNORE_INDEX, Batch
 from west.models.config import ConformerConfig, LLMConfig, ProjectorConfig, SpeechLLMConfig
 from west.models.speech_llm import SpeechLLM
@@ -271,8 +272,8 @@ def test_generate_batched_equals_one_by_one():
 def test_save_and_load_round_trip(tmp_path):
     model, ss = tiny_model(), samples()
     b = packed_batch(ss, 128)
-    model.save_pretrained(tmp_path / "m")
-    loaded = SpeechLLM.from_pretrained(tmp_path / "m").eval()
+    save_speech_llm(model, tmp_path / "m")
+    loaded = load_speech_llm(tmp_path / "m").eval()
     with torch.no_grad():
         assert torch.equal(model(b)["loss_sum"], loaded(b)["loss_sum"])
     assert loaded.cfg == model.cfg
@@ -304,11 +305,11 @@ def test_real_loading_path_tiny_qwen2_from_disk(tmp_path):
     out = model(packed_batch([s], len(ids) + 3))
     assert out["n_tokens"] == len(answer) and torch.isfinite(out["loss_sum"])
     # save with the frozen LLM left out: loading takes it from model.llm.path again
-    model.save_pretrained(tmp_path / "ckpt", tokenizer=tok, include_frozen_llm=False)
+    save_speech_llm(model, tmp_path / "ckpt", tokenizer=tok, include_frozen_llm=False)
     from safetensors.torch import load_file
 
     assert not any(k.startswith("llm.") for k in load_file(tmp_path / "ckpt" / "model.safetensors"))
-    loaded = SpeechLLM.from_pretrained(tmp_path / "ckpt").eval()
+    loaded = load_speech_llm(tmp_path / "ckpt").eval()
     with torch.no_grad():
         assert torch.equal(model(packed_batch([s], len(ids)))["loss_sum"], loaded(packed_batch([s], len(ids)))["loss_sum"])
     assert AutoTokenizer.from_pretrained(tmp_path / "ckpt" / "llm").convert_tokens_to_ids(SPEECH_TOKEN) == speech_id
@@ -323,8 +324,8 @@ def test_lora_optional(tmp_path):
     b = packed_batch(samples()[:2], 64)
     model(b)["loss_sum"].backward()
     assert all(p.grad is not None for n, p in model.llm.named_parameters() if "lora_" in n)
-    model.save_pretrained(tmp_path / "m")
-    loaded = SpeechLLM.from_pretrained(tmp_path / "m").eval()
+    save_speech_llm(model, tmp_path / "m")
+    loaded = load_speech_llm(tmp_path / "m").eval()
     with torch.no_grad():
         assert torch.equal(model(b)["loss_sum"], loaded(b)["loss_sum"])
 

@@ -11,7 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from west.train import checkpoint as ck
+from west.checkpoint import files
+from west.checkpoint import training as ck
+from west.checkpoint.integrity import check_checkpoint, find_latest
 from west.train.schedule import build_optimizer, build_scheduler
 from test_train_fakes import TokenModel, padded_batch, make_samples
 
@@ -101,31 +103,31 @@ def test_keep_last_and_latest(tmp_path):
     assert [p.name for p in ck.list_checkpoints(tmp_path)] == ["step_00000030", "step_00000040"]
     (tmp_path / ".tmp_step_00000050").mkdir()          # a save killed mid-way
     (tmp_path / "step_00000060").mkdir()               # no meta.json: incomplete
-    assert ck.find_latest(tmp_path).name == "step_00000040"
-    assert ck.find_latest(tmp_path / "missing") is None
+    assert find_latest(tmp_path).name == "step_00000040"
+    assert find_latest(tmp_path / "missing") is None
     save(tmp_path, 50, model, opt, sched, keep_last=2)  # cleans the stale temp dir
     assert not (tmp_path / ".tmp_step_00000050").exists()
-    assert ck.find_latest(tmp_path).name == "step_00000050"
+    assert find_latest(tmp_path).name == "step_00000050"
 
 
-@pytest.mark.parametrize("target", ["_write_bytes", "save_file"])
+@pytest.mark.parametrize("target", ["write_bytes", "save_file"])
 def test_disk_full_keeps_previous_checkpoint(tmp_path, monkeypatch, target):
     model, opt, sched = trained()
     good = save(tmp_path, 10, model, opt, sched)
     before = {p.name: p.read_bytes() for p in good.iterdir()}
 
-    real = getattr(ck, target)
+    real = getattr(files, target)
 
     def full(*args, **kwargs):
         real(*args, **kwargs)  # a partial file lands on disk, then the disk is full
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(ck, target, full)
+    monkeypatch.setattr(files, target, full)
     with pytest.raises(ck.DiskFullError, match="disk full.*step_00000010 kept: free space"):
         save(tmp_path, 20, model, opt, sched)
     monkeypatch.undo()
 
-    assert ck.find_latest(tmp_path) == good
+    assert find_latest(tmp_path) == good
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000010"]
     assert {p.name: p.read_bytes() for p in good.iterdir()} == before
     meta = ck.load_checkpoint(good, model=model, optimizer=opt, scheduler=sched)
@@ -151,7 +153,7 @@ def test_incomplete_checkpoint_is_refused(tmp_path):
 def test_check_checkpoint_names_the_damaged_file(tmp_path):
     model, opt, sched = trained()
     good = save(tmp_path, 1, model, opt, sched)
-    assert ck.check_checkpoint(good) is None
+    assert check_checkpoint(good) is None
     cases = {  # file -> damage -> what the check must say
         "model.safetensors": (lambda p: p.write_bytes(p.read_bytes()[:-7]), "model.safetensors: "),
         "optimizer.pt": (lambda p: p.write_bytes(p.read_bytes()[:100]), "optimizer.pt: "),
@@ -162,9 +164,9 @@ def test_check_checkpoint_names_the_damaged_file(tmp_path):
     for step, (name, (damage, says)) in enumerate(cases.items(), start=2):
         path = save(tmp_path, step, model, opt, sched, keep_last=10)
         damage(path / name)
-        assert ck.check_checkpoint(path).startswith(says), name
+        assert check_checkpoint(path).startswith(says), name
     warned: list[str] = []
-    assert ck.find_latest(tmp_path, warn=warned.append) == good  # newest first, down to the good one
+    assert find_latest(tmp_path, warn=warned.append) == good  # newest first, down to the good one
     assert len(warned) == len(cases) and all("is not usable" in w and f"falling back to {good}" in w for w in warned)
     with pytest.raises(ck.CheckpointError, match="step_00000002: not a complete checkpoint \\(model.safetensors"):
         ck.load_checkpoint(ck.step_dir(tmp_path, 2), model=model, optimizer=opt, scheduler=sched)

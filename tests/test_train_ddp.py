@@ -10,8 +10,8 @@ import torch
 import torch.multiprocessing as mp
 
 from west.train.config import RunConfig, TrainConfig
-from west.train.distributed import (all_ranks, all_reduce_sum, any_rank, cleanup,
-                                    sum_counts_over_ranks, wrap_model)
+from west.ranks import all_ranks, all_reduce_sum, any_rank, sum_counts_over_ranks
+from west.train.distributed import cleanup, wrap_model
 from west.train.loop import Trainer
 from test_train_fakes import (START_METHOD, ListData, SimulatedCrash, TokenModel, dummy_batch, free_port,
                               init_gloo, make_batches)

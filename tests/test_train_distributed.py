@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from west import ranks as R
 from west.train import distributed as D
 from test_train_fakes import START_METHOD, TokenModel, free_port, init_gloo
 
@@ -18,33 +19,33 @@ def test_single_process_defaults(monkeypatch):
         monkeypatch.delenv(var, raising=False)
     info = D.init_distributed("cpu")
     assert (info.rank, info.world_size, info.backend, info.is_main, info.distributed) == (0, 1, "", True, False)
-    assert D.all_reduce_sum([1, 2.5]) == [1.0, 2.5]
-    assert D.any_rank(True) and not D.any_rank(False) and D.all_ranks(True)
-    assert D.sum_counts_over_ranks({"a": 1}) == {"a": 1}
+    assert R.all_reduce_sum([1, 2.5]) == [1.0, 2.5]
+    assert R.any_rank(True) and not R.any_rank(False) and R.all_ranks(True)
+    assert R.sum_counts_over_ranks({"a": 1}) == {"a": 1}
     model = TokenModel()
-    assert D.wrap_model(model, info) is model and D.unwrap(model) is model
+    assert D.wrap_model(model, info) is model and R.unwrap(model) is model
     with D.grad_sync(model, enabled=False):
         pass
-    D.barrier()
+    R.barrier()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error")
 def test_cuda_requested_without_cuda():
     with pytest.raises(RuntimeError, match="CUDA is not available"):
-        D.pick_device("cuda")
-    assert D.pick_device("auto").type == "cpu"
+        R.pick_device("cuda")
+    assert R.pick_device("auto").type == "cpu"
 
 
 def _timeout_worker(rank: int, world: int, port: int, out: str) -> None:
     init_gloo(rank, world, port, timeout_s=2)
-    assert D.all_reduce_sum([rank]) == [1.0]  # both ranks present
+    assert R.all_reduce_sum([rank]) == [1.0]  # both ranks present
     if rank == 1:  # alive but never joins the next collective; leaves once rank 0 gave up
         deadline = time.monotonic() + 60
         while not os.path.exists(out) and time.monotonic() < deadline:
             time.sleep(0.05)
     else:
         try:
-            D.any_rank(True)
+            R.any_rank(True)
             result = "returned"
         except RuntimeError as e:
             result = f"raised: {e}"

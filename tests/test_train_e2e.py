@@ -125,7 +125,8 @@ def _main_captured(argv: list[str]) -> SimpleNamespace:
 
 
 def _latest_meta(out: Path) -> tuple:
-    from west.train.checkpoint import find_latest, read_meta
+    from west.checkpoint.integrity import find_latest
+    from west.checkpoint.training import read_meta
 
     latest = find_latest(out / "checkpoints")
     return latest, read_meta(latest)
@@ -192,7 +193,7 @@ def runs(setup):
     res["ddp_preempted"].latest = _latest_meta(dirs["ddp_preempted"])
     procs["ddp_resumed"] = _start(ddp_preempted, logs["ddp_resumed"])
     res.update(_finish({"killed": procs.pop("killed")}, logs))
-    from west.train.checkpoint import find_latest
+    from west.checkpoint.integrity import find_latest
 
     killed_latest = find_latest(dirs["killed"] / "checkpoints")
     killed_log_lines = len(read_jsonl(dirs["killed"] / "train_log.jsonl"))

@@ -14,7 +14,7 @@ from west.batch import COUNTER_NAMES
 from west.train.config import RunConfig, TrainConfig
 from west.train.distributed import DistInfo
 from west.train.loop import Trainer
-from west.train.checkpoint import find_latest
+from west.checkpoint.integrity import find_latest
 from test_train_fakes import ListData, TokenModel, dummy_batch, make_batches, run_child
 
 N_BATCHES = 7  # accum 2 -> 4 steps per epoch, the last one half dummy
@@ -114,7 +114,7 @@ def test_kill_9_then_resume_matches_uninterrupted(uninterrupted, tmp_path):
 
 
 def test_resume_must_without_checkpoint_fails(tmp_path):
-    from west.train.checkpoint import CheckpointError
+    from west.checkpoint.training import CheckpointError
 
     with pytest.raises(CheckpointError, match="no checkpoint"):
         make_trainer(tmp_path, resume="must").fit()

@@ -205,7 +205,7 @@ def test_config_errors_name_their_keys():
 
 
 def test_resume_with_another_group_layout_fails_clearly():
-    from west.train.checkpoint import CheckpointError
+    from west.checkpoint.training import CheckpointError
 
     full = scheduler_from_config(optimizer_from_config(model(), train_cfg()), train_cfg(), 8)
     frozen_cfg = SpeechLLMConfig.from_dict({**tiny_config(ctc_weight=0.3).to_dict(), "freeze_llm": True})

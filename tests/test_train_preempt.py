@@ -22,7 +22,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from west.train import checkpoint as ck
+from west.checkpoint import files
+from west.checkpoint import training as ck
+from west.checkpoint.integrity import find_latest
 from west.train.config import RunConfig, TrainConfig
 from west.train.distributed import DistInfo, cleanup
 from west.train.loop import Trainer
@@ -106,7 +108,7 @@ def test_signal_mid_epoch_saves_that_step_then_resume_is_exact(full, tmp_path, n
     assert summary["checkpoint"] == str(ck.step_dir(tmp_path / "checkpoints", 7))
     assert signal.getsignal(sig) == before  # restored
     assert t.losses == full.losses[:7]
-    latest = ck.find_latest(tmp_path / "checkpoints")
+    latest = find_latest(tmp_path / "checkpoints")
     assert latest.name == "step_00000007"  # save_every is 3: this one is the preemption's
     meta = ck.read_meta(latest)
     assert meta["preempted"] == sig.name and meta["epoch_complete"] is False
@@ -120,7 +122,7 @@ def test_signal_in_the_last_step_of_an_epoch_saves_before_the_epoch_end(full, tm
     t = make_trainer(tmp_path, at=7)  # during step 4, epoch 0's last: the next plan finds no batch
     summary = t.fit()
     assert summary["preempted"] == "SIGTERM" and (summary["step"], summary["epoch"]) == (4, 0)
-    meta = ck.read_meta(ck.find_latest(tmp_path / "checkpoints"))
+    meta = ck.read_meta(find_latest(tmp_path / "checkpoints"))
     assert meta["step"] == 4 and meta["epoch_complete"] is False
     assert read_jsonl(tmp_path / "epochs.jsonl") == []  # the epoch-end work is the resumed run's
     resume_and_compare(tmp_path, full, 4)
@@ -134,7 +136,7 @@ def test_signal_in_the_step_before_the_last_is_a_normal_finish(tmp_path):
     t = make_trainer(tmp_path, at=3, max_steps=3, save_every=0)  # step 3 was the last anyway
     summary = t.fit()
     assert summary["preempted"] is None and summary["step"] == 3
-    assert "preempted" not in ck.read_meta(ck.find_latest(tmp_path / "checkpoints"))
+    assert "preempted" not in ck.read_meta(find_latest(tmp_path / "checkpoints"))
 
 
 def test_handlers_are_set_only_while_fit_runs(tmp_path):
@@ -233,14 +235,14 @@ def test_corrupt_newest_checkpoint_falls_back_with_a_message(full, tmp_path, cap
                               "another error: warned, the run goes on"])
 def test_disk_full_stops_the_run_and_keeps_the_previous_checkpoint(full, tmp_path, monkeypatch, at, failing, kept,
                                                                     err):
-    real = ck._write_bytes
+    real = files.write_bytes
 
     def failing_write(path, data):
         real(path, data)  # a partial file lands on disk, then the write fails
         if f"step_{failing:08d}" in str(path):
             raise OSError(err, os.strerror(err))
 
-    monkeypatch.setattr(ck, "_write_bytes", failing_write)
+    monkeypatch.setattr(files, "write_bytes", failing_write)
     t = make_trainer(tmp_path, at=at)  # saves at 3, 4 (epoch end), 6...; a signal in step 6 stops after 7
     if err != errno.ENOSPC:
         assert t.fit()["failed_saves"] == 1
@@ -275,16 +277,16 @@ def _worker(rank: int, world: int, port: int, tmp: str) -> None:
         res[f"only{signalled}"] = _fit(out, info, at=7 if rank == signalled else -1)
         res[f"only{signalled}_resumed"] = _fit(out, info)
     # A full disk on rank 1 only, in the save at step 6: every rank stops with the same error.
-    real = ck._write_bytes
+    real = files.write_bytes
 
     def full_disk(path, data):
         if rank == 1 and "step_00000006" in str(path):
             raise OSError(errno.ENOSPC, "No space left on device")
         real(path, data)
 
-    ck._write_bytes = full_disk
+    files.write_bytes = full_disk
     res["disk_full"] = _fit(f"{tmp}/disk", info)
-    ck._write_bytes = real
+    files.write_bytes = real
     res["disk_full_resumed"] = _fit(f"{tmp}/disk", info)
     torch.save(res, f"{tmp}/rank{rank}.pt")
     cleanup()

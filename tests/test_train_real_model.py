@@ -58,7 +58,8 @@ def one_step(llm: str, data_list: str, data_kw: dict, info=None) -> dict:
     from west.data.config import DataConfig
     from west.data.dataset import build_dataloader
     from west.models.speech_llm import SpeechLLM
-    from west.train.distributed import DistInfo, unwrap, wrap_model
+    from west.ranks import unwrap
+    from west.train.distributed import DistInfo, wrap_model
     from west.train.step import plan_step
     from west.train.step import train_step
 

@@ -142,13 +142,14 @@ def test_model_uses_whisper_width_and_freezes_its_blocks(env):
 
 
 def test_export_round_trip_by_path(env, tmp_path):
+    from west.checkpoint.pretrained import load_speech_llm, save_speech_llm
     from west.models.speech_llm import SpeechLLM
 
     torch.manual_seed(1)
     model = SpeechLLM(model_config(env))
     with torch.no_grad():
         model.encoder.hf.layers[0].fc1.weight.add_(1.0)   # trained weights, not the Whisper dir's
-    back = SpeechLLM.from_pretrained(model.save_pretrained(tmp_path / "export"))
+    back = load_speech_llm(save_speech_llm(model, tmp_path / "export"))
     for k, v in model.state_dict().items():
         assert torch.equal(back.state_dict()[k], v), k
 

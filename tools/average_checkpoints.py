@@ -9,7 +9,7 @@
 tensors are averaged in float64 and cast back to their dtype; integer and bool tensors
 (buffers such as step counters) are taken from the newest chosen checkpoint; a lean checkpoint's
 frozen base LLM is read from model.llm.path (its fingerprint checked) and its LoRA adapters are
-averaged like any weight. OUT_DIR gets a SpeechLLM.save_pretrained export (LLM included) with
+averaged like any weight. OUT_DIR gets a save_speech_llm directory (LLM included) with
 the tokenizer, the run's config.yaml (west-decode builds prompts from its data section) and
 averaged.json naming the steps and their figures.
 Exit status 2 on a run dir without usable checkpoints.
@@ -27,9 +27,12 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from west.infer.load import build_from_run
-from west.train.checkpoint import best_checkpoints, eval_metric, list_checkpoints, load_tensors, read_meta
-from west.train.lean import BaseLLM, LeanError, check_base, check_keys, check_lora, read_model_state
+from west.checkpoint.base_llm import BaseLLM, LeanError, check_base
+from west.checkpoint.files import load_tensors
+from west.checkpoint.model_state import check_keys, check_lora, read_model_state
+from west.checkpoint.pretrained import save_speech_llm
+from west.checkpoint.restore import build_from_run
+from west.checkpoint.training import best_checkpoints, eval_metric, list_checkpoints, read_meta
 
 METRICS = ("cv_loss", "cv_cer")
 
@@ -142,7 +145,7 @@ def average_checkpoints(run_dir: Path, out_dir: Path, num: int, mode: str = "bes
               + (" ..." if len(kept) > 5 else ""), file=sys.stderr)
     model.load_state_dict(state, strict=not referenced)
     out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir, tokenizer=tokenizer)
+    save_speech_llm(model, out_dir, tokenizer=tokenizer)
     shutil.copy(config, out_dir / "config.yaml")
     record = {"run_dir": str(run_dir.resolve()), "mode": mode, "metric": metric, "num": num,
               "steps": [int(m["step"]) for _, m in chosen],

@@ -81,7 +81,7 @@ def validate(cfg: Config, explicit: Collection[str] = ()) -> None:
     data is); ``explicit``: the dotted keys set on the command line."""
     from west.data.policies import POLICIES  # the data side says which key sizes each batch mode
     from west.models.whisper_encoder import whisper_geometry
-    from west.train.distributed import resolved_device
+    from west.ranks import resolved_device
 
     data, run, model, llm = cfg.data, cfg.run, cfg.model, cfg.model.llm
     used = POLICIES[data.batch_type].size_key

@@ -56,7 +56,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args, rest = build_arg_parser().parse_known_args(argv)
     from west.config import ConfigError, load_config, split_overrides
-    from west.train.distributed import resolved_device
+    from west.ranks import resolved_device
 
     try:
         cfg = load_config(args.config, split_overrides(rest))

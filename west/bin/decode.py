@@ -33,8 +33,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
 
 
 def resolve_checkpoint(path: str) -> Path:
-    """See west.infer.load.resolve_checkpoint (imported lazily: ``--help`` stays fast)."""
-    from west.infer.load import resolve_checkpoint as resolve
+    """See west.checkpoint.restore.resolve_checkpoint (imported lazily: ``--help`` stays fast)."""
+    from west.checkpoint.restore import resolve_checkpoint as resolve
 
     return resolve(path)
 

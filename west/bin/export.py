@@ -33,12 +33,8 @@ def _dir_size(path: Path) -> int:
 
 def export(checkpoint: str, out: str, config: str | None = None, llm_path: str | None = None) -> Path:
     """Load CKPT as west-decode does, merge the adapters, write DIR; returns DIR."""
-    from transformers import AutoTokenizer
-
-    from west.infer.load import load_training_checkpoint, read_run_config, resolve_checkpoint
-    from west.models.saved import CONFIG_FILE, LLM_DIR, export_speech_llm
-    from west.models.speech_llm import SpeechLLM
-    from west.train.checkpoint import read_meta
+    from west.checkpoint.pretrained import CONFIG_FILE, export_speech_llm
+    from west.checkpoint.restore import config_candidates, load_trained, read_run_config, resolve_checkpoint
 
     ckpt = resolve_checkpoint(checkpoint)
     out_dir = Path(out)
@@ -46,18 +42,9 @@ def export(checkpoint: str, out: str, config: str | None = None, llm_path: str |
         raise ValueError(f"--out {out}: is the checkpoint itself")
     if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / CONFIG_FILE).is_file():
         raise FileExistsError(f"--out {out}: exists and is not an earlier export; give a new or empty dir")
-    raw = read_run_config(ckpt, config)
-    if (ckpt / CONFIG_FILE).is_file():
-        model = SpeechLLM.from_pretrained(ckpt)
-        tok_dir = ckpt / LLM_DIR if (ckpt / LLM_DIR / "tokenizer_config.json").is_file() else model.cfg.llm.path
-        tokenizer = AutoTokenizer.from_pretrained(str(llm_path or tok_dir))
-    else:
-        if "model" not in raw and "model" not in read_meta(ckpt):
-            raise FileNotFoundError(f"{ckpt}: no config.yaml with a model section next to the run "
-                                    "(give --config DIR/config.yaml)")
-        model, tokenizer = load_training_checkpoint(ckpt, raw.get("model") or {}, llm_path)
+    model, tokenizer = load_trained(ckpt, read_run_config(ckpt, config), llm_path)
     export_speech_llm(model.eval(), out_dir, tokenizer)
-    for c in ([Path(config)] if config else [ckpt / "config.yaml", ckpt.parent.parent / "config.yaml"]):
+    for c in config_candidates(ckpt, config):
         if c.is_file():  # west-decode builds its prompts from the run's data section
             shutil.copy(c, out_dir / "config.yaml")
             break

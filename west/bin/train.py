@@ -70,7 +70,7 @@ def prepare(argv: Sequence[str] | None = None) -> Config:
 def run(cfg: Config) -> int:
     """Build tokenizer, model and this rank's data, then train (west.train.build)."""
     from west.train.build import train
-    from west.train.checkpoint import CheckpointError
+    from west.checkpoint.training import CheckpointError
     from west.train.metrics import done_sentence
     from west.train.step import TooManyBadSteps
 

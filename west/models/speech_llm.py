@@ -19,7 +19,6 @@ One forward for every batch mode (see west/batch.py):
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional
 
 import torch
@@ -302,20 +301,6 @@ class SpeechLLM(nn.Module):
             cut = next((i for i, t in enumerate(row) if t in stops), len(row))
             results.append(row[:cut])
         return results
-
-    # ------------------------------------------------------------------ save / load
-    def save_pretrained(self, out_dir: str | Path, tokenizer=None, include_frozen_llm: bool = True) -> Path:
-        """See :func:`west.models.saved.save_speech_llm`."""
-        from west.models.saved import save_speech_llm
-
-        return save_speech_llm(self, out_dir, tokenizer, include_frozen_llm)
-
-    @classmethod
-    def from_pretrained(cls, path: str | Path, device: str | torch.device = "cpu") -> "SpeechLLM":
-        """See :func:`west.models.saved.load_speech_llm`."""
-        from west.models.saved import load_speech_llm
-
-        return load_speech_llm(path, device)
 
 
 def _first(x):

@@ -18,7 +18,8 @@ from west.models.config import SpeechLLMConfig
 from west.models.speech_llm import SpeechLLM
 from west.train.distributed import DistInfo, cleanup, init_distributed
 from west.train.evaluate import build_evaluator
-from west.train.lean import frozen_names, state_bytes
+from west.checkpoint.base_llm import frozen_names
+from west.checkpoint.model_state import state_bytes
 from west.train.loop import Trainer
 from west.train.preempt import shield_loader_workers
 from west.train.schedule import describe_groups

@@ -1,6 +1,6 @@
-"""Process-group setup, rank helpers, model wrapping and small collectives.
+"""Process-group setup and model wrapping (DDP / FSDP2) for training.
 
-One code path for every launch: a plain ``python -m west.bin.train`` is world
+Rank queries and the small collectives live in west.ranks (checkpoints use them too). One code path for every launch: a plain ``python -m west.bin.train`` is world
 size 1 with no process group (every collective helper is then a no-op), and
 ``torchrun`` sets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR which we read here.
 Every collective inherits the process-group timeout, so a rank that died or
@@ -12,11 +12,14 @@ import contextlib
 import datetime
 import os
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from west import ranks
+from west.ranks import pick_device
 
 
 @dataclass(frozen=True)
@@ -36,29 +39,9 @@ class DistInfo:
         return self.world_size > 1
 
 
-def pick_device(requested: str = "auto", local_rank: int = 0) -> torch.device:
-    """``auto`` -> this rank's GPU if CUDA is available, else CPU."""
-    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise RuntimeError("train.device=cuda but CUDA is not available")
-    return torch.device("cuda", local_rank)
-
-
-def resolved_device(requested: str) -> str:
-    """What ``train.device`` will be, cpu or cuda, checked while the config is: an error names the key."""
-    from west.schema import ConfigError
-
-    try:
-        return pick_device(requested).type
-    except RuntimeError:
-        raise ConfigError(f"train.device: {requested} requested but CUDA is not available") from None
-
-
 def init_distributed(device: str = "auto", timeout_s: float = 1800) -> DistInfo:
     """Join the torchrun process group (gloo on CPU, nccl on CUDA) or run alone."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     dev = pick_device(device, local_rank)
     if dev.type == "cuda":
@@ -71,84 +54,15 @@ def init_distributed(device: str = "auto", timeout_s: float = 1800) -> DistInfo:
         # TORCH_NCCL_ASYNC_ERROR_HANDLING=3) and torchrun then stops the other ranks.
         dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s),
                                 device_id=dev if dev.type == "cuda" else None)
-    global _host_group
-    if backend == "nccl" and _host_group is None:   # collective: every rank creates it here
-        _host_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    if backend == "nccl" and ranks.host_group() is None:   # collective: every rank creates it here
+        ranks.set_host_group(dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s)))
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, dev, backend)
 
 
 def cleanup() -> None:
-    global _host_group
     if dist.is_initialized():
         dist.destroy_process_group()
-    _host_group = None
-
-
-def get_rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
-
-
-def get_world_size() -> int:
-    return dist.get_world_size() if dist.is_initialized() else 1
-
-
-def is_main() -> bool:
-    return get_rank() == 0
-
-
-def barrier() -> None:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
-
-
-def _comm_device() -> torch.device:
-    """Tensors for collectives must live on CUDA with nccl, on CPU with gloo."""
-    if dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-_host_group = None   # gloo group for host numbers when the default backend is nccl (init_distributed)
-
-
-def _all_reduce(values: Sequence[float], op: "dist.ReduceOp") -> list[float]:
-    """One collective over a short vector of host numbers (float64: exact for ints < 2**53). With
-    nccl it goes through a gloo group on the CPU, so it never waits on the GPU's queue."""
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return [float(v) for v in values]
-    device = torch.device("cpu") if _host_group is not None else _comm_device()
-    t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=op, group=_host_group)
-    return t.tolist()
-
-
-def all_reduce_sum(values: Sequence[float]) -> list[float]:
-    """Sum a short vector of numbers over ranks in ONE collective."""
-    return _all_reduce(values, dist.ReduceOp.SUM)
-
-
-def all_reduce_sum_device(t: torch.Tensor) -> torch.Tensor:
-    """Sum a vector that lives on the training device over ranks, without reading it back
-    (the caller reads the result once). Unchanged in a single process."""
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return t
-    t = t.to(_comm_device())
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return t
-
-
-def all_reduce_max(values: Sequence[float]) -> list[float]:
-    return _all_reduce(values, dist.ReduceOp.MAX)
-
-
-def any_rank(flag: bool) -> bool:
-    """True on every rank if ``flag`` is True on at least one rank (e.g. "I am out of data")."""
-    return all_reduce_max([1.0 if flag else 0.0])[0] > 0
-
-
-def all_ranks(flag: bool) -> bool:
-    """True on every rank only if ``flag`` is True on all ranks (e.g. "my write succeeded")."""
-    return not any_rank(not flag)
+    ranks.set_host_group(None)
 
 
 # ----------------------------------------------------------------------------- wrapping
@@ -207,11 +121,6 @@ def wrap_model(model: nn.Module, info: DistInfo, fsdp: bool = False,
     return DDP(model, device_ids=device_ids, find_unused_parameters=find_unused_parameters)
 
 
-def unwrap(model: nn.Module) -> nn.Module:
-    """The user's module under a DDP wrapper (FSDP2 modifies the module in place)."""
-    return getattr(model, "module", model)
-
-
 @contextlib.contextmanager
 def grad_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
     """Skip the gradient all-reduce for all but the last micro-batch of a step."""
@@ -228,16 +137,3 @@ def grad_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
             model.set_requires_gradient_sync(True)
     else:
         yield
-
-
-def sum_counts_over_ranks(counts: dict[str, int]) -> dict[str, int]:
-    """Sum small {name: count} dicts whose keys may differ between ranks (epoch-end only)."""
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return dict(counts)
-    gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, dict(counts))
-    total: dict[str, int] = {}
-    for d in gathered:
-        for k, v in d.items():
-            total[k] = total.get(k, 0) + int(v)
-    return total

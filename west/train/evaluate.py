@@ -29,8 +29,9 @@ from torch import nn
 
 from west.batch import Batch
 from west.infer.scoring import detect_mode, error_rate
-from west.train.checkpoint import rng_state, set_rng_state
-from west.train.distributed import DistInfo, all_reduce_max, all_reduce_sum, sum_counts_over_ranks, unwrap
+from west.checkpoint.training import rng_state, set_rng_state
+from west.ranks import all_reduce_max, all_reduce_sum, sum_counts_over_ranks, unwrap
+from west.train.distributed import DistInfo
 from west.train.step import AUX_KEYS, autocast
 
 if TYPE_CHECKING:

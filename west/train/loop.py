@@ -35,13 +35,15 @@ import torch
 from torch import nn
 
 from west.batch import Batch
-from west.train import checkpoint as ckpt
+from west.checkpoint import training as ckpt
+from west.checkpoint.base_llm import base_llm_of
+from west.checkpoint.integrity import PREFIX, check_checkpoint, latest_usable, set_aside
 from west.train.compile import compilations, compile_regions
 from west.train.config import RunConfig, TrainConfig
-from west.train.distributed import DistInfo, all_reduce_max, barrier, sum_counts_over_ranks, unwrap, wrap_model
+from west.ranks import all_reduce_max, barrier, sum_counts_over_ranks, unwrap
+from west.train.distributed import DistInfo, wrap_model
 from west.train.evaluate import Evaluator
 from west.train.gpu_monitor import build_monitor
-from west.train.lean import base_llm_of
 from west.train.metrics import EpochTotals, MetricsLogger, peak_memory_mb, step_record
 from west.train.preempt import Preemption
 from west.train.profiling import build_profiler
@@ -132,12 +134,12 @@ class Trainer:
         if mode == "never":
             return None
         if mode not in ("auto", "must"):
-            problem = ckpt.check_checkpoint(mode)
+            problem = check_checkpoint(mode)
             if problem:
                 raise ckpt.CheckpointError(f"run.resume {mode}: not a usable checkpoint ({problem})")
             return mode
-        latest, bad = ckpt.latest_usable(self.ckpt_root)
-        step = int(latest.name[len(ckpt.PREFIX):]) if latest else -1
+        latest, bad = latest_usable(self.ckpt_root)
+        step = int(latest.name[len(PREFIX):]) if latest else -1
         high, neg_low = all_reduce_max([step, -step])
         if high != -neg_low:  # every rank must load the same one
             raise ckpt.CheckpointError(f"ranks see different newest checkpoints in {self.ckpt_root} (steps "
@@ -145,7 +147,7 @@ class Trainer:
                                        "all ranks see")
         if self.info.is_main:
             for path, problem in bad:
-                moved = ckpt.set_aside(path)
+                moved = set_aside(path)
                 print(f"WARNING: checkpoint {path} is not usable ({problem}); moved to {moved.name}; "
                       f"{f'resuming from {latest.name}' if latest else 'no older checkpoint: starting afresh'}",
                       flush=True)

@@ -13,7 +13,7 @@ from west.schema import ConfigError, require
 
 def check_paths(cfg: Config, need_train_data: bool = True) -> None:
     """Inputs exist, the output dir is writable (created if missing), ``run.resume`` fits it."""
-    from west.train.ckpt_check import check_checkpoint, latest_usable  # lazy: keeps `--help` light
+    from west.checkpoint.integrity import check_checkpoint, latest_usable  # lazy: keeps `--help` light
 
     r = cfg.run
     require(r.output_dir, "run.output_dir", "required (--output_dir DIR)")

@@ -16,7 +16,7 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from west.schema import ConfigError
-from west.train.checkpoint import CheckpointError
+from west.checkpoint.training import CheckpointError
 from west.train.config import TrainConfig
 
 # Module of a parameter, by the first component of its name (SpeechLLM's attributes): the CTC

@@ -25,7 +25,8 @@ import torch
 from torch import nn
 
 from west.batch import COUNTER_NAMES, IGNORE_INDEX, Batch, to_device
-from west.train.distributed import all_reduce_sum, all_reduce_sum_device, grad_sync
+from west.ranks import all_reduce_sum, all_reduce_sum_device
+from west.train.distributed import grad_sync
 
 
 def count_label_tokens(batch: Batch) -> int:

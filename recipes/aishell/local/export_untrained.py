@@ -12,6 +12,7 @@ import argparse
 import shutil
 from pathlib import Path
 
+from west.checkpoint.pretrained import save_speech_llm
 from west.config import load_config
 from west.train.build import build_model, load_tokenizer
 
@@ -19,11 +20,11 @@ from west.train.build import build_model, load_tokenizer
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("config", help="the run's resolved DIR/config.yaml")
-    p.add_argument("out", help="export dir (SpeechLLM.save_pretrained)")
+    p.add_argument("out", help="export dir (west.checkpoint.pretrained.save_speech_llm)")
     a = p.parse_args(argv)
     cfg = load_config(a.config)
     model = build_model(cfg.model, cfg.train.seed)
-    model.save_pretrained(a.out, tokenizer=load_tokenizer(cfg.model))
+    save_speech_llm(model, a.out, tokenizer=load_tokenizer(cfg.model))
     shutil.copy(a.config, Path(a.out) / "config.yaml")
 
 

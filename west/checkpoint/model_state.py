@@ -1,4 +1,4 @@
-"""What of the model a checkpoint stores, and the checks that make a lean checkpoint safe to load.
+"""What of the model a training checkpoint stores, and the checks that make it safe to load.
 
 A lean checkpoint (the default, ``train.save_frozen_llm: false``) leaves out the frozen
 parameters of the base LLM: they are the files under ``model.llm.path``, recorded in meta.json
@@ -11,52 +11,18 @@ ones. Checkpoints written before (everything in model.safetensors) load as they 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import torch
 from torch import nn
 
-from west.models.llm import (ADAPTER_CONFIG, is_peft, llm_fingerprint, load_adapter, read_adapter_settings,
-                             save_adapter)
-from west.train.distributed import get_rank, unwrap
+from west.checkpoint.base_llm import BaseLLM, LeanError, check_base, frozen_names
+from west.checkpoint.files import load_tensors
+from west.models.llm import ADAPTER_CONFIG, adapter_key_map, is_peft, load_adapter, read_adapter_settings, save_adapter
+from west.ranks import get_rank, unwrap
 
 ADAPTER_DIR = "adapter"
-CONFIG_KEY = "model.llm.path"
-
-
-class LeanError(ValueError):
-    """A checkpoint that does not fit this run's model (message names the key to fix)."""
-
-
-@dataclass(frozen=True)
-class BaseLLM:
-    """The frozen base LLM of a run: loaded from ``path``, its parameters under ``prefix``."""
-
-    path: str
-    prefix: str = "llm."
-
-    def reference(self) -> dict:
-        """What meta.json records: absolute path, prefix and the fingerprint of the files."""
-        return {"path": str(Path(self.path).resolve()), "prefix": self.prefix, **llm_fingerprint(self.path)}
-
-
-def base_llm_of(model: nn.Module) -> Optional[BaseLLM]:
-    """The base a SpeechLLM-like model (``cfg.llm.path`` + ``llm`` attribute) loaded its LLM
-    from, when some of that LLM is frozen; None otherwise (nothing could be left out)."""
-    cfg = getattr(getattr(unwrap(model), "cfg", None), "llm", None)
-    if cfg is None or not getattr(cfg, "path", None):
-        return None
-    base = BaseLLM(cfg.path)
-    return base if frozen_names(model, base.prefix) else None
-
-
-def frozen_names(model: nn.Module, prefix: str) -> set[str]:
-    """State-dict names under ``prefix`` that are frozen parameters (tied aliases included)."""
-    module = unwrap(model)
-    return {n for n, p in module.named_parameters(remove_duplicate=False)
-            if n.startswith(prefix) and not p.requires_grad}
 
 
 def peft_part(model: nn.Module) -> Optional[tuple[str, nn.Module]]:
@@ -99,8 +65,6 @@ def split_adapter(model: nn.Module, state: dict[str, torch.Tensor]) -> tuple[dic
     part = peft_part(model)
     if part is None:
         return state, None
-    from west.models.llm import adapter_key_map
-
     prefix, peft_model = part
     under = [n[len(prefix):] for n in state if n.startswith(prefix)]
     adapter = set(adapter_key_map(peft_model, under))
@@ -147,29 +111,8 @@ def check_lora(ckpt: Path, meta: dict, model: nn.Module) -> None:
                                     f"({why[k]})" for k in diff))
 
 
-def check_base(ckpt: Path, meta: dict, base: Optional[BaseLLM]) -> None:
-    """A lean checkpoint needs the very base LLM it was trained on (same file bytes)."""
-    ref = meta.get("base_llm")
-    if not ref:
-        return
-    if base is None:
-        raise LeanError(f"{ckpt} does not hold the frozen base LLM; it refers to {ref['path']} "
-                        f"(sha256 {ref['sha256'][:16]}...): set {CONFIG_KEY} to that directory (and keep the "
-                        "LLM frozen as in training)")
-    if not Path(base.path).is_dir():
-        raise LeanError(f"{CONFIG_KEY} {base.path!r} is not a directory; {ckpt} was trained on {ref['path']}")
-    now = llm_fingerprint(base.path)
-    if now["sha256"] != ref["sha256"]:
-        raise LeanError(f"{ckpt} was trained on the base LLM {ref['path']} (sha256 {ref['sha256']}), but "
-                        f"{CONFIG_KEY} is {str(Path(base.path).resolve())} (sha256 {now['sha256']}): other "
-                        f"weights or config. Set {CONFIG_KEY} (west-decode / west-export: --llm_path) to "
-                        "the LLM the checkpoint was trained on.")
-
-
 def read_model_state(ckpt: Path, model: nn.Module) -> dict[str, torch.Tensor]:
     """model.safetensors plus the adapter dir (names of the model's state dict)."""
-    from west.train.checkpoint import load_tensors
-
     state = load_tensors(ckpt / "model.safetensors")
     adapter = ckpt / ADAPTER_DIR
     if (adapter / ADAPTER_CONFIG).is_file():

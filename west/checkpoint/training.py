@@ -3,7 +3,7 @@
 Layout of ``DIR/checkpoints/step_00001234/``::
 
     model.safetensors     model state (rank 0; FSDP shards are gathered): by default without the
-                          frozen base LLM, which meta.json refers to (west/train/lean.py)
+                          frozen base LLM, which meta.json refers to (west/checkpoint/model_state.py)
     adapter/              LoRA adapters in peft's format (adapter_config.json,
                           adapter_model.safetensors), with model.lora
     optimizer.pt          optimizer state, parameters named by FQN (rank 0; weights_only)
@@ -22,15 +22,14 @@ from every checkpoint's meta.json (so kill -9 and resume cannot lose the ranking
 A directory named ``step_*`` exists only after every file in it was fsynced, so
 a crash or a full disk during a save leaves the previous checkpoint as the
 latest one. Should a ``step_*`` dir still hold a truncated or unreadable file (a
-filesystem that lost writes, a copy cut short), ``find_latest`` reports it and takes
-the newest whole one (west.train.ckpt_check). The output dir must be visible to all
+filesystem that lost writes, a copy cut short), ``latest_usable`` reports it and takes
+the newest whole one (west.checkpoint.integrity). The output dir must be visible to all
 ranks (shared filesystem). Nothing here unpickles: safetensors, JSON and
 ``weights_only=True`` only.
 """
 from __future__ import annotations
 
 import errno
-import io
 import json
 import math
 import os
@@ -41,13 +40,13 @@ from typing import Any, Optional
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
 from torch import nn
 
-from west.train import lean
-from west.train.ckpt_check import (PREFIX, check_checkpoint, find_latest, latest_usable,  # noqa: F401
-                                   read_checked_meta, set_aside)
-from west.train.distributed import all_ranks, all_reduce_max, barrier, get_rank, get_world_size
+from west.checkpoint import model_state
+from west.checkpoint.base_llm import BaseLLM
+from west.checkpoint import files
+from west.checkpoint.integrity import PREFIX, check_checkpoint, read_checked_meta
+from west.ranks import all_ranks, all_reduce_max, barrier, get_rank, get_world_size
 
 TMP_PREFIX = ".tmp_"
 TRASH_PREFIX = ".trash_"
@@ -71,67 +70,6 @@ def _failure(error: Optional[BaseException]) -> int:
 def _agree(error: Optional[BaseException]) -> int:
     """The worst outcome over all ranks (one small all-reduce; saves are rare)."""
     return int(all_reduce_max([_failure(error)])[0])
-
-
-# ----------------------------------------------------------------------------- file writes
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_bytes(path: Path, data: bytes) -> None:
-    """Every small file of a checkpoint goes through here (tests inject ENOSPC)."""
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _save_torch(obj: Any, path: Path) -> None:
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    _write_bytes(path, buf.getvalue())
-
-
-def _save_json(obj: Any, path: Path) -> None:
-    _write_bytes(path, json.dumps(obj, indent=1, sort_keys=True).encode("utf-8"))
-
-
-def _save_tensors(state: dict[str, torch.Tensor], path: Path) -> None:
-    """safetensors refuses shared storage (tied embeddings): store each tensor once and
-    record the other names as aliases in the file's metadata."""
-    seen: dict[tuple, str] = {}
-    storages: set[int] = set()
-    tensors, aliases = {}, {}
-    for name, t in state.items():
-        t = t.detach()
-        ptr = t.untyped_storage().data_ptr()
-        key = (ptr, t.storage_offset(), tuple(t.shape), tuple(t.stride()))
-        if t.numel() and key in seen:
-            aliases[name] = seen[key]
-            continue
-        seen[key] = name
-        # A partial overlap with a kept tensor cannot be aliased: store a copy.
-        tensors[name] = t.clone() if (t.numel() and ptr in storages) else t.contiguous()
-        storages.add(ptr)
-    save_file(tensors, str(path), metadata={"west_aliases": json.dumps(aliases)})
-    _fsync_path(path)
-
-
-def load_tensors(path: Path) -> dict[str, torch.Tensor]:
-    """A state dict written by the checkpoint saver, with its shared (tied) tensors re-aliased."""
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as f:
-        aliases = json.loads((f.metadata() or {}).get("west_aliases", "{}"))
-    state = load_file(str(path))
-    for name, target in aliases.items():
-        state[name] = state[target]
-    return state
 
 
 # ----------------------------------------------------------------------------- RNG
@@ -236,7 +174,7 @@ def prune(root: str | os.PathLike, keep_last: int, keep_best: int = 0, metric: s
 def save_checkpoint(root: str | os.PathLike, step: int, *, model: nn.Module,
                     optimizer: torch.optim.Optimizer, scheduler: Any, data_state: Any,
                     meta: Optional[dict] = None, keep_last: int = 3, keep_best: int = 0,
-                    best_metric: str = "cv_loss", base: Optional[lean.BaseLLM] = None) -> Path:
+                    best_metric: str = "cv_loss", base: Optional[BaseLLM] = None) -> Path:
     """Collective: every rank calls it. Returns the new checkpoint dir or raises
     CheckpointError after removing the partial one (older checkpoints untouched).
 
@@ -265,7 +203,7 @@ def save_checkpoint(root: str | os.PathLike, step: int, *, model: nn.Module,
 
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
     if base is not None:
-        model_sd = lean.gather_lean_state(model, lean.frozen_names(model, base.prefix))
+        model_sd = model_state.gather_lean_state(model, model_state.frozen_names(model, base.prefix))
     else:
         model_sd = get_model_state_dict(model, options=full)
     optim_sd = get_optimizer_state_dict(model, optimizer, options=full)
@@ -274,35 +212,35 @@ def save_checkpoint(root: str | os.PathLike, step: int, *, model: nn.Module,
         if rank == 0:
             if base is not None:
                 meta["base_llm"] = base.reference()  # hashed once per process (rank 0 only)
-            settings = lean.lora_settings(model)
+            settings = model_state.lora_settings(model)
             if settings:
                 meta["lora"] = settings
-            model_sd, adapter = lean.split_adapter(model, model_sd)
-            _save_tensors(model_sd, tmp / "model.safetensors")
+            model_sd, adapter = model_state.split_adapter(model, model_sd)
+            files.save_tensors(model_sd, tmp / "model.safetensors")
             if adapter is not None:
-                for f in lean.write_adapter(adapter, tmp / lean.ADAPTER_DIR):
-                    _fsync_path(f)
-                _fsync_path(tmp / lean.ADAPTER_DIR)
-            _save_torch(optim_sd, tmp / "optimizer.pt")
-            _save_torch(scheduler.state_dict(), tmp / "scheduler.pt")
-        _save_torch(rng_state(), tmp / f"rng_rank{rank}.pt")
+                for f in model_state.write_adapter(adapter, tmp / model_state.ADAPTER_DIR):
+                    files.fsync_path(f)
+                files.fsync_path(tmp / model_state.ADAPTER_DIR)
+            files.save_torch(optim_sd, tmp / "optimizer.pt")
+            files.save_torch(scheduler.state_dict(), tmp / "scheduler.pt")
+        files.save_torch(rng_state(), tmp / f"rng_rank{rank}.pt")
         try:
             payload = json.dumps(data_state).encode("utf-8")
-            _write_bytes(tmp / f"data_rank{rank}.json", payload)
+            files.write_bytes(tmp / f"data_rank{rank}.json", payload)
         except TypeError:
-            _save_torch(data_state, tmp / f"data_rank{rank}.pt")
+            files.save_torch(data_state, tmp / f"data_rank{rank}.pt")
     except OSError as e:
         error = e
     del model_sd, optim_sd
     outcome = _agree(error)
     if not outcome and rank == 0:
         try:
-            _save_json({"step": step, "world_size": world, **meta}, tmp / "meta.json")
-            _fsync_path(tmp)
+            files.save_json({"step": step, "world_size": world, **meta}, tmp / "meta.json")
+            files.fsync_path(tmp)
             if final.exists():  # same step saved again (e.g. epoch end == save_every)
                 _remove(final)
             os.rename(tmp, final)
-            _fsync_path(root)
+            files.fsync_path(root)
         except OSError as e:
             error = e
     outcome = max(outcome, _agree(error))
@@ -328,13 +266,13 @@ def read_meta(path: str | os.PathLike) -> dict:
 
 
 def load_checkpoint(path: str | os.PathLike, *, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    scheduler: Any, restore_rng: bool = True, base: Optional[lean.BaseLLM] = None) -> dict:
+                    scheduler: Any, restore_rng: bool = True, base: Optional[BaseLLM] = None) -> dict:
     """Collective: restore model/optimizer/scheduler (+ this rank's RNG) from ``path``.
 
     Returns meta.json plus ``data_state`` (this rank's data-pipeline state). Resuming
     with another world size is refused: each rank's data position would be wrong. A
     checkpoint that refers to a base LLM needs ``base`` (this run's, already loaded in
-    ``model``) with the same fingerprint; LoRA settings must match (west/train/lean.py).
+    ``model``) with the same fingerprint; LoRA settings must match (west/checkpoint/model_state.py).
     """
     path = Path(path)
     rank, world = get_rank(), get_world_size()
@@ -357,9 +295,9 @@ def load_checkpoint(path: str | os.PathLike, *, model: nn.Module, optimizer: tor
     model_sd, optim_sd, error = {}, {}, None
     if rank == 0 or not distributed:  # rank 0 reads and checks, then broadcasts
         try:
-            model_sd = lean.load_model_weights(path, meta, model, base)
+            model_sd = model_state.load_model_weights(path, meta, model, base)
             optim_sd = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
-        except (lean.LeanError, OSError) as e:
+        except (model_state.LeanError, OSError) as e:
             error = e
     if not all_ranks(error is None):
         raise CheckpointError(str(error) if error else f"{path}: refused on rank 0 (see its log)") from error

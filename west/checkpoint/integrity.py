@@ -1,9 +1,9 @@
 """Which checkpoint to resume from: the newest ``step_*`` dir whose files are whole.
 
-A ``step_*`` dir appears only after its files were fsynced (west.train.checkpoint), but a
+A ``step_*`` dir appears only after its files were fsynced (west.checkpoint.training), but a
 filesystem that loses writes in a crash, a copy cut short or a hand edit can still leave a
 truncated file or bad JSON in one. Resuming from it must not happen silently: the newest
-checkpoint that passes is used and each newer one is reported (``checkpoint.find_latest``).
+checkpoint that passes is used and each newer one is reported (``latest_usable``).
 
 Read: meta.json and every ``*.json`` (parsed), every ``*.safetensors`` (header and the length
 it announces: a truncated file fails), every ``*.pt`` (its zip directory, at the end of the

@@ -1,0 +1,107 @@
+"""The package layering (../shared/ARCHITECTURE.md, issue 26), read from the source: every import,
+function-level ones included, between west's packages and shared modules."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WEST = ROOT / "west"
+
+# who must not import whom (packages and shared top-level modules of west)
+FORBIDDEN = {
+    "models": {"data", "train", "checkpoint", "infer", "bench", "bin"},
+    "data": {"models", "train", "checkpoint", "infer", "bench", "bin"},
+    "checkpoint": {"train", "infer", "data", "bench", "bin"},
+    "infer": {"train", "bench", "bin"},
+    "ranks": {"train", "checkpoint", "models", "data"},
+}
+
+
+def west_imports(path: Path) -> set[str]:
+    """Absolute ``west.*`` modules a file imports, at any depth of its code."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("west.")}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == "west":
+                found |= {f"west.{a.name}" for a in node.names}
+            elif node.module.startswith("west."):
+                found.add(node.module)
+    return found
+
+
+def unit(module: str) -> str:
+    """west.models.conformer -> models; west.shapes -> shapes; west itself -> west."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def graph(files) -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {}
+    for f in files:
+        src = module_name(f)
+        edges.setdefault(unit(src), set()).update(unit(m) for m in west_imports(f) if unit(m) != unit(src))
+    return edges
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str]:
+    """One cycle of the graph as a path (first node repeated at the end), or []."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str]:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(edges.get(n, ())):
+            if state.get(m) == 1:
+                return stack[stack.index(m):] + [m]
+            if m not in state and (c := visit(m)):
+                return c
+        state[n] = 2
+        stack.pop()
+        return []
+
+    for n in sorted(edges):
+        if n not in state and (c := visit(n)):
+            return c
+    return []
+
+
+def test_find_cycle_finds_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a"}}) == []
+
+
+def test_no_forbidden_imports():
+    edges = graph(WEST.rglob("*.py"))
+    bad = {(a, b) for a, banned in FORBIDDEN.items() for b in edges.get(a, set()) & banned}
+    assert not bad, f"forbidden package imports: {sorted(bad)}"
+
+
+def test_no_cycle_between_packages():
+    """west.config is the config tree's root: it composes each package's section (dataclass
+    leaves such as train/config.py) and packages read the composed tree, so it is left out."""
+    edges = {a: bs - {"config"} for a, bs in graph(WEST.rglob("*.py")).items() if a != "config"}
+    assert find_cycle(edges) == []
+
+
+def test_no_cycle_inside_checkpoint():
+    files = list((WEST / "checkpoint").glob("*.py"))
+    edges: dict[str, set[str]] = {}
+    for f in files:
+        src = module_name(f)
+        edges[src] = {m for m in west_imports(f) if m.startswith("west.checkpoint.") and m != src}
+    assert find_cycle(edges) == []
+
+
+def test_checkpoint_tools_do_not_reach_into_training():
+    for name in ("average_checkpoints.py", "convert_wenet_checkpoint.py"):
+        assert not {m for m in west_imports(ROOT / "tools" / name) if unit(m) == "train"}, name
