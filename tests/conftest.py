@@ -78,6 +78,7 @@ def list_kinds(corpus, tmp_path_factory):
     """The corpus in every list format the loader reads: {"raw": jsonl, "shard": shard list
     (with its index), "kaldi": Kaldi dir (fbank feats.scp + text + utt2num_frames)}."""
     import kaldiio
+
     from west.data.config import DataConfig
     from west.data.features import compute_fbank
     from west.prep.shards import make_shards

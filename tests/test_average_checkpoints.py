@@ -34,9 +34,9 @@ def fake_run(root: Path, evals: dict) -> Path:
 def trained_run(tmp_path_factory):
     """A real run dir: config.yaml of the tiny CPU recipe and two checkpoints (steps 5 and 9) of
     the tiny SpeechLLM with different random weights, saved by west-train's own saver."""
+    from west.checkpoint.training import save_checkpoint
     from west.config import load_config
     from west.models.speech_llm import SpeechLLM
-    from west.checkpoint.training import save_checkpoint
     from west.train.rundir import save_config
 
     run = tmp_path_factory.mktemp("run")

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from test_models_speech_llm import packed_batch, samples
 from west.checkpoint import training
 from west.checkpoint.base_llm import BaseLLM
 from west.checkpoint.integrity import find_latest
@@ -19,6 +18,8 @@ from west.models.config import SpeechLLMConfig
 from west.models.speech_llm import SpeechLLM
 from west.models.tiny_llm import build_tokenizer
 from west.train.schedule import build_optimizer, build_scheduler
+
+from test_models_speech_llm import packed_batch, samples
 
 FIXTURE = Path(__file__).parent / "fixtures" / "checkpoints_v1"
 EXPECTED = json.loads((FIXTURE / "expected.json").read_text())["losses"]

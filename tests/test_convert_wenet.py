@@ -21,6 +21,7 @@ from west.data.features import GlobalCMVN
 from west.models.config import ConformerConfig
 from west.models.conformer import ConformerEncoder
 from west.shapes import SUBSAMPLING_LAYERS
+
 from e2e_helpers import tiny_encoder
 
 TOOLS = Path(__file__).resolve().parents[1] / "tools"

@@ -5,13 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import make_wav, write_jsonl
 from west.batch import IGNORE_INDEX
 from west.data.config import DataConfig
 from west.data.generation import prompt_batches
 from west.data.stats import DataStats
 from west.data.tokenize import PromptEncoder
 from west.shapes import SpeechShape
+
+from conftest import make_wav, write_jsonl
 
 
 def test_prompts_are_the_training_prefix(corpus, tokenizer):

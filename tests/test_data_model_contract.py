@@ -12,6 +12,7 @@ import torch
 from west.data.config import DataConfig
 from west.data.dataset import build_dataloader
 from west.shapes import SpeechShape
+
 from e2e_helpers import tiny_encoder
 
 SHAPE = SpeechShape()

@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import make_wav, write_jsonl
 from west.data.config import DataConfig
 from west.data.dataset import build_dataloader as _build
 from west.data.features import compute_fbank
 from west.data.lists import index_path
 from west.shapes import SpeechShape
+
+from conftest import make_wav, write_jsonl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 

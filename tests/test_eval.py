@@ -24,12 +24,20 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from west.train.distributed import DistInfo
+
 from conftest import write_jsonl
 from e2e_helpers import read_jsonl, tiny_llm, train_argv
-from test_train_fakes import (START_METHOD, ListData, TokenModel, dummy_batch, free_port, init_gloo, make_batches,
-                              run_child)
-from west.schema import ConfigError
-from west.train.distributed import DistInfo
+from test_train_fakes import (
+    START_METHOD,
+    ListData,
+    TokenModel,
+    dummy_batch,
+    free_port,
+    init_gloo,
+    make_batches,
+    run_child,
+)
 
 DEV = slice(12, 19)   # 7 dev utterances (odd: 2 ranks cannot split them evenly), then one bad line
 N_DECODE = 3

@@ -220,6 +220,7 @@ def _resume_worker(rank: int, world: int, port: int, env: dict) -> None:
 @pytest.fixture(scope="module")
 def results(tmp_path_factory, corpus):
     from west.models.tiny_llm import build_tiny_llm
+
     from conftest import transcript
 
     d = tmp_path_factory.mktemp("fsdp")
@@ -232,6 +233,7 @@ def results(tmp_path_factory, corpus):
     import torch._dynamo  # noqa: F401
     import torch.distributed.checkpoint.state_dict  # noqa: F401
     from torch.distributed.fsdp import fully_shard  # noqa: F401
+
     import west.models.speech_llm  # noqa: F401
     import west.train.loop  # noqa: F401
 

@@ -7,14 +7,15 @@ import json
 import pytest
 import torch
 
-from test_lora import lora_model
-from test_models_speech_llm import packed_batch, run, samples, tiny_config
+from west.checkpoint import training as ck
+from west.checkpoint.base_llm import BaseLLM, base_llm_of
 from west.models.config import LLMConfig
 from west.models.llm import llm_fingerprint
 from west.models.speech_llm import SpeechLLM
-from west.checkpoint import training as ck
-from west.checkpoint.base_llm import BaseLLM, base_llm_of
 from west.train.schedule import build_optimizer, build_scheduler
+
+from test_lora import lora_model
+from test_models_speech_llm import packed_batch, run, samples, tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -3,7 +3,6 @@
 entries as on one process, and a fresh FSDP2 model resumes every weight and optimizer state."""
 from __future__ import annotations
 
-import pytest
 import torch
 import torch.multiprocessing as mp
 
@@ -24,8 +23,8 @@ def _worker(rank: int, world: int, port: int, env: dict) -> None:
     from torch.distributed.tensor import DTensor
 
     from west.checkpoint import training as ck
-    from west.train.distributed import cleanup, wrap_model
     from west.checkpoint.base_llm import base_llm_of, frozen_names
+    from west.train.distributed import cleanup, wrap_model
     from west.train.schedule import build_optimizer, build_scheduler
 
     info = init_gloo(rank, world, port)
@@ -60,10 +59,10 @@ def _worker(rank: int, world: int, port: int, env: dict) -> None:
 
 
 def test_fsdp_lean_lora_checkpoint_never_gathers_the_base(tmp_path):
-    from safetensors.torch import load_file
-
     import torch.distributed.checkpoint.state_dict  # noqa: F401  (fork after the slow imports)
+    from safetensors.torch import load_file
     from torch.distributed.fsdp import fully_shard  # noqa: F401
+
     import west.checkpoint.training  # noqa: F401
 
     env = {"base": str(write_base(tmp_path / "base")), "dir": tmp_path / "ckpts"}

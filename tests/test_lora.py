@@ -7,9 +7,10 @@ import peft  # noqa: F401  (a missing peft fails here, loudly)
 import pytest
 import torch
 
-from test_models_speech_llm import (assert_same, packed_batch, padded_batch, run, samples, tiny_config)
 from west.models.config import LLMConfig, LoraSettings
 from west.models.speech_llm import SpeechLLM
+
+from test_models_speech_llm import assert_same, packed_batch, padded_batch, run, samples, tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -66,8 +67,8 @@ def test_adapter_dir_is_peft_format_and_merged_export_matches(tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from west.models.llm import load_adapter, read_adapter_settings, save_adapter
     from west.checkpoint.pretrained import export_speech_llm, load_speech_llm
+    from west.models.llm import load_adapter, read_adapter_settings, save_adapter
 
     base_dir = tmp_path / "base"
     torch.manual_seed(0)

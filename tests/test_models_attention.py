@@ -16,7 +16,6 @@ from west.models.attention import (
     varlen_attention,
 )
 
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 LENS = [5, 17, 3, 17, 40, 1, 33, 18]

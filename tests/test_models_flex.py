@@ -6,9 +6,10 @@ a GPU by tools/check_attention_cuda.py (tools/gpu_suite.sh)."""
 import pytest
 import torch
 
-from west.models.attention import reference_attention, varlen_attention, LazySegmentPlan
+from west.models.attention import LazySegmentPlan, reference_attention, varlen_attention
 from west.models.conformer import ConformerEncoder, encoder_backend, relative_sinusoids
 from west.models.flex import DocumentMask, document_blocks, flex_works, rel_pos_attention, rel_pos_reference
+
 from e2e_helpers import tiny_encoder
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

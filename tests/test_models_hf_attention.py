@@ -6,7 +6,6 @@ import torch
 
 from west.models.hf_attention import ATTN_NAME, packed_kwargs, register
 
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 LENS = [5, 9, 3, 7, 4]  # last one plays the pack's dummy tail

@@ -6,7 +6,6 @@ from west.models.config import ProjectorConfig
 from west.models.projector import Projector
 from west.shapes import projected_frames
 
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 

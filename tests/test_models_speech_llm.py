@@ -9,13 +9,13 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from west.checkpoint.pretrained import load_speech_llm, save_speech_llm
 from west.batch import IGNORE_INDEX, Batch
+from west.checkpoint.pretrained import load_speech_llm, save_speech_llm
 from west.models.config import ConformerConfig, LLMConfig, ProjectorConfig, SpeechLLMConfig
 from west.models.speech_llm import SpeechLLM
 from west.shapes import min_fbank_frames, num_speech_tokens
-from e2e_helpers import tiny_encoder
 
+from e2e_helpers import tiny_encoder
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -105,3 +105,23 @@ def test_no_cycle_inside_checkpoint():
 def test_checkpoint_tools_do_not_reach_into_training():
     for name in ("average_checkpoints.py", "convert_wenet_checkpoint.py"):
         assert not {m for m in west_imports(ROOT / "tools" / name) if unit(m) == "train"}, name
+
+
+def function_level_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of each import inside a function of ``path``."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    out = []
+    for node in ast.walk(ast.parse("\n".join(lines))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for sub in ast.walk(node):
+                if isinstance(sub, (ast.Import, ast.ImportFrom)):
+                    out.append((sub.lineno, lines[sub.lineno - 1]))
+    return sorted(set(out))
+
+
+def test_function_level_imports_say_why():
+    """An import inside a function avoids a heavy or optional import (or a cycle); it says so in
+    a trailing comment on its line (``# heavy``, ``# optional``, ...)."""
+    silent = [f"{f.relative_to(ROOT)}:{n}: {text.strip()}" for f in sorted(WEST.rglob("*.py"))
+              for n, text in function_level_imports(f) if "#" not in text]
+    assert not silent, "function-level imports without a reason:\n" + "\n".join(silent)

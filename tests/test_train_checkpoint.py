@@ -15,7 +15,8 @@ from west.checkpoint import files
 from west.checkpoint import training as ck
 from west.checkpoint.integrity import check_checkpoint, find_latest
 from west.train.schedule import build_optimizer, build_scheduler
-from test_train_fakes import TokenModel, padded_batch, make_samples
+
+from test_train_fakes import TokenModel, make_samples, padded_batch
 
 
 def trained(seed: int = 0, steps: int = 2):

@@ -5,9 +5,10 @@ import copy
 import pytest
 import torch
 
-from west.train.compile import compilations, compile_regions
-from test_models_speech_llm import make_sample, packed_batch, padded_batch, tiny_config
 from west.models.speech_llm import SpeechLLM
+from west.train.compile import compilations, compile_regions
+
+from test_models_speech_llm import make_sample, packed_batch, padded_batch, tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -11,10 +11,11 @@ import yaml
 
 from west.bin.train import parse_train_args
 from west.config import Config, ConfigError, load_config, split_overrides
-from west.train.rundir import check_paths, prepare_output_dir, save_config
 from west.data.config import DataConfig
 from west.models.config import ConformerConfig, LoraSettings, ProjectorConfig, SpeechLLMConfig
 from west.shapes import SpeechShape
+from west.train.rundir import check_paths, prepare_output_dir, save_config
+
 from e2e_helpers import tiny_encoder
 
 

@@ -9,12 +9,21 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from west.train.config import RunConfig, TrainConfig
 from west.ranks import all_ranks, all_reduce_sum, any_rank, sum_counts_over_ranks
+from west.train.config import RunConfig, TrainConfig
 from west.train.distributed import cleanup, wrap_model
 from west.train.loop import Trainer
-from test_train_fakes import (START_METHOD, ListData, SimulatedCrash, TokenModel, dummy_batch, free_port,
-                              init_gloo, make_batches)
+
+from test_train_fakes import (
+    START_METHOD,
+    ListData,
+    SimulatedCrash,
+    TokenModel,
+    dummy_batch,
+    free_port,
+    init_gloo,
+    make_batches,
+)
 from test_train_step import RANK_CUT, SAMPLES, _assert_close, micro_batches, one_step, reference_params
 
 BATCHES_PER_RANK = (5, 4)  # accum 2 -> 3 steps per epoch on both ranks (rank 1's last is all dummy)
@@ -80,8 +89,8 @@ def results(tmp_path_factory):
     # fork (like DataLoader workers: 1 intra-op thread in the children) after importing
     # what DDP/FSDP pull in, so the slow imports happen once instead of in each rank.
     import torch._dynamo  # noqa: F401  (DDP imports it on first use)
-    from torch.distributed.fsdp import fully_shard  # noqa: F401
     import torch.distributed.checkpoint.state_dict  # noqa: F401
+    from torch.distributed.fsdp import fully_shard  # noqa: F401
     mp.start_processes(_worker, args=(2, free_port(), str(tmp)), nprocs=2, join=True,
                        start_method=START_METHOD)
     return tmp, [torch.load(tmp / f"rank{r}.pt", weights_only=True) for r in range(2)]

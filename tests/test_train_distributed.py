@@ -11,6 +11,7 @@ import torch.multiprocessing as mp
 
 from west import ranks as R
 from west.train import distributed as D
+
 from test_train_fakes import START_METHOD, TokenModel, free_port, init_gloo
 
 

@@ -27,9 +27,10 @@ import pytest
 import torch
 import yaml
 
-from e2e_helpers import PYTHON, ROOT, read_jsonl, subprocess_env, tiny_llm, train_argv, write_lists
 from west.batch import COUNTER_NAMES
 from west.train.preempt import PREEMPTED_EXIT_CODE
+
+from e2e_helpers import PYTHON, ROOT, read_jsonl, subprocess_env, tiny_llm, train_argv, write_lists
 
 N_UTTS = 13  # odd on purpose: 2 ranks cannot split it evenly
 KILL_AFTER = 5  # SIGKILL right after step 5 is logged; the latest checkpoint is step 4

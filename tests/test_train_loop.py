@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from west.batch import COUNTER_NAMES
+from west.checkpoint.integrity import find_latest
 from west.train.config import RunConfig, TrainConfig
 from west.train.distributed import DistInfo
 from west.train.loop import Trainer
-from west.checkpoint.integrity import find_latest
+
 from test_train_fakes import ListData, TokenModel, dummy_batch, make_batches, run_child
 
 N_BATCHES = 7  # accum 2 -> 4 steps per epoch, the last one half dummy

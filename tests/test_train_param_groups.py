@@ -9,17 +9,17 @@ import shutil
 import pytest
 import torch
 
-from test_models_speech_llm import padded_batch, samples, tiny_config
-from test_train_fakes import ListData, TokenModel, dummy_batch
 from west.models.config import SpeechLLMConfig
 from west.models.speech_llm import SpeechLLM
 from west.schema import ConfigError
 from west.train.config import RunConfig, TrainConfig
 from west.train.distributed import DistInfo
 from west.train.loop import Trainer
-from west.train.schedule import (describe_groups, module_of, optimizer_from_config, scheduler_from_config,
-                                 warmup_cosine)
+from west.train.schedule import describe_groups, module_of, optimizer_from_config, scheduler_from_config, warmup_cosine
 from west.train.step import plan_step, train_step
+
+from test_models_speech_llm import padded_batch, samples, tiny_config
+from test_train_fakes import ListData, TokenModel, dummy_batch
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

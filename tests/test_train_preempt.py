@@ -30,8 +30,8 @@ from west.train.distributed import DistInfo, cleanup
 from west.train.loop import Trainer
 from west.train.preempt import shield_loader_workers
 from west.train.step import TooManyBadSteps
-from test_train_fakes import (START_METHOD, ListData, TokenModel, dummy_batch, free_port, init_gloo,
-                              make_batches)
+
+from test_train_fakes import START_METHOD, ListData, TokenModel, dummy_batch, free_port, init_gloo, make_batches
 
 N_BATCHES = 7  # accum 2 -> 4 steps per epoch (steps s = forwards 2s-1, 2s), 2 epochs
 RANK_BATCHES = (5, 4)  # two ranks, accum 2 -> 3 steps per epoch

@@ -60,8 +60,7 @@ def one_step(llm: str, data_list: str, data_kw: dict, info=None) -> dict:
     from west.models.speech_llm import SpeechLLM
     from west.ranks import unwrap
     from west.train.distributed import DistInfo, wrap_model
-    from west.train.step import plan_step
-    from west.train.step import train_step
+    from west.train.step import plan_step, train_step
 
     info = info or DistInfo()
     tok = AutoTokenizer.from_pretrained(llm)

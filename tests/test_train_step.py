@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from west.train.step import BadStepGuard, StepPlan, TooManyBadSteps, plan_step, train_step
+
 from test_train_fakes import TokenModel, dummy_batch, make_samples, packed_batch, padded_batch
 
 SAMPLES = make_samples(24, seed=3)

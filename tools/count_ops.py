@@ -50,8 +50,8 @@ def main(argv=None) -> int:
     from west.bench.runner import PassRunner
     from west.config import load_config, split_overrides
     from west.host_memory import keep_freed_host_memory
-    from west.train.build import build_model, load_tokenizer
     from west.ranks import resolved_device
+    from west.train.build import build_model, load_tokenizer
 
     cfg = load_config(args.config, split_overrides(rest))
     modes = standard_modes([m for m in args.modes.split(",") if m], args.batch_size, args.max_tokens_in_batch,

@@ -80,8 +80,8 @@ def validate(cfg: Config, explicit: Collection[str] = ()) -> None:
     """The checks across sections or outside the config (a Whisper dir's config is read here, before any
     data is); ``explicit``: the dotted keys set on the command line."""
     from west.data.policies import POLICIES  # the data side says which key sizes each batch mode
-    from west.models.whisper_encoder import whisper_geometry
-    from west.ranks import resolved_device
+    from west.models.whisper_encoder import whisper_geometry  # heavy
+    from west.ranks import resolved_device  # heavy
 
     data, run, model, llm = cfg.data, cfg.run, cfg.model, cfg.model.llm
     used = POLICIES[data.batch_type].size_key

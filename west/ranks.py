@@ -13,6 +13,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from west.schema import ConfigError
+
 
 def pick_device(requested: str = "auto", local_rank: int = 0) -> torch.device:
     """``auto`` -> this rank's GPU if CUDA is available, else CPU."""
@@ -25,8 +27,6 @@ def pick_device(requested: str = "auto", local_rank: int = 0) -> torch.device:
 
 def resolved_device(requested: str) -> str:
     """What ``train.device`` will be, cpu or cuda, checked while the config is: an error names the key."""
-    from west.schema import ConfigError
-
     try:
         return pick_device(requested).type
     except RuntimeError:

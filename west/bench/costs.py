@@ -132,7 +132,7 @@ def count_flops(model: torch.nn.Module, batches: Sequence[Batch], device: torch.
 
 
 def _count(model: torch.nn.Module, batches: Sequence[Batch], device: torch.device) -> dict:
-    from torch.utils.flop_counter import FlopCounterMode
+    from torch.utils.flop_counter import FlopCounterMode  # heavy
 
     root = type(model).__name__
     children = [name for name, _ in model.named_children()]

@@ -32,6 +32,8 @@ from typing import Iterator, Sequence
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from west.train.step import autocast
+
 PHASES = ("forward", "backward", "optimizer", "other")
 # record_function markers (the optimizer's step and zero_grad open one): bookkeeping, no kernel
 IGNORED_NAMESPACES = ("profiler",)
@@ -130,8 +132,6 @@ def count_encoder_ops(model: torch.nn.Module, batches: Sequence, device: torch.d
     """The speech encoder alone on each batch's feats, forward then backward (module docstring),
     after one uncounted warm-up on the first. Leaves the model's weights untouched and its
     gradients cleared."""
-    from west.train.step import autocast
-
     model.train()
     counter = OpCounter()
     with_feats = [b for b in batches if b.feats is not None]

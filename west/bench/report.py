@@ -206,10 +206,10 @@ def report(res: dict) -> str:
 
 def plot(res: dict, path: Path) -> None:
     """Two panels: time per mode (speed-up annotated) and useful LLM/encoder share."""
-    import matplotlib
+    import matplotlib  # heavy
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy
 
     modes = list(res["modes"].values())
     names = [r["method"].replace(" (WEST)", "\n(WEST)").replace(", ", ",\n") for r in modes]
@@ -241,7 +241,7 @@ def plot(res: dict, path: Path) -> None:
 
 def machine(device: str) -> dict:
     """Where the numbers were taken: CPU, cores, torch and its threads, load before the run."""
-    import torch
+    import torch  # heavy
 
     cpu = platform.processor() or platform.machine()
     try:

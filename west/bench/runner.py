@@ -77,7 +77,7 @@ class PassRunner:
 
     def profile_pass(self, batches: Sequence[Batch], rows: int = 20) -> tuple[dict, str]:
         """torch.profiler over one whole training pass: ({op: self ms}, table by input shape)."""
-        from torch.profiler import ProfilerActivity, profile
+        from torch.profiler import ProfilerActivity, profile  # heavy
 
         opt, sched = self.fresh(len(batches))
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])

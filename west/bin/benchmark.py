@@ -19,7 +19,7 @@ from typing import Sequence
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
-    from west.bench.modes import ALL_MODES, DEFAULT_MODES, WHISPER_PADDED
+    from west.bench.modes import ALL_MODES, DEFAULT_MODES, WHISPER_PADDED  # heavy
 
     p = argparse.ArgumentParser(prog="west-benchmark", description=__doc__.split("\n\n")[0],
                                 epilog="Any config key can be overridden as --section.key VALUE "
@@ -55,8 +55,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args, rest = build_arg_parser().parse_known_args(argv)
-    from west.config import ConfigError, load_config, split_overrides
-    from west.ranks import resolved_device
+    from west.config import ConfigError, load_config, split_overrides  # heavy
+    from west.ranks import resolved_device  # heavy
 
     try:
         cfg = load_config(args.config, split_overrides(rest))
@@ -64,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError("--num_utts and --repeats must be >= 1, --warmup_steps >= 0")
         if not Path(args.data).is_file():
             raise ConfigError(f"--data: no such file: {args.data}")
-        from west.bench.modes import DEFAULT_MODES, WHISPER_PADDED, standard_modes
+        from west.bench.modes import DEFAULT_MODES, WHISPER_PADDED, standard_modes  # heavy
 
         names = [m.strip() for m in args.modes.split(",") if m.strip()] if args.modes else (
             [*DEFAULT_MODES, WHISPER_PADDED] if cfg.model.encoder.type == "whisper" else list(DEFAULT_MODES))
@@ -73,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         modes = standard_modes(names, args.batch_size,
                                args.max_tokens_in_batch, args.pack_tokens)
         if args.memory_budget is not None:
-            from west.bench.sizing import check_budget
+            from west.bench.sizing import check_budget  # heavy
 
             check_budget(args.memory_budget, resolved_device(cfg.train.device))
             if args.search_granularity < 1:
@@ -82,12 +82,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"west-benchmark: error: {e}", file=sys.stderr)
         return 2
 
-    import torch
+    import torch  # heavy
 
-    from west.bench.benchmark import run_benchmark
-    from west.bench.modes import select_utterances
-    from west.bench.report import machine, save
-    from west.train.build import build_model, load_tokenizer
+    from west.bench.benchmark import run_benchmark  # heavy
+    from west.bench.modes import select_utterances  # heavy
+    from west.bench.report import machine, save  # heavy
+    from west.train.build import build_model, load_tokenizer  # heavy
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -105,8 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     model = build_model(cfg.model, args.seed)
     budget = None
     if args.memory_budget is not None:
-        from west.bench.memory_search import NothingFits
-        from west.bench.sizing import find_sizes
+        from west.bench.memory_search import NothingFits  # heavy
+        from west.bench.sizing import find_sizes  # heavy
 
         try:
             modes, budget = find_sizes(model, tokenizer, cfg.data, cfg.train, str(subset), modes, device,
@@ -131,8 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                command=" ".join(["python -m west.bin.benchmark", *(argv if argv is not None else sys.argv[1:])]),
                data=str(args.data), config=args.config)
     if budget is not None:
-        from west.bench.benchmark import add_efficiency
-        from west.bench.peak import run_peak
+        from west.bench.benchmark import add_efficiency  # heavy
+        from west.bench.peak import run_peak  # heavy
 
         add_efficiency(res, run_peak(device, cfg.train.precision))
         res["memory_budget"] = budget

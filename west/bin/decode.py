@@ -34,7 +34,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
 
 def resolve_checkpoint(path: str) -> Path:
     """See west.checkpoint.restore.resolve_checkpoint (imported lazily: ``--help`` stays fast)."""
-    from west.checkpoint.restore import resolve_checkpoint as resolve
+    from west.checkpoint.restore import resolve_checkpoint as resolve  # heavy
 
     return resolve(path)
 
@@ -49,20 +49,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise FileNotFoundError(f"--data: no such file: {args.data}")
         if args.ref and not Path(args.ref).is_file():
             raise FileNotFoundError(f"--ref: no such file: {args.ref}")
-        from west.config import ConfigError
-        from west.train.rundir import prepare_output_dir
+        from west.config import ConfigError  # heavy
+        from west.train.rundir import prepare_output_dir  # heavy
 
         try:
             prepare_output_dir(Path(args.result).resolve().parent)
         except ConfigError as e:
             raise OSError(str(e).replace("run.output_dir", "--result")) from None
-        from west.infer.load import load_for_decoding
+        from west.infer.load import load_for_decoding  # heavy
 
         model, tokenizer, conf = load_for_decoding(args.checkpoint, args.config, args.device, args.llm_path)
     except (OSError, ValueError) as e:
         print(f"west-decode: error: {e}", file=sys.stderr)
         return 2
-    from west.infer.decode import decode_list
+    from west.infer.decode import decode_list  # heavy
 
     s = decode_list(model, tokenizer, conf, args.data, args.result, beam_size=args.beam_size,
                     batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, ref=args.ref,

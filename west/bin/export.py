@@ -33,8 +33,8 @@ def _dir_size(path: Path) -> int:
 
 def export(checkpoint: str, out: str, config: str | None = None, llm_path: str | None = None) -> Path:
     """Load CKPT as west-decode does, merge the adapters, write DIR; returns DIR."""
-    from west.checkpoint.pretrained import CONFIG_FILE, export_speech_llm
-    from west.checkpoint.restore import config_candidates, load_trained, read_run_config, resolve_checkpoint
+    from west.checkpoint.pretrained import CONFIG_FILE, export_speech_llm  # heavy
+    from west.checkpoint.restore import config_candidates, load_trained, read_run_config, resolve_checkpoint  # heavy
 
     ckpt = resolve_checkpoint(checkpoint)
     out_dir = Path(out)

@@ -69,10 +69,10 @@ def prepare(argv: Sequence[str] | None = None) -> Config:
 
 def run(cfg: Config) -> int:
     """Build tokenizer, model and this rank's data, then train (west.train.build)."""
-    from west.train.build import train
-    from west.checkpoint.training import CheckpointError
-    from west.train.metrics import done_sentence
-    from west.train.step import TooManyBadSteps
+    from west.checkpoint.training import CheckpointError  # heavy
+    from west.train.build import train  # heavy
+    from west.train.metrics import done_sentence  # heavy
+    from west.train.step import TooManyBadSteps  # heavy
 
     try:
         summary = train(cfg)

@@ -70,7 +70,7 @@ def save_tensors(state: dict[str, torch.Tensor], path: Path, metadata: Optional[
 
 def tensors_metadata(path: Path) -> dict[str, str]:
     """The string metadata of a safetensors file (header only)."""
-    from safetensors import safe_open
+    from safetensors import safe_open  # heavy
 
     with safe_open(str(path), framework="pt") as f:
         return dict(f.metadata() or {})

@@ -33,7 +33,7 @@ def _json_problem(path: Path) -> Optional[str]:
 
 
 def _safetensors_problem(path: Path) -> Optional[str]:
-    from safetensors import safe_open
+    from safetensors import safe_open  # heavy
 
     try:
         with safe_open(str(path), framework="pt"):

@@ -47,7 +47,7 @@ def lora_settings(model: nn.Module) -> Optional[dict]:
 def gather_lean_state(model: nn.Module, skip: set[str]) -> dict[str, torch.Tensor]:
     """Collective: the full (unsharded, CPU) state on rank 0 without the ``skip`` entries,
     which are never gathered (under FSDP the frozen LLM stays sharded); {} on other ranks."""
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor  # heavy
 
     rank, out = get_rank(), {}
     for name, t in unwrap(model).state_dict().items():

@@ -63,7 +63,7 @@ def save_speech_llm(model: SpeechLLM, out_dir: str | Path, tokenizer=None, inclu
 def load_speech_llm(path: str | Path, device: str | torch.device = "cpu", llm_path: Optional[str] = None) -> SpeechLLM:
     """Inverse of :func:`save_speech_llm` and :func:`export_speech_llm`. ``llm_path``: where the
     referenced base LLM is now, if it moved since the directory was written."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # heavy
 
     path = Path(path)
     cfg = SpeechLLMConfig.from_dict(json.loads((path / CONFIG_FILE).read_text()))

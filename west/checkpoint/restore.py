@@ -61,7 +61,7 @@ def build_from_run(model_section: dict, weights: bool = False,
     The LLM's architecture comes from ``model.llm.path`` (``llm_path`` when given: the base
     moved since training); its weights are read there only with ``weights`` (a lean checkpoint
     refers to them), else every weight is loaded from the checkpoint by the caller."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer  # heavy
 
     model_cfg = SpeechLLMConfig.from_dict(model_section)
     if llm_path:
@@ -94,7 +94,7 @@ def load_training_checkpoint(ckpt: Path, model_section: dict,
 
 def load_trained(ckpt: Path, run_config: dict, llm_path: Optional[str] = None) -> tuple[SpeechLLM, object]:
     """(model, tokenizer) from a resolved checkpoint of either kind, on the CPU in train mode."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # heavy
 
     if (ckpt / CONFIG_FILE).is_file():
         model = load_speech_llm(ckpt, llm_path=llm_path)

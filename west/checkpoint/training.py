@@ -42,9 +42,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from west.checkpoint import model_state
+from west.checkpoint import files, model_state
 from west.checkpoint.base_llm import BaseLLM
-from west.checkpoint import files
 from west.checkpoint.integrity import PREFIX, check_checkpoint, read_checked_meta
 from west.ranks import all_ranks, all_reduce_max, barrier, get_rank, get_world_size
 
@@ -198,8 +197,11 @@ def save_checkpoint(root: str | os.PathLike, step: int, *, model: nn.Module,
             f"cannot create {tmp}{' (disk full)' if outcome == 2 else ''}: {error or 'on rank 0'}") from error
 
     # Full (unsharded, CPU) states on rank 0, empty elsewhere; collective under FSDP.
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                         get_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import (  # heavy
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
 
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
     if base is not None:
@@ -284,8 +286,11 @@ def load_checkpoint(path: str | os.PathLike, *, model: nn.Module, optimizer: tor
     problem = problem or check_checkpoint(path)
     if problem:
         raise CheckpointError(f"{path}: not a complete checkpoint ({problem})")
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
-                                                         set_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import (  # heavy
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
 
     distributed = world > 1
     # A lean checkpoint leaves the frozen base out: those entries keep the weights just loaded

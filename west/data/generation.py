@@ -14,10 +14,10 @@ from itertools import islice
 from typing import Iterable, Iterator, Optional
 
 from west.batch import IGNORE_INDEX, Batch
-from west.data.policies import collate_padded, dummy_sample
 from west.data.config import DataConfig, for_shape
 from west.data.features import GlobalCMVN
 from west.data.lists import iter_records
+from west.data.policies import collate_padded, dummy_sample
 from west.data.processors import FEATURE_STAGES, DecodeContext, load_audio
 from west.data.stats import DataStats, SkipSample
 from west.data.tokenize import Encoded, PromptEncoder

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional, Union
 
 from west.data.stats import DataStats, SkipSample
 
@@ -293,6 +293,7 @@ class ShardList:
 
 
 # -- one dispatch from a path to its source ------------------------------------------
+Source = Union[RawList, KaldiList, ShardList]  # one list format: len(), record(i)
 SOURCES = {"raw": RawList, "kaldi": KaldiList, "shard": ShardList}
 
 

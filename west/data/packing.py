@@ -253,7 +253,7 @@ def pack_sequences(sequences: Sequence[Sequence[int]], capacity: int, pad_token_
     Labels, if given, are placed as given (no shift) and the rest of each row is
     -100. A sequence longer than ``capacity`` raises ValueError naming it.
     """
-    import torch
+    import torch  # heavy
 
     lengths = [len(s) for s in sequences]
     if labels is not None:

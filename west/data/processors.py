@@ -23,7 +23,9 @@ from typing import Callable, Iterable, Iterator, Optional
 import numpy as np
 
 from west.data.config import DataConfig
-from west.data.features import GlobalCMVN, compute_fbank, load_audio as _load_audio, spec_augment as _spec_augment
+from west.data.features import GlobalCMVN, compute_fbank
+from west.data.features import load_audio as _load_audio
+from west.data.features import spec_augment as _spec_augment
 from west.data.metadata import check_budget
 from west.data.stats import DataStats, SkipSample
 from west.data.tokenize import PromptEncoder
@@ -72,7 +74,7 @@ def _load(sample: dict, sr: int, num_mel_bins: int) -> dict:
 
 
 def _load_ark(ark: str, num_mel_bins: int) -> np.ndarray:
-    import kaldiio
+    import kaldiio  # heavy
 
     try:
         mat = np.asarray(kaldiio.load_mat(ark), dtype=np.float32)

@@ -10,8 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from west.data.packing_kernels import (tree_prev, tree_set, tree_size, best_fit_decreasing,
-                                       group_order)
+from west.data.packing_kernels import best_fit_decreasing, group_order, tree_prev, tree_set, tree_size
 
 
 @njit(cache=True)

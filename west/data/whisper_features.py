@@ -36,7 +36,7 @@ def whisper_frames(num_samples: int) -> int:
 @lru_cache(maxsize=4)
 def mel_filters(n_mels: int) -> torch.Tensor:
     """(201, n_mels) Slaney filters, built with the same call as WhisperFeatureExtractor."""
-    from transformers.audio_utils import mel_filter_bank
+    from transformers.audio_utils import mel_filter_bank  # heavy
 
     bank = mel_filter_bank(num_frequency_bins=1 + N_FFT // 2, num_mel_filters=n_mels, min_frequency=0.0,
                            max_frequency=8000.0, sampling_rate=SAMPLE_RATE, norm="slaney", mel_scale="slaney")

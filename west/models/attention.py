@@ -21,8 +21,16 @@ import torch.nn.functional as F
 
 from west.batch import to_device
 from west.models.config import BACKENDS
-from west.models.varlen_kernels import (HALF, choose_backend, flash_attn_varlen_reference,
-                                        flash_available, flash_varlen, flex_document_attention, torch_varlen)
+from west.models.flex import DocumentMask
+from west.models.varlen_kernels import (
+    HALF,
+    choose_backend,
+    flash_attn_varlen_reference,
+    flash_available,
+    flash_varlen,
+    flex_document_attention,
+    torch_varlen,
+)
 
 
 # --------------------------------------------------------------------------- plan
@@ -216,8 +224,6 @@ class LazySegmentPlan:
 
     def doc_mask(self, device: torch.device, causal: bool):
         if causal not in self._masks:
-            from west.models.flex import DocumentMask
-
             lengths = torch.diff(self.cu_seqlens.detach().to("cpu", torch.int64)).tolist()
             self._masks[causal] = DocumentMask(lengths, device, causal)
         return self._masks[causal]

@@ -56,7 +56,7 @@ class DocumentMask:
     def block_mask(self):
         """The ``BlockMask`` (built on first use, then shared by every layer)."""
         if self._block_mask is None:
-            from torch.nn.attention.flex_attention import BlockMask
+            from torch.nn.attention.flex_attention import BlockMask  # heavy
 
             doc, causal = self.doc, self.causal
 
@@ -65,7 +65,7 @@ class DocumentMask:
                 return same & (q_idx >= kv_idx) if causal else same
 
             if "seq_lengths" not in inspect.signature(BlockMask.from_kv_blocks).parameters:   # older torch
-                from torch.nn.attention.flex_attention import create_block_mask
+                from torch.nn.attention.flex_attention import create_block_mask  # heavy
 
                 self._block_mask = create_block_mask(mask_mod, None, None, self.rows, self.rows, device=self._device)
                 return self._block_mask
@@ -119,7 +119,7 @@ def _to_indices(table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 @lru_cache(maxsize=None)
 def _flex_fn(device_type: str) -> Callable:
-    from torch.nn.attention.flex_attention import flex_attention
+    from torch.nn.attention.flex_attention import flex_attention  # heavy
 
     if device_type == "cuda":   # unfused flex materialises scores; compiled it is one fused kernel
         return torch.compile(flex_attention, dynamic=True)

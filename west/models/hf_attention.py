@@ -44,7 +44,7 @@ def west_attention(
     cu = kwargs.get("cu_seq_lens_q")
     if cu is None or query.shape[2] != key.shape[2]:
         # Not packed (or decoding with a KV cache): stock SDPA with whatever mask was built.
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward  # heavy
 
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
@@ -76,7 +76,7 @@ def west_mask(*args, attention_mask: Optional[torch.Tensor] = None, **kwargs):
     """Mask builder: None without a 2-D padding mask (causal / packed), else the SDPA mask."""
     if attention_mask is None:
         return None
-    from transformers.masking_utils import sdpa_mask
+    from transformers.masking_utils import sdpa_mask  # heavy
 
     return sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
 
@@ -85,8 +85,8 @@ def register() -> str:
     """Register ``ATTN_NAME`` with transformers (idempotent); returns the name."""
     global _registered
     if not _registered:
-        from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface
+        from transformers import AttentionInterface  # heavy
+        from transformers.masking_utils import AttentionMaskInterface  # heavy
 
         AttentionInterface.register(ATTN_NAME, west_attention)
         AttentionMaskInterface.register(ATTN_NAME, west_mask)

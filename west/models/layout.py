@@ -22,6 +22,7 @@ from torch import nn
 
 from west.batch import to_device
 from west.models.attention import SegmentPlan
+from west.models.flex import DocumentMask
 
 
 class FrameLayout:
@@ -64,8 +65,6 @@ class FrameLayout:
         if not self.packed:
             raise ValueError("a document mask describes packed rows; a padded layout uses its padded plan")
         if self._doc_mask is None:
-            from west.models.flex import DocumentMask
-
             self._doc_mask = DocumentMask(self.lengths, self.device)
         return self._doc_mask
 

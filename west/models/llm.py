@@ -28,7 +28,7 @@ _FINGERPRINTS: dict[tuple, dict] = {}
 
 def load_llm(cfg: LLMConfig, hf_config=None) -> nn.Module:
     """Stock ``AutoModelForCausalLM``: from ``cfg.path`` (from_pretrained), else from a config."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM  # heavy
 
     if cfg.attn_implementation == ATTN_NAME:
         register()
@@ -72,7 +72,7 @@ def check_lora_targets(llm: nn.Module, targets: list[str]) -> None:
 def apply_lora(llm: nn.Module, lora: LoraSettings) -> nn.Module:
     """peft's LoRA around ``llm`` (its base weights frozen by peft), after checking the targets."""
     try:
-        from peft import LoraConfig, get_peft_model
+        from peft import LoraConfig, get_peft_model  # heavy
     except ImportError as e:  # optional extra
         raise ImportError("model.lora needs peft: pip install 'west[lora]'") from e
     check_lora_targets(llm, list(lora.target_modules))
@@ -88,7 +88,7 @@ def is_peft(module: nn.Module) -> bool:
 def adapter_key_map(peft_model: nn.Module, names: list[str]) -> dict[str, str]:
     """{state-dict name under the peft model: its key in peft's saved format} for the adapter
     entries among ``names``; peft's own renaming (drops the adapter name), no tensor is read."""
-    from peft import get_peft_model_state_dict
+    from peft import get_peft_model_state_dict  # heavy
 
     index = {n: torch.tensor(i) for i, n in enumerate(names)}
     saved = get_peft_model_state_dict(peft_model, state_dict=index, save_embedding_layers=False)
@@ -98,7 +98,7 @@ def adapter_key_map(peft_model: nn.Module, names: list[str]) -> dict[str, str]:
 def save_adapter(peft_model: nn.Module, tensors: dict[str, torch.Tensor], out_dir: Path) -> list[Path]:
     """Write ``tensors`` (state-dict names under the peft model, all its adapter entries) as a
     peft adapter dir; returns the files written (for the caller's fsync)."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # heavy
 
     out_dir.mkdir(parents=True, exist_ok=True)
     keys = adapter_key_map(peft_model, list(tensors))
@@ -111,7 +111,7 @@ def save_adapter(peft_model: nn.Module, tensors: dict[str, torch.Tensor], out_di
 def load_adapter(peft_model: nn.Module, adapter_dir: Path) -> dict[str, torch.Tensor]:
     """A peft adapter dir as state-dict names under ``peft_model`` (the inverse of save_adapter).
     An adapter entry the model does not have is an error naming it."""
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file  # heavy
 
     saved = load_file(str(adapter_dir / ADAPTER_WEIGHTS))
     back = {v: k for k, v in adapter_key_map(peft_model, list(peft_model.state_dict())).items()}

@@ -27,17 +27,18 @@ from torch import nn
 from west.batch import Batch, to_device
 from west.models.config import POSTERIOR_TYPES, ConformerConfig, SpeechLLMConfig
 from west.models.conformer import ConformerEncoder
+from west.models.ctc import segment_ctc
 from west.models.hf_attention import ATTN_NAME, packed_kwargs
 from west.models.llm import apply_lora, hf_checkpointing, load_llm
 from west.models.loss import linear_cross_entropy
-from west.models.ctc import segment_ctc
 from west.models.projector import CompactPosteriorProjector, PosteriorProjector, Projector
+
 
 def build_encoder(cfg: ConformerConfig, attn_backend: str = "auto") -> nn.Module:
     """The encoder of ``model.encoder.type``: west's Conformer, or the Whisper encoder of
     ``model.encoder.path`` run packed (or padded to 30 s with ``pad_to_30s``)."""
     if cfg.type == "whisper":
-        from west.models.whisper_encoder import WhisperPackedEncoder
+        from west.models.whisper_encoder import WhisperPackedEncoder  # heavy
 
         enc = WhisperPackedEncoder.from_pretrained(cfg.path, pad_to_30s=cfg.pad_to_30s, backend=attn_backend)
         if cfg.gradient_checkpointing:

@@ -9,8 +9,11 @@ Qwen2 causal LM from a config with random weights, and save both with
 from __future__ import annotations
 
 import math
+import random
 from pathlib import Path
 from typing import Iterable, Sequence
+
+from west.shapes import SPEECH_MARKER
 
 # Qwen2-style chat template: the data pipeline renders prompts through it.
 CHAT_TEMPLATE = (
@@ -31,8 +34,8 @@ def build_tokenizer(texts: Iterable[str], out_dir: str | Path, vocab_size: int =
     characters (the AIShell convention, and what Qwen2 does for common
     characters) and merges never straddle two characters; other text gets
     ordinary byte-level BPE words."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers  # heavy
+    from transformers import PreTrainedTokenizerFast  # heavy
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
@@ -75,8 +78,8 @@ def build_tiny_qwen2(
 
     ``initializer_range`` defaults to 1/sqrt(hidden_size) (Qwen2's 0.02 is tuned for
     widths in the thousands; at 64 it makes every layer a near-identity at init)."""
-    import torch
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    import torch  # heavy
+    from transformers import AutoModelForCausalLM, Qwen2Config  # heavy
 
     config = Qwen2Config(
         vocab_size=vocab_size,
@@ -132,13 +135,9 @@ def pretrain_transcriber(llm_dir: str | Path, texts: Sequence[str], steps: int =
     ``ctc_compact`` projector sends (one soft token per CTC segment, blank rows after).
     Returns the mean loss / answer-token accuracy of the
     first and the last tenth of the steps."""
-    import random
-
-    import torch
-    import torch.nn.functional as F
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from west.shapes import SPEECH_MARKER
+    import torch  # heavy
+    import torch.nn.functional as F  # heavy
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # heavy
 
     tok = AutoTokenizer.from_pretrained(str(llm_dir))
     model = AutoModelForCausalLM.from_pretrained(str(llm_dir), dtype=torch.float32)
@@ -167,7 +166,7 @@ def pretrain_transcriber(llm_dir: str | Path, texts: Sequence[str], steps: int =
     hist: list[tuple[float, float]] = []
     bar = range(steps)
     if progress:
-        from tqdm import tqdm
+        from tqdm import tqdm  # heavy
         bar = tqdm(bar, desc="pretrain tiny LLM", unit="step", disable=None, mininterval=2.0)
     for _ in bar:
         pairs = [example(corpus[rng.randrange(len(corpus))]) for _ in range(batch_size)]

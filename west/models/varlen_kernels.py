@@ -21,6 +21,8 @@ from typing import Callable, Optional
 
 import torch
 
+from west.models.flex import DocumentMask, flex_attention
+
 log = logging.getLogger(__name__)
 
 # --------------------------------------------------------------------------- flash-attn
@@ -93,8 +95,6 @@ def flex_document_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
     ``mask`` is the batch's prebuilt :class:`west.models.flex.DocumentMask` (what SpeechLLM
     passes, built from host lengths); without it one is built from ``cu_seqlens``, which reads
     them back to the host. Compiled on CUDA; forward-only on the CPU."""
-    from west.models.flex import DocumentMask, flex_attention
-
     _check_cu(cu_seqlens, q.shape[0], "cu_seqlens")
     if mask is None:
         mask = DocumentMask(torch.diff(cu_seqlens.detach().to("cpu", torch.int64)).tolist(), q.device, causal)
@@ -107,7 +107,7 @@ def flex_document_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
 @lru_cache(maxsize=1)
 def _torch_varlen_kernel() -> Optional[Callable]:
     try:
-        from torch.nn.attention.varlen import varlen_attn
+        from torch.nn.attention.varlen import varlen_attn  # heavy
     except Exception:  # torch < 2.9
         return None
     return varlen_attn

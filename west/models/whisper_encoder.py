@@ -41,7 +41,7 @@ whisper_encoder_frames = whisper_frames  # the one formula lives in west.shapes
 
 def read_whisper_config(path: str):
     """The HF config of a local Whisper directory, or a ConfigError naming model.encoder.path."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # heavy
 
     require(path and Path(path).is_dir(), "model.encoder.path", f"{path!r} is not a directory")
     try:
@@ -67,8 +67,8 @@ def whisper_geometry(path: str) -> tuple[int, int, int]:
 
 def load_hf_whisper_encoder(path: str, dtype: torch.dtype = torch.float32) -> nn.Module:
     """The encoder half of a local Whisper directory, with west's varlen attention registered."""
-    from transformers.models.whisper.modeling_whisper import WhisperEncoder
-    from transformers.utils import logging as hf_logging
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder  # heavy
+    from transformers.utils import logging as hf_logging  # heavy
 
     read_whisper_config(path)
     level = hf_logging.get_verbosity()

@@ -14,8 +14,8 @@ import time
 
 import soundfile as sf
 
-from west.data.features import resolve_path
 from west.data.config import DataConfig
+from west.data.features import resolve_path
 from west.data.lists import RawList
 from west.data.metadata import measure_audio
 from west.data.shards import write_index

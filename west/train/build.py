@@ -11,6 +11,8 @@ from typing import Iterator
 import torch
 
 from west.batch import Batch
+from west.checkpoint.base_llm import frozen_names
+from west.checkpoint.model_state import state_bytes
 from west.config import Config
 from west.data.dataset import SpeechDataset, WestDataLoader, build_dataloader
 from west.host_memory import keep_freed_host_memory
@@ -18,8 +20,6 @@ from west.models.config import SpeechLLMConfig
 from west.models.speech_llm import SpeechLLM
 from west.train.distributed import DistInfo, cleanup, init_distributed
 from west.train.evaluate import build_evaluator
-from west.checkpoint.base_llm import frozen_names
-from west.checkpoint.model_state import state_bytes
 from west.train.loop import Trainer
 from west.train.preempt import shield_loader_workers
 from west.train.schedule import describe_groups
@@ -59,7 +59,7 @@ class LoaderData:
 
 
 def load_tokenizer(model_cfg: SpeechLLMConfig):
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # heavy
 
     return AutoTokenizer.from_pretrained(model_cfg.llm.path)
 
@@ -76,7 +76,7 @@ def build_model(model_cfg: SpeechLLMConfig, seed: int) -> SpeechLLM:
 
 def load_encoder_init(model: SpeechLLM, path: str) -> None:
     """Strict load of an encoder state dict (west names) into ``model.encoder``."""
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file  # heavy
 
     try:
         model.encoder.load_state_dict(load_file(path), strict=True)

@@ -19,7 +19,7 @@ from torch import nn
 def compile_regions(model: nn.Module) -> int:
     """Compile every repeated block of ``model`` (``model.fsdp_units()``: the units FSDP shards
     one by one) in place; returns how many were wrapped."""
-    import torch
+    import torch  # heavy
 
     units = getattr(model, "fsdp_units", None)
     if units is None:
@@ -32,6 +32,6 @@ def compile_regions(model: nn.Module) -> int:
 
 def compilations() -> int:
     """Frames dynamo compiled in this process so far (each a graph; a recompilation counts again)."""
-    from torch._dynamo.utils import counters
+    from torch._dynamo.utils import counters  # heavy
 
     return int(counters["frames"]["ok"])

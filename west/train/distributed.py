@@ -1,7 +1,8 @@
 """Process-group setup and model wrapping (DDP / FSDP2) for training.
 
-Rank queries and the small collectives live in west.ranks (checkpoints use them too). One code path for every launch: a plain ``python -m west.bin.train`` is world
-size 1 with no process group (every collective helper is then a no-op), and
+Rank queries and the small collectives live in west.ranks (checkpoints use them too). One
+code path for every launch: a plain ``python -m west.bin.train`` is world size 1 with no
+process group (every collective helper is then a no-op), and
 ``torchrun`` sets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR which we read here.
 Every collective inherits the process-group timeout, so a rank that died or
 left early makes the others fail with an error instead of waiting forever.
@@ -79,7 +80,7 @@ def fsdp_mixed_precision(precision: str):
         return None
     if precision != "bf16":
         raise ValueError(f"train.precision: {precision!r} is not fp32 or bf16")
-    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from torch.distributed.fsdp import MixedPrecisionPolicy  # heavy
 
     return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
                                 cast_forward_inputs=False)
@@ -99,7 +100,7 @@ def wrap_model(model: nn.Module, info: DistInfo, fsdp: bool = False,
     """
     model = model.to(info.device)
     if fsdp:
-        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.device_mesh import init_device_mesh  # heavy
         from torch.distributed.fsdp import fully_shard  # FSDP2 API (torch >= 2.6)
 
         policy = fsdp_mixed_precision(precision)
@@ -115,7 +116,7 @@ def wrap_model(model: nn.Module, info: DistInfo, fsdp: bool = False,
         return model
     if not info.distributed:
         return model
-    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.nn.parallel import DistributedDataParallel as DDP  # heavy
 
     device_ids = [info.device.index] if info.device.type == "cuda" else None
     return DDP(model, device_ids=device_ids, find_unused_parameters=find_unused_parameters)

@@ -28,10 +28,16 @@ import torch
 from torch import nn
 
 from west.batch import Batch
-from west.infer.scoring import detect_mode, error_rate
 from west.checkpoint.training import rng_state, set_rng_state
+from west.data.dataset import build_dataloader
+from west.data.generation import dummy_prompt_batch, prompt_batches
+from west.data.stats import DataStats
+from west.data.tokenize import pad_token_id
+from west.infer.scoring import detect_mode, error_rate
 from west.ranks import all_reduce_max, all_reduce_sum, sum_counts_over_ranks, unwrap
+from west.schema import require
 from west.train.distributed import DistInfo
+from west.train.preempt import shield_loader_workers
 from west.train.step import AUX_KEYS, autocast
 
 if TYPE_CHECKING:
@@ -124,7 +130,7 @@ class Evaluator:
     def _generator(self, model: nn.Module) -> nn.Module:
         """The module whose ``generate`` to call: DDP's inner module; FSDP2's root, made to
         gather its weights for ``generate`` as it does for ``forward``."""
-        from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
+        from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method  # heavy
 
         if isinstance(model, FSDPModule) and not self._fsdp_registered:
             register_fsdp_forward_method(model, "generate")
@@ -193,16 +199,11 @@ class PromptDecoder:
         self.n, self.info, self.tokenizer = n, info, tokenizer
 
     def prompts(self) -> Iterator[tuple[Batch, list[str]]]:
-        from west.data.generation import prompt_batches
-        from west.data.stats import DataStats
-
         stats = DataStats(max_warnings=0)  # the loss pass already counted and reported bad records
         return prompt_batches(*self.args, DECODE_BATCH, stats, limit=self.n, rank=self.info.rank,
                               world_size=self.info.world_size)
 
     def dummy_prompt(self) -> Batch:
-        from west.data.generation import dummy_prompt_batch
-
         _, tokenizer, conf, shape = self.args
         return dummy_prompt_batch(tokenizer, conf, shape)
 
@@ -210,8 +211,6 @@ class PromptDecoder:
         return self.tokenizer.decode(ids, skip_special_tokens=True).strip()
 
     def generate_kwargs(self) -> dict:
-        from west.data.tokenize import pad_token_id
-
         return {"eos_token_id": self.tokenizer.eos_token_id, "pad_token_id": pad_token_id(self.tokenizer)}
 
 
@@ -222,10 +221,6 @@ def build_evaluator(cfg: Config, tokenizer, shape: SpeechShape, info: DistInfo) 
     the train lists' weights. A list left with no usable utterance is a ConfigError."""
     if not cfg.run.cv_data:
         return None
-    from west.data.dataset import build_dataloader
-    from west.schema import require
-    from west.train.preempt import shield_loader_workers
-
     conf = dataclasses.replace(cfg.data, weights=None)
     loader, dataset = build_dataloader(cfg.run.cv_data, tokenizer, conf, shape, info.rank, info.world_size,
                                        seed=cfg.train.seed, epoch=0, training=False)

@@ -14,6 +14,7 @@ pynvml (package ``nvidia-ml-py``, extra ``gpu``) is imported only when needed.
 from __future__ import annotations
 
 import threading
+import warnings
 from types import ModuleType
 from typing import Optional, Protocol
 
@@ -166,8 +167,6 @@ def build_monitor(device_type: str, device_index: int = 0, nvml: bool = True,
         try:
             return NvmlSampler(device_index, interval_s, uuid=_cuda_uuid(device_index))
         except ImportError:
-            import warnings
-
             warnings.warn("train.nvml: pynvml not installed (pip install 'west[gpu]'); "
                           "recording process CPU use instead")
     return CpuSampler()
@@ -176,7 +175,7 @@ def build_monitor(device_type: str, device_index: int = 0, nvml: bool = True,
 def _cuda_uuid(index: int) -> Optional[str]:
     """NVML-style UUID ("GPU-...") of CUDA device ``index`` as torch numbers it, if known."""
     try:
-        import torch
+        import torch  # heavy
 
         uuid = str(torch.cuda.get_device_properties(index).uuid)
     except Exception:

@@ -38,9 +38,9 @@ from west.batch import Batch
 from west.checkpoint import training as ckpt
 from west.checkpoint.base_llm import base_llm_of
 from west.checkpoint.integrity import PREFIX, check_checkpoint, latest_usable, set_aside
+from west.ranks import all_reduce_max, barrier, sum_counts_over_ranks, unwrap
 from west.train.compile import compilations, compile_regions
 from west.train.config import RunConfig, TrainConfig
-from west.ranks import all_reduce_max, barrier, sum_counts_over_ranks, unwrap
 from west.train.distributed import DistInfo, wrap_model
 from west.train.evaluate import Evaluator
 from west.train.gpu_monitor import build_monitor

@@ -120,7 +120,7 @@ class MetricsLogger:
 
             self._tb = SummaryWriter(str(self.dir / "tensorboard"), purge_step=start_step + 1)
         if progress_bar:
-            from tqdm import tqdm
+            from tqdm import tqdm  # heavy
 
             self._bar = tqdm(total=total_steps or None, initial=start_step, unit="step",
                              dynamic_ncols=True, file=sys.stderr)

@@ -25,7 +25,7 @@ def build_profiler(enabled: bool, output_dir: str | Path, device_type: str = "cp
     """A context manager with ``.step()``: records ``active`` steps after ``wait`` + 1 warmup."""
     if not enabled:
         return NullProfiler()
-    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler  # heavy
 
     activities = [ProfilerActivity.CPU]
     if device_type == "cuda":

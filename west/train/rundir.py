@@ -38,7 +38,7 @@ def check_paths(cfg: Config, need_train_data: bool = True) -> None:
 def check_cv_data(cfg: Config) -> None:
     """``run.cv_data`` exists and holds at least one record; best checkpoints need it."""
     from west.data.lists import open_list  # lazy: keeps `--help` torch-free
-    from west.data.stats import DataStats
+    from west.data.stats import DataStats  # light --help
 
     path = cfg.run.cv_data
     require(path or cfg.train.keep_best == 0, "train.keep_best",

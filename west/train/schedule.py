@@ -15,8 +15,8 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from west.schema import ConfigError
 from west.checkpoint.training import CheckpointError
+from west.schema import ConfigError
 from west.train.config import TrainConfig
 
 # Module of a parameter, by the first component of its name (SpeechLLM's attributes): the CTC
