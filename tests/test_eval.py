@@ -238,7 +238,7 @@ def fake_trainer(out: Path, kill_at: int = -1):
                         keep_best=2, eval_every=1, tensorboard=False, progress_bar=False, log_every=1000, seed=1,
                         nvml=False)
     return Trainer(train, RunConfig(output_dir=str(out), train_data="x"), TokenModel(seed=0, dropout=0.2),
-                   ListData(make_batches(4), kill_at), DistInfo(), dummy_batch,
+                   ListData(make_batches(4), kill_at), DistInfo(),
                    Evaluator(FakeDev(), None, DistInfo()))
 
 

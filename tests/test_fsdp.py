@@ -137,7 +137,7 @@ def _trainer(env: dict, info, batches, dataset, kill_at: int = -1):
     run = RunConfig(output_dir=str(env["dir"] / "run"), train_data="unused", resume="auto")
     torch.manual_seed(0)
     model = SpeechLLM(env["cfg"]).train()
-    return Trainer(train, run, model, ListData(batches, kill_at=kill_at), info, dataset.dummy_batch)
+    return Trainer(train, run, model, ListData(batches, kill_at=kill_at, dummy=dataset.dummy_batch), info)
 
 
 def _rank_setup(rank: int, world: int, port: int, env: dict):

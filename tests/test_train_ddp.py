@@ -19,7 +19,6 @@ from test_train_fakes import (
     ListData,
     SimulatedCrash,
     TokenModel,
-    dummy_batch,
     free_port,
     init_gloo,
     make_batches,
@@ -42,7 +41,7 @@ def _trainer(out_dir: str, info, crash_at: int = -1) -> Trainer:
     run = RunConfig(output_dir=out_dir, train_data="unused", resume="auto", audit=True)
     n = BATCHES_PER_RANK[info.rank]
     data = ListData(make_batches(n, seed=10 + info.rank, prefix=f"r{info.rank}_"), crash_at=crash_at)
-    return Trainer(train, run, TokenModel(seed=0, dropout=0.2), data, info, dummy_batch)
+    return Trainer(train, run, TokenModel(seed=0, dropout=0.2), data, info)
 
 
 def _worker(rank: int, world: int, port: int, tmp: str) -> None:

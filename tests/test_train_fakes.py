@@ -119,8 +119,9 @@ class SimulatedCrash(Exception):
 class ListData:
     """A resumable per-rank data source over fixed batches (same order every epoch)."""
 
-    def __init__(self, batches: list[Batch], kill_at: int = -1, crash_at: int = -1):
-        self.batches = batches
+    def __init__(self, batches: list[Batch], kill_at: int = -1, crash_at: int = -1,
+                 dummy: Callable[[], Batch] = dummy_batch):
+        self.batches, self.dummy_batch = batches, dummy
         self.epoch = 0
         self.pos = 0
         self.kill_at = kill_at  # SIGKILL this process once this many batches were yielded in total

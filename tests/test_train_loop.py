@@ -16,7 +16,7 @@ from west.train.config import RunConfig, TrainConfig
 from west.train.distributed import DistInfo
 from west.train.loop import Trainer
 
-from test_train_fakes import ListData, TokenModel, dummy_batch, make_batches, run_child
+from test_train_fakes import ListData, TokenModel, make_batches, run_child
 
 N_BATCHES = 7  # accum 2 -> 4 steps per epoch, the last one half dummy
 
@@ -27,8 +27,7 @@ def make_trainer(out_dir, kill_at: int = -1, resume: str = "auto", **train_kw) -
     kw.update(train_kw)
     run = RunConfig(output_dir=str(out_dir), train_data="unused", resume=resume, audit=True)
     model = TokenModel(seed=0, dropout=0.2)
-    return Trainer(TrainConfig(**kw), run, model, ListData(make_batches(N_BATCHES), kill_at),
-                   DistInfo(), dummy_batch)
+    return Trainer(TrainConfig(**kw), run, model, ListData(make_batches(N_BATCHES), kill_at), DistInfo())
 
 
 def fit_killed(out_dir: Path, kill_at: int) -> None:

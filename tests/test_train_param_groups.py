@@ -19,7 +19,7 @@ from west.train.schedule import describe_groups, module_of, optimizer_from_confi
 from west.train.step import plan_step, train_step
 
 from test_models_speech_llm import padded_batch, samples, tiny_config
-from test_train_fakes import ListData, TokenModel, dummy_batch
+from test_train_fakes import ListData, TokenModel
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -164,7 +164,7 @@ def test_projector_warmup_moves_only_the_projector_side_then_all():
 def trainer(out, **kw) -> Trainer:
     cfg = train_cfg(projector_warmup_steps=3, max_steps=6, save_every=2, keep_last=5, seed=3, **kw)
     return Trainer(cfg, RunConfig(output_dir=str(out), train_data="x"), model(),
-                   ListData(batches()), DistInfo(), dummy_batch)
+                   ListData(batches()), DistInfo())
 
 
 def test_resume_mid_warmup_is_bit_exact(tmp_path):

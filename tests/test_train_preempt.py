@@ -31,7 +31,7 @@ from west.train.loop import Trainer
 from west.train.preempt import shield_loader_workers
 from west.train.step import TooManyBadSteps
 
-from test_train_fakes import START_METHOD, ListData, TokenModel, dummy_batch, free_port, init_gloo, make_batches
+from test_train_fakes import START_METHOD, ListData, TokenModel, free_port, init_gloo, make_batches
 
 N_BATCHES = 7  # accum 2 -> 4 steps per epoch (steps s = forwards 2s-1, 2s), 2 epochs
 RANK_BATCHES = (5, 4)  # two ranks, accum 2 -> 3 steps per epoch
@@ -62,7 +62,7 @@ def make_trainer(out_dir, at: int = -1, sig=signal.SIGTERM, info: DistInfo = Dis
     run = RunConfig(output_dir=str(out_dir), train_data="unused", resume=resume)
     n = N_BATCHES if not info.distributed else RANK_BATCHES[info.rank]
     data = ListData(make_batches(n, seed=10 + info.rank, prefix=f"r{info.rank}_"))
-    return Trainer(TrainConfig(**kw), run, SignalModel(at, sig), data, info, dummy_batch)
+    return Trainer(TrainConfig(**kw), run, SignalModel(at, sig), data, info)
 
 
 def weights(t: Trainer) -> dict[str, torch.Tensor]:

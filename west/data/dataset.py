@@ -26,6 +26,7 @@ import os
 from typing import Iterator, Optional, Sequence
 
 import numpy as np
+import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from west.batch import Batch
@@ -193,7 +194,30 @@ def _fingerprint(conf: DataConfig, shape: SpeechShape, paths: list[str]) -> str:
 
 
 class WestDataLoader(DataLoader):
-    """DataLoader that records consumption for resume and reports skipped input at the end of the epoch."""
+    """The one object the trainer reads data through (west.train.loop.TrainData): this rank's
+    batches of the epoch, where it is in them (``state_dict``), what it skipped, and the dummy
+    batch it computes when it has none left. It records consumption for resume and reports
+    skipped input at the end of the epoch; its ``dataset`` plans and decodes."""
+
+    dataset: SpeechDataset
+
+    def set_epoch(self, epoch: int) -> None:
+        self.dataset.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # every epoch is planned: known before it is read
+
+    def state_dict(self) -> dict:
+        return self.dataset.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.dataset.load_state_dict(state)
+
+    def skipped_counts(self) -> dict:
+        return self.dataset.stats.as_dict()
+
+    def dummy_batch(self) -> Batch:
+        return self.dataset.dummy_batch()
 
     def __iter__(self) -> Iterator[Batch]:
         ds: SpeechDataset = self.dataset
@@ -221,4 +245,9 @@ def build_dataloader(data_lists: str | Sequence[str], tokenizer, conf: DataConfi
                             pin_memory=conf.pin_memory,
                             prefetch_factor=conf.prefetch_factor if conf.num_workers > 0 else None,
                             persistent_workers=False)
+    # Every new iterator draws its workers' base seed from the GLOBAL torch RNG unless the loader
+    # has a generator: a resumed run would start at another point of that stream than the
+    # uninterrupted run did and shift every later dropout mask. The pipeline itself seeds from
+    # (seed, epoch, key).
+    loader.generator = torch.Generator().manual_seed(seed)
     return loader, dataset

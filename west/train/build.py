@@ -6,15 +6,13 @@ calls :func:`train` after the config was checked and saved.
 from __future__ import annotations
 
 import logging
-from typing import Iterator
 
 import torch
 
-from west.batch import Batch
 from west.checkpoint.base_llm import frozen_names
 from west.checkpoint.model_state import state_bytes
 from west.config import Config
-from west.data.dataset import SpeechDataset, WestDataLoader, build_dataloader
+from west.data.dataset import build_dataloader
 from west.host_memory import keep_freed_host_memory
 from west.models.config import SpeechLLMConfig
 from west.models.speech_llm import SpeechLLM
@@ -23,39 +21,6 @@ from west.train.evaluate import build_evaluator
 from west.train.loop import Trainer
 from west.train.preempt import shield_loader_workers
 from west.train.schedule import describe_groups
-
-
-class LoaderData:
-    """The loop's ``TrainData`` over west.data's (loader, dataset) pair.
-
-    Iterating the loader yields this rank's remaining batches of the epoch; the
-    dataset owns epoch selection, the resume position and the skip counts."""
-
-    def __init__(self, loader: WestDataLoader, dataset: SpeechDataset, seed: int = 0) -> None:
-        self.loader, self.dataset = loader, dataset
-        # Every new loader iterator draws a worker base seed; from the GLOBAL torch RNG unless
-        # the loader has a generator. A resumed run starts its iterator at another point of
-        # the global stream than the uninterrupted run did, which would shift every dropout
-        # mask after the resume. The data pipeline seeds itself from (seed, epoch, key).
-        loader.generator = torch.Generator().manual_seed(seed)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.dataset.set_epoch(epoch)
-
-    def __iter__(self) -> Iterator[Batch]:
-        return iter(self.loader)
-
-    def __len__(self) -> int:
-        return len(self.dataset)  # every epoch is planned: known before it is read
-
-    def state_dict(self) -> dict:
-        return self.dataset.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.dataset.load_state_dict(state)
-
-    def skipped_counts(self) -> dict:
-        return self.dataset.stats.as_dict()
 
 
 def load_tokenizer(model_cfg: SpeechLLMConfig):
@@ -130,8 +95,7 @@ def build_trainer(cfg: Config, info: DistInfo) -> Trainer:
         print(f"model: {total / 1e6:.2f} M parameters, {trainable / 1e6:.2f} M trainable; "
               f"data: {cfg.data.batch_type} batches, {len(dataset)} batches per epoch per rank (planned); "
               f"{info.world_size} rank(s) on {info.device.type}", flush=True)
-    trainer = Trainer(cfg.train, cfg.run, model, LoaderData(loader, dataset, cfg.train.seed), info,
-                      dataset.dummy_batch, evaluator)
+    trainer = Trainer(cfg.train, cfg.run, model, loader, info, evaluator)
     if info.is_main:
         print(describe_groups(model, trainer.optimizer, cfg.train.projector_warmup_steps), flush=True)
         print(checkpoint_line(model, trainer.base, cfg.train.save_frozen_llm), flush=True)

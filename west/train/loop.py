@@ -28,7 +28,7 @@ import math
 import random
 import time
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Protocol
+from typing import Iterator, Optional, Protocol
 
 import numpy as np
 import torch
@@ -57,15 +57,18 @@ class TrainData(Protocol):
     ``set_epoch(e)`` starts epoch e from its beginning; iterating yields this
     rank's remaining batches of the current epoch; ``state_dict()`` is the
     position after the last batch yielded; ``load_state_dict`` makes the next
-    iteration continue from there. Optional: ``skipped_counts() -> dict`` (bad
-    inputs skipped so far this epoch) and ``__len__`` (batches per epoch on this
-    rank, used to size the cosine schedule of epoch-limited runs).
+    iteration continue from there; ``dummy_batch()`` is what this rank computes (at zero
+    weight) in a step where it has no batch left, so every rank runs the same collectives.
+    Optional: ``skipped_counts() -> dict`` (bad inputs skipped so far this epoch) and
+    ``__len__`` (batches per epoch on this rank, used to size the cosine schedule of
+    epoch-limited runs). west.data.dataset.WestDataLoader is one.
     """
 
     def set_epoch(self, epoch: int) -> None: ...
     def __iter__(self) -> Iterator[Batch]: ...
     def state_dict(self) -> dict: ...
     def load_state_dict(self, state: dict) -> None: ...
+    def dummy_batch(self) -> Batch: ...
 
 
 def seed_everything(seed: int) -> None:
@@ -85,9 +88,9 @@ class Trainer:
     """Builds the engine around ``model`` and runs :meth:`fit`."""
 
     def __init__(self, train: TrainConfig, run: RunConfig, model: nn.Module, data: TrainData,
-                 info: DistInfo, dummy_batch: Callable[[], Batch], evaluator: Optional[Evaluator] = None) -> None:
+                 info: DistInfo, evaluator: Optional[Evaluator] = None) -> None:
         self.cfg, self.run, self.info = train, run, info
-        self.data, self.dummy_batch, self.evaluator = data, dummy_batch, evaluator
+        self.data, self.evaluator = data, evaluator
         if train.grad_checkpointing:
             enable_grad_checkpointing(model)
         if train.compile:
@@ -220,7 +223,7 @@ class Trainer:
             b = next(it, None) if not self._exhausted else None
             if b is None:
                 self._exhausted = True
-                b = self.dummy_batch()
+                b = self.data.dummy_batch()
             else:
                 n_real += 1
             batches.append(b)
