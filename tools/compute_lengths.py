@@ -23,8 +23,8 @@ import os
 import sys
 
 from west.data.config import DataConfig
+from west.data.lengths import measure_audio
 from west.data.lists import detect_data_type, index_path, parse_json_record, read_lines
-from west.data.metadata import measure_audio
 from west.data.shards import write_index
 from west.data.stats import SkipSample
 

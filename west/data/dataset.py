@@ -32,8 +32,8 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from west.batch import Batch
 from west.data.config import DataConfig, for_shape
 from west.data.features import GlobalCMVN
+from west.data.lengths import LengthTable
 from west.data.lists import open_list
-from west.data.metadata import LengthTable
 from west.data.plan import EpochPlan, epoch_order, plan_epoch
 from west.data.policies import make_policy
 from west.data.processors import DecodeContext, decode

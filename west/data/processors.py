@@ -5,7 +5,7 @@
 
 The feature stages are chosen once, from ``data.features`` (``FEATURE_STAGES``).
 
-Length filters ran when the epoch was planned (``west.data.metadata``); here
+Length filters ran when the epoch was planned (``west.data.lengths``); here
 only the hard limit is checked again: a sample whose decoded length exceeds the
 policy's budget (the list's duration was wrong) is skipped, never truncated.
 
@@ -26,7 +26,7 @@ from west.data.config import DataConfig
 from west.data.features import GlobalCMVN, compute_fbank
 from west.data.features import load_audio as _load_audio
 from west.data.features import spec_augment as _spec_augment
-from west.data.metadata import check_budget
+from west.data.lengths import check_budget
 from west.data.stats import DataStats, SkipSample
 from west.data.tokenize import PromptEncoder
 from west.data.whisper_features import MAX_FRAMES, whisper_log_mel

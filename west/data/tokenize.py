@@ -118,26 +118,31 @@ class PromptEncoder:
             ids = self._text_cache[text] = self._ids([text])[0]
         return ids
 
-    def _speech_len(self, frames: int) -> int:
-        n = self.shape.slots(frames)
-        if n < 1:
-            raise SkipSample("too_short", f"{frames} fbank frames give no encoder frame")
-        return n
+    def _piece_lengths(self, pieces, label_lens: Sequence[int], frames: Sequence[int]) -> list[int]:
+        """Tokens each piece takes: the one length rule of planning (:meth:`lengths`) and of
+        assembly (:meth:`_assemble`). A speech part too short for one encoder frame is a skip."""
+        out = []
+        for kind, v in pieces:
+            if kind == "speech":
+                n = self.shape.slots(frames[v])
+                if n < 1:
+                    raise SkipSample("too_short", f"{frames[v]} fbank frames give no encoder frame")
+            else:
+                n = label_lens[v] if kind == "label" else len(self._text_ids(v))
+            out.append(n)
+        return out
 
     def _assemble(self, pieces, label_ids: Sequence[list[int]], frames: Sequence[int]) -> Encoded:
         ids: list[int] = []
         target: list[bool] = []
         spans: list[tuple[int, int]] = [(0, 0)] * len(frames)
-        for kind, v in pieces:
+        for (kind, v), n in zip(pieces, self._piece_lengths(pieces, [len(x) for x in label_ids], frames)):
             if kind == "speech":
-                n = self._speech_len(frames[v])
                 spans[v] = (len(ids), n)
                 ids += [self.placeholder_id] * n
-                target += [False] * n
-                continue
-            t = label_ids[v] if kind == "label" else self._text_ids(v)
-            ids += t
-            target += [kind in ("label", "end")] * len(t)
+            else:
+                ids += label_ids[v] if kind == "label" else self._text_ids(v)
+            target += [kind in ("label", "end")] * n
         labels = [ids[t + 1] if target[t + 1] else IGNORE_INDEX for t in range(len(ids) - 1)] + [IGNORE_INDEX]
         return Encoded(ids, labels, spans)
 
@@ -174,17 +179,10 @@ class PromptEncoder:
             per_record[r_i].append(n)
         out = []
         for pieces, lab, fr in zip(all_pieces, per_record, frames):
-            total = 0
-            for kind, v in pieces:
-                if kind == "speech":
-                    n = self.shape.slots(fr[v])
-                    if n < 1:
-                        total = 0
-                        break
-                    total += n
-                else:
-                    total += lab[v] if kind == "label" else len(self._text_ids(v))
-            out.append(total)
+            try:
+                out.append(sum(self._piece_lengths(pieces, lab, fr)))
+            except SkipSample:
+                out.append(0)
         return out
 
     def encode_prompt(self, record: dict, frames: Sequence[int]) -> tuple[list[int], list[tuple[int, int]]]:

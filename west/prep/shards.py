@@ -16,8 +16,8 @@ import soundfile as sf
 
 from west.data.config import DataConfig
 from west.data.features import resolve_path
+from west.data.lengths import measure_audio
 from west.data.lists import RawList
-from west.data.metadata import measure_audio
 from west.data.shards import write_index
 from west.data.stats import DataStats
 
