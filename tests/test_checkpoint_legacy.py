@@ -19,7 +19,7 @@ from west.models.speech_llm import SpeechLLM
 from west.models.tiny_llm import build_tokenizer
 from west.train.schedule import build_optimizer, build_scheduler
 
-from test_models_speech_llm import packed_batch, samples
+from helpers.speech import packed_batch, samples
 
 FIXTURE = Path(__file__).parent / "fixtures" / "checkpoints_v1"
 EXPECTED = json.loads((FIXTURE / "expected.json").read_text())["losses"]

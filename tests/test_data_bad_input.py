@@ -13,7 +13,7 @@ from west.data.config import DataConfig
 from west.data.dataset import build_dataloader as _build
 from west.shapes import SpeechShape
 
-from conftest import make_wav, write_jsonl
+from helpers.corpus import make_wav, write_jsonl
 
 SIZES = dict(batch_size=4, max_tokens_in_batch=100, pack_tokens=100)
 

@@ -12,7 +12,7 @@ from west.data.stats import DataStats
 from west.data.tokenize import PromptEncoder
 from west.shapes import SpeechShape
 
-from conftest import make_wav, write_jsonl
+from helpers.corpus import make_wav, write_jsonl
 
 
 def test_prompts_are_the_training_prefix(corpus, tokenizer):

@@ -14,7 +14,7 @@ from west.data.features import audio_num_samples, estimate_frames, fbank_frames,
 from west.data.lists import RawList, detect_data_type, parse_json_record
 from west.data.stats import DataStats, SkipSample
 
-from conftest import make_wav, write_jsonl
+from helpers.corpus import make_wav, write_jsonl
 
 
 @pytest.mark.parametrize("sr,n", [(8000, 4001), (22050, 12345), (44100, 44101), (48000, 100001),

@@ -13,7 +13,7 @@ from west.data.config import DataConfig
 from west.data.dataset import build_dataloader
 from west.shapes import SpeechShape
 
-from e2e_helpers import tiny_encoder
+from helpers.e2e import tiny_encoder
 
 SHAPE = SpeechShape()
 

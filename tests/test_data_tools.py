@@ -18,7 +18,7 @@ from west.data.features import compute_fbank
 from west.data.lists import index_path
 from west.shapes import SpeechShape
 
-from conftest import make_wav, write_jsonl
+from helpers.corpus import make_wav, write_jsonl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 

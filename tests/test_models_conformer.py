@@ -8,7 +8,7 @@ from west.models.conformer import ConformerEncoder, relative_sinusoids
 from west.models.layout import FrameLayout
 from west.shapes import min_fbank_frames, subsampled_frames
 
-from e2e_helpers import tiny_encoder
+from helpers.e2e import tiny_encoder
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -10,7 +10,7 @@ from west.models.attention import LazySegmentPlan, reference_attention, varlen_a
 from west.models.conformer import ConformerEncoder, encoder_backend, relative_sinusoids
 from west.models.flex import DocumentMask, document_blocks, flex_works, rel_pos_attention, rel_pos_reference
 
-from e2e_helpers import tiny_encoder
+from helpers.e2e import tiny_encoder
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

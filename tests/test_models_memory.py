@@ -5,7 +5,7 @@ import torch
 
 from west.models.speech_llm import SpeechLLM
 
-from test_models_speech_llm import packed_batch, padded_batch, samples, tiny_config
+from helpers.speech import packed_batch, padded_batch, samples, tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

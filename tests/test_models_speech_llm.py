@@ -4,182 +4,32 @@ Batches are built by hand here (the data pipeline lives in west.data and is
 tested on its own): every mode of west/batch.py is produced from the same
 samples, and loss sum, label-token count and every parameter gradient must agree.
 """
-from dataclasses import dataclass
 
 import pytest
 import torch
 
-from west.batch import IGNORE_INDEX, Batch
+from west.batch import IGNORE_INDEX
 from west.checkpoint.pretrained import load_speech_llm, save_speech_llm
 from west.models.config import ConformerConfig, LLMConfig, ProjectorConfig, SpeechLLMConfig
 from west.models.speech_llm import SpeechLLM
 from west.shapes import min_fbank_frames, num_speech_tokens
 
-from e2e_helpers import tiny_encoder
+from helpers.speech import (
+    PAD,
+    SPEECH,
+    VOCAB,
+    Sample,
+    assert_same,
+    make_sample,
+    packed_batch,
+    padded_batch,
+    run,
+    samples,
+    tiny_config,
+    tiny_model,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-VOCAB, PAD, SPEECH = 97, 0, 3
-RTOL = 1e-5
-
-
-# ----------------------------------------------------------------------------- batch builders
-@dataclass
-class Sample:
-    ids: list            # token ids, placeholders included
-    target: list         # bool per position: this token is a label (predicted from the previous one)
-    speech: list         # (start, n_slots, feats) per speech segment, in order
-    transcripts: list = None  # CTC target ids per speech segment ([] = unknown); None = no CTC targets
-
-
-def make_sample(pieces, rate=4, stride=2):
-    """pieces: ("text", ids), ("answer", ids) (labelled) or ("speech", feats (T, 80))."""
-    ids, target, speech = [], [], []
-    for kind, x in pieces:
-        if kind == "speech":
-            n = num_speech_tokens(len(x), rate, stride)
-            speech.append((len(ids), n, x))
-            ids += [SPEECH] * n
-            target += [False] * n
-        else:
-            ids += list(x)
-            target += [kind == "answer"] * len(x)
-    answers = [list(x) for kind, x in pieces if kind == "answer"]
-    # like west.data: a plain ASR sample (one speech part) has its answer as transcript
-    transcripts = [answers[0] if len(speech) == 1 and answers else [] for _ in speech]
-    return Sample(ids, target, speech, transcripts)
-
-
-def _ctc(samples) -> dict:
-    ts = [t for s in samples for t in (s.transcripts or [])]
-    if not ts:
-        return {}
-    return dict(ctc_targets=torch.tensor([x for t in ts for x in t], dtype=torch.long),
-                ctc_target_lens=torch.tensor([len(t) for t in ts], dtype=torch.long))
-
-
-def _labels(s: Sample) -> list:
-    """Pre-shifted: labels[t] = ids[t+1] if that token is a target, IGNORE at the last position."""
-    return [s.ids[t + 1] if s.target[t + 1] else IGNORE_INDEX for t in range(len(s.ids) - 1)] + [IGNORE_INDEX]
-
-
-def _feats(samples, encoder, extra_frames=0):
-    segs = [f for s in samples for _, _, f in s.speech]
-    lens = torch.tensor([len(f) for f in segs], dtype=torch.int64)
-    if not segs:
-        return dict()
-    if encoder == "packed":
-        cu = torch.zeros(len(segs) + 1, dtype=torch.int32)
-        cu[1:] = lens.cumsum(0)
-        return dict(feats=torch.cat(segs), feat_lens=lens, feat_cu_seqlens=cu, feat_max_len=int(lens.max()))
-    out = torch.zeros(len(segs), int(lens.max()) + extra_frames, 80)
-    for i, f in enumerate(segs):
-        out[i, : len(f)] = f
-    return dict(feats=out, feat_lens=lens)
-
-
-def padded_batch(samples, extra_len=0, extra_frames=0) -> Batch:
-    L = max(len(s.ids) for s in samples) + extra_len
-    R = len(samples)
-    ids = torch.full((R, L), PAD)
-    labels = torch.full((R, L), IGNORE_INDEX)
-    mask = torch.zeros(R, L, dtype=torch.long)
-    spans = []
-    for r, s in enumerate(samples):
-        n = len(s.ids)
-        ids[r, :n], labels[r, :n], mask[r, :n] = torch.tensor(s.ids), torch.tensor(_labels(s)), 1
-        spans += [(r, a, n_slots) for a, n_slots, _ in s.speech]
-    return Batch(input_ids=ids, labels=labels, position_ids=torch.arange(L).repeat(R, 1), attention_mask=mask,
-                 speech_spans=torch.tensor(spans, dtype=torch.int64).view(-1, 3),
-                 **_feats(samples, "padded", extra_frames), **_ctc(samples))
-
-
-def packed_batch(samples, pack_tokens, encoder="packed") -> Batch:
-    ids, labels, pos, lens, spans = [], [], [], [], []
-    for s in samples:
-        spans += [(0, len(ids) + a, n) for a, n, _ in s.speech]
-        ids += s.ids
-        labels += _labels(s)
-        pos += list(range(len(s.ids)))
-        lens.append(len(s.ids))
-    tail = pack_tokens - len(ids)
-    assert tail >= 0
-    if tail:
-        ids += [PAD] * tail
-        labels += [IGNORE_INDEX] * tail
-        pos += list(range(tail))
-        lens.append(tail)
-    cu = torch.zeros(len(lens) + 1, dtype=torch.int32)
-    cu[1:] = torch.tensor(lens).cumsum(0)
-    return Batch(input_ids=torch.tensor([ids]), labels=torch.tensor([labels]), position_ids=torch.tensor([pos]),
-                 cu_seqlens=cu, max_seqlen=max(lens), speech_spans=torch.tensor(spans, dtype=torch.int64).view(-1, 3),
-                 **_feats(samples, encoder), **_ctc(samples))
-
-
-# ----------------------------------------------------------------------------- model
-def tiny_config(**kw) -> SpeechLLMConfig:
-    return SpeechLLMConfig(
-        encoder=tiny_encoder(dropout=0.0, buckets_per_octave=2),
-        projector=ProjectorConfig(stride=2, hidden_dim=48),
-        llm=LLMConfig(config=dict(model_type="qwen2", vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
-                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                  attention_dropout=0.0)),
-        freeze_llm=False,
-        **kw,
-    )
-
-
-def tiny_model(seed=0, **kw) -> SpeechLLM:
-    torch.manual_seed(seed)
-    return SpeechLLM(tiny_config(**kw)).eval()  # eval: dropout off, still differentiable
-
-
-def samples(seed=1):
-    g = torch.Generator().manual_seed(seed)
-
-    def toks(n):
-        return torch.randint(4, VOCAB, (n,), generator=g).tolist()
-
-    def wav(t):
-        return torch.randn(t, 80, generator=g)
-
-    return [
-        make_sample([("text", toks(4)), ("speech", wav(37)), ("text", toks(2)), ("answer", toks(5))]),
-        make_sample([("speech", wav(100)), ("answer", toks(8))]),
-        make_sample([("text", toks(3)), ("speech", wav(15)), ("text", toks(1)), ("speech", wav(23)),
-                     ("answer", toks(3))]),
-        make_sample([("text", toks(6)), ("answer", toks(4))]),          # text only
-        make_sample([("text", toks(2)), ("speech", wav(64)), ("text", toks(2)), ("answer", toks(6))]),
-    ]
-
-
-def run(model, batches):
-    """Sum loss/token/correct counts over batches; gradients of the summed loss."""
-    model.zero_grad(set_to_none=True)
-    total, n_tok, n_cor = 0.0, 0, 0
-    for b in batches:
-        out = model(b)
-        out["loss_sum"].backward()
-        total += out["loss_sum"].item()
-        n_tok += out["n_tokens"]
-        n_cor += out["n_correct"]
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    return total, n_tok, n_cor, grads
-
-
-def assert_same(a, b, what):
-    la, ta, ca, ga = a
-    lb, tb, cb, gb = b
-    assert ta == tb and ca == cb, what
-    assert abs(la - lb) <= RTOL * abs(lb), (what, la, lb)
-    assert ga.keys() == gb.keys(), what
-    # Relative to each parameter's largest gradient entry; gradients that are zero in exact
-    # arithmetic (e.g. attention key biases: softmax is shift-invariant) are compared
-    # against 1e-3 of the model's largest gradient instead of their own round-off.
-    floor = 1e-3 * max(g.abs().max().item() for g in gb.values())
-    for name in gb:
-        scale = max(gb[name].abs().max().item(), floor)
-        assert (ga[name] - gb[name]).abs().max().item() <= RTOL * scale, (what, name)
 
 
 # ----------------------------------------------------------------------------- tests
@@ -414,7 +264,6 @@ def test_posterior_projector_gives_averaged_soft_token_embeddings():
 def test_compact_projector_sends_one_soft_token_per_ctc_segment_then_blanks():
     """ctc_compact: blank frames dropped, repeats merged, segments first, blank rows after;
     segments never run across utterances; surplus segments share the last slot."""
-    from west.models.config import ProjectorConfig
     from west.models.projector import CompactPosteriorProjector
 
     proj, table = CompactPosteriorProjector(ProjectorConfig(stride=2)), torch.randn(5, 3)

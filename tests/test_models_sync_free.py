@@ -16,7 +16,7 @@ from west.models.attention import SegmentPlan
 from west.models.speech_llm import SpeechLLM
 from west.train.step import plan_step, queue_step
 
-from test_models_speech_llm import packed_batch, padded_batch, samples, tiny_config
+from helpers.speech import packed_batch, padded_batch, samples, tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

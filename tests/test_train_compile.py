@@ -8,7 +8,7 @@ import torch
 from west.models.speech_llm import SpeechLLM
 from west.train.compile import compilations, compile_regions
 
-from test_models_speech_llm import make_sample, packed_batch, padded_batch, tiny_config
+from helpers.speech import make_sample, packed_batch, padded_batch, tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

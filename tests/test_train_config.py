@@ -16,7 +16,7 @@ from west.models.config import ConformerConfig, LoraSettings, ProjectorConfig, S
 from west.shapes import SpeechShape
 from west.train.rundir import check_paths, prepare_output_dir, save_config
 
-from e2e_helpers import tiny_encoder
+from helpers.e2e import tiny_encoder
 
 
 @pytest.fixture

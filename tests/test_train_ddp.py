@@ -7,23 +7,15 @@ import json
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from west.ranks import all_ranks, all_reduce_sum, any_rank, sum_counts_over_ranks
 from west.train.config import RunConfig, TrainConfig
 from west.train.distributed import cleanup, wrap_model
 from west.train.loop import Trainer
 
-from test_train_fakes import (
-    START_METHOD,
-    ListData,
-    SimulatedCrash,
-    TokenModel,
-    free_port,
-    init_gloo,
-    make_batches,
-)
-from test_train_step import RANK_CUT, SAMPLES, _assert_close, micro_batches, one_step, reference_params
+from helpers.fakes import ListData, SimulatedCrash, TokenModel, make_batches
+from helpers.ranks import init_gloo, run_ranks
+from helpers.steps import RANK_CUT, SAMPLES, assert_close, micro_batches, one_step, reference_params
 
 BATCHES_PER_RANK = (5, 4)  # accum 2 -> 3 steps per epoch on both ranks (rank 1's last is all dummy)
 
@@ -90,8 +82,7 @@ def results(tmp_path_factory):
     import torch._dynamo  # noqa: F401  (DDP imports it on first use)
     import torch.distributed.checkpoint.state_dict  # noqa: F401
     from torch.distributed.fsdp import fully_shard  # noqa: F401
-    mp.start_processes(_worker, args=(2, free_port(), str(tmp)), nprocs=2, join=True,
-                       start_method=START_METHOD)
+    run_ranks(_worker, str(tmp))
     return tmp, [torch.load(tmp / f"rank{r}.pt", weights_only=True) for r in range(2)]
 
 
@@ -103,13 +94,13 @@ def test_per_token_loss_two_ranks_matches_one_process(results):
     for name in names:
         assert r0[name]["status"] == "ok", name
         assert r0[name]["utterances"] == len(SAMPLES), name  # counters summed over ranks
-        _assert_close(r0[name]["params"], ref, name)
+        assert_close(r0[name]["params"], ref, name)
 
 
 def test_nan_on_one_rank_skips_the_step_on_both(results):
     for r in results[1]:
         assert r["nan"]["status"] == "nonfinite"
-    _assert_close(results[1][0]["nan"]["params"], TokenModel().state_dict(), "nan")
+    assert_close(results[1][0]["nan"]["params"], TokenModel().state_dict(), "nan")
 
 
 def test_collective_helpers(results):
@@ -125,7 +116,7 @@ def test_equal_steps_and_exactly_once_with_uneven_data(results):
         assert r["full"]["summary"]["step"] == 6  # 3 per epoch on both ranks
         assert r["full"]["losses"] == rs[0]["full"]["losses"]  # global loss, same on every rank
     # Same lr schedule and same averaged gradients: the DDP replicas never drift apart.
-    _assert_close(rs[1]["full"]["replica"], rs[0]["full"]["replica"], "replicas")
+    assert_close(rs[1]["full"]["replica"], rs[0]["full"]["replica"], "replicas")
     log = [json.loads(line) for line in (tmp / "full" / "train_log.jsonl").read_text().splitlines()]
     assert [x["step"] for x in log] == [1, 2, 3, 4, 5, 6]
     assert sum(x["utterances"] for x in log) == 2 * 3 * sum(BATCHES_PER_RANK)
@@ -145,6 +136,6 @@ def test_two_rank_resume_continues_exactly(results):
         assert r["crashed"] is True
         assert r["resumed"]["summary"]["step"] == 6
         assert r["resumed"]["losses"] == r["full"]["losses"][4:]
-    _assert_close(rs[0]["resumed"]["params"], rs[0]["resumed"]["full_params"], "resumed vs full")
+    assert_close(rs[0]["resumed"]["params"], rs[0]["resumed"]["full_params"], "resumed vs full")
     log = [json.loads(line) for line in (tmp / "resume" / "train_log.jsonl").read_text().splitlines()]
     assert [x["step"] for x in log] == [1, 2, 3, 4, 5, 6]

@@ -7,12 +7,12 @@ import time
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from west import ranks as R
 from west.train import distributed as D
 
-from test_train_fakes import START_METHOD, TokenModel, free_port, init_gloo
+from helpers.fakes import TokenModel
+from helpers.ranks import init_gloo, run_ranks
 
 
 def test_single_process_defaults(monkeypatch):
@@ -60,6 +60,5 @@ def test_missing_rank_times_out_instead_of_hanging(tmp_path):
     out = tmp_path / "rank0.txt"
     # fork: the workers only exchange a few scalars, and skipping two torch imports
     # keeps this test short.
-    mp.start_processes(_timeout_worker, args=(2, free_port(), str(out)), nprocs=2, join=True,
-                       start_method=START_METHOD)
+    run_ranks(_timeout_worker, str(out))
     assert out.read_text().startswith("raised"), out.read_text()

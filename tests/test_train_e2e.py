@@ -30,7 +30,8 @@ import yaml
 from west.batch import COUNTER_NAMES
 from west.train.preempt import PREEMPTED_EXIT_CODE
 
-from e2e_helpers import PYTHON, ROOT, read_jsonl, subprocess_env, tiny_llm, train_argv, write_lists
+from helpers.e2e import KILL_HOOK, PYTHON, ROOT, read_jsonl, subprocess_env, tiny_llm, train_argv, write_lists
+from helpers.threads import torch_threads
 
 N_UTTS = 13  # odd on purpose: 2 ranks cannot split it evenly
 KILL_AFTER = 5  # SIGKILL right after step 5 is logged; the latest checkpoint is step 4
@@ -38,20 +39,6 @@ PACK = ["--batch_type", "pack", "--pack_tokens", "200", "--max_steps", "8", "--t
 STEP_FIELDS = {"step", "epoch", "status", "loss", "acc", "lr", "grad_norm", *COUNTER_NAMES, "step_time_s",
                "utts_per_s", "tokens_per_s", "llm_fill", "enc_fill", "peak_mem_mb", "cpu_util_pct"}
 
-# Runs west.bin.train with MetricsLogger.log_step patched to SIGKILL the process after step K.
-KILL_HOOK = """
-import os, sys
-from west.train import metrics
-K = int(sys.argv[1])
-_log_step = metrics.MetricsLogger.log_step
-def log_step(self, rec):
-    _log_step(self, rec)
-    if rec["step"] == K:
-        os.kill(os.getpid(), 9)
-metrics.MetricsLogger.log_step = log_step
-from west.bin.train import main
-sys.exit(main(sys.argv[2:]))
-"""
 
 # Under torchrun: rank 0 sends SIGTERM to torchrun after step K, as a scheduler would, and waits
 # until torchrun's forwarded SIGTERM has reached it, so the run stops after step K + 1.
@@ -81,16 +68,6 @@ def setup(tmp_path_factory, corpus):
     lists = write_lists(corpus["rows"], d / "lists", N_UTTS)
     return SimpleNamespace(llm=tiny_llm(tmp_path_factory), dir=d, planned=lists.jsonl, split=lists.split,
                            shards=lists.shards)
-
-
-@contextlib.contextmanager
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny shapes: faster, and leaves the other core to the subprocesses
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
 
 
 def _start(cmd: list[str], log: Path) -> subprocess.Popen:
@@ -180,7 +157,7 @@ def runs(setup):
                               "--max_tokens_in_batch", "200", "--train.accum_steps", "2", "--train.max_epochs", "2"),
     }
     res = {}
-    with _one_thread():
+    with torch_threads():
         for name, argv in in_process.items():
             res[name] = SimpleNamespace(rc=main(argv), log="(in process: see captured output)")
         preempted = train_argv(llm, setup.shards, dirs["preempted"], *PACK, "--audit")

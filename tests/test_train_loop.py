@@ -16,7 +16,8 @@ from west.train.config import RunConfig, TrainConfig
 from west.train.distributed import DistInfo
 from west.train.loop import Trainer
 
-from test_train_fakes import ListData, TokenModel, make_batches, run_child
+from helpers.fakes import ListData, TokenModel, make_batches
+from helpers.ranks import run_child
 
 N_BATCHES = 7  # accum 2 -> 4 steps per epoch, the last one half dummy
 
@@ -41,15 +42,7 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # the same arithmetic in the killed child and here
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory, one_thread):
+def uninterrupted(tmp_path_factory, one_torch_thread):
     out = tmp_path_factory.mktemp("full")
     t = make_trainer(out)
     summary = t.fit()
@@ -80,7 +73,7 @@ def test_epochs_steps_and_logs(uninterrupted):
     assert find_latest(out / "checkpoints").name == "step_00000008"
 
 
-def test_max_steps_stops_mid_epoch_and_saves(tmp_path, one_thread):
+def test_max_steps_stops_mid_epoch_and_saves(tmp_path, one_torch_thread):
     t = make_trainer(tmp_path, max_steps=3, save_every=0)
     assert t.fit()["step"] == 3
     assert find_latest(tmp_path / "checkpoints").name == "step_00000003"

@@ -18,8 +18,8 @@ from west.train.loop import Trainer
 from west.train.schedule import describe_groups, module_of, optimizer_from_config, scheduler_from_config, warmup_cosine
 from west.train.step import plan_step, train_step
 
-from test_models_speech_llm import padded_batch, samples, tiny_config
-from test_train_fakes import ListData, TokenModel
+from helpers.fakes import ListData, TokenModel
+from helpers.speech import padded_batch, samples, tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

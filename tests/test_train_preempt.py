@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from west.checkpoint import files
 from west.checkpoint import training as ck
@@ -31,7 +30,8 @@ from west.train.loop import Trainer
 from west.train.preempt import shield_loader_workers
 from west.train.step import TooManyBadSteps
 
-from test_train_fakes import START_METHOD, ListData, TokenModel, free_port, init_gloo, make_batches
+from helpers.fakes import ListData, TokenModel, make_batches
+from helpers.ranks import START_METHOD, init_gloo, run_ranks
 
 N_BATCHES = 7  # accum 2 -> 4 steps per epoch (steps s = forwards 2s-1, 2s), 2 epochs
 RANK_BATCHES = (5, 4)  # two ranks, accum 2 -> 3 steps per epoch
@@ -297,7 +297,7 @@ def two_ranks(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("preempt2")
     import torch._dynamo  # noqa: F401  (DDP imports it on first use: once here, not in each rank)
     import torch.distributed.checkpoint.state_dict  # noqa: F401
-    mp.start_processes(_worker, args=(2, free_port(), str(tmp)), nprocs=2, join=True, start_method=START_METHOD)
+    run_ranks(_worker, str(tmp))
     return tmp, [torch.load(tmp / f"rank{r}.pt", weights_only=True) for r in range(2)]
 
 

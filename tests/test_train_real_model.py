@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.multiprocessing as mp
-import yaml
 
-from e2e_helpers import TINY_CPU, tiny_llm, write_lists
-from test_train_fakes import START_METHOD, free_port, init_gloo
+from helpers.e2e import tiny_cpu_model, tiny_llm, write_lists
+from helpers.ranks import init_gloo, run_ranks
 
 N_UTTS = 8
 RTOL = 1e-5
@@ -41,16 +39,6 @@ def env(tmp_path_factory, corpus):
     return {"llm": str(tiny_llm(tmp_path_factory)), "list": str(planned), "dir": d}
 
 
-def model_config(llm: str):
-    """tiny_cpu.yaml's model with dropout off (every layout must compute the same function)."""
-    from west.models.config import SpeechLLMConfig
-
-    raw = yaml.safe_load(TINY_CPU.read_text())["model"]
-    raw["llm"]["path"] = llm
-    raw["encoder"]["dropout"] = 0.0
-    return SpeechLLMConfig.from_dict(raw)
-
-
 def one_step(llm: str, data_list: str, data_kw: dict, info=None) -> dict:
     """All of this rank's batches of epoch 0 as the micro-batches of one SGD step."""
     from transformers import AutoTokenizer
@@ -64,7 +52,7 @@ def one_step(llm: str, data_list: str, data_kw: dict, info=None) -> dict:
 
     info = info or DistInfo()
     tok = AutoTokenizer.from_pretrained(llm)
-    model_cfg = model_config(llm)
+    model_cfg = tiny_cpu_model(llm)
     loader, _ = build_dataloader(data_list, tok, DataConfig(**data_kw), model_cfg.speech_shape(), info.rank,
                                  info.world_size, seed=3, epoch=0, training=True)
     batches = list(loader)
@@ -97,7 +85,7 @@ def results(env):
     out = {name: one_step(env["llm"], env["list"], kw) for name, (kw, w) in CASES.items() if w == 1}
     import torch._dynamo  # noqa: F401  (DDP imports it: once here, not in each forked rank)
 
-    mp.start_processes(_rank_worker, args=(2, free_port(), env), nprocs=2, join=True, start_method=START_METHOD)
+    run_ranks(_rank_worker, env)
     ranks = [torch.load(env["dir"] / f"rank{r}.pt", weights_only=True) for r in range(2)]
     for name in ranks[0]:
         out[name] = ranks[0][name]

@@ -9,65 +9,10 @@ import math
 import pytest
 import torch
 
-from west.train.step import BadStepGuard, StepPlan, TooManyBadSteps, plan_step, train_step
+from west.train.step import BadStepGuard, StepPlan, TooManyBadSteps
 
-from test_train_fakes import TokenModel, dummy_batch, make_samples, packed_batch, padded_batch
-
-SAMPLES = make_samples(24, seed=3)
-LR = 0.5
-# Uneven cuts so that micro-batches and ranks hold very different token counts.
-RANK_CUT = 7
-MICRO_CUTS = {1: [0.0, 1.0], 4: [0.0, 0.1, 0.45, 0.6, 1.0]}
-
-
-def reference_params() -> dict[str, torch.Tensor]:
-    """One SGD step on (Σ token CE over all samples) / (Σ label tokens), computed directly."""
-    model = TokenModel()
-    out = model(padded_batch(SAMPLES))
-    (out["loss_sum"] / out["n_tokens"]).backward()
-    with torch.no_grad():
-        for p in model.parameters():
-            p -= LR * p.grad
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
-def micro_batches(samples, accum: int, layout: str):
-    if layout == "dynamic":  # boundaries by a token budget instead of fixed fractions
-        groups, cur, budget = [], [], max(1, sum(len(s[1]) for s in samples) // accum + 1)
-        for s in samples:
-            if cur and sum(len(c[1]) for c in cur) + len(s[1]) > budget and len(groups) < accum - 1:
-                groups.append(cur)
-                cur = []
-            cur.append(s)
-        groups.append(cur)
-    else:
-        cuts = [round(f * len(samples)) for f in MICRO_CUTS[accum]]
-        groups = [samples[a:b] for a, b in zip(cuts, cuts[1:])]
-    out = []
-    for g in groups:
-        if not g:
-            out.append(dummy_batch())
-        elif layout == "pack":
-            out.append(packed_batch(g, sum(len(s[1]) for s in g) + 3))
-        else:
-            out.append(padded_batch(g))
-    while len(out) < accum:
-        out.append(dummy_batch())
-    return out
-
-
-def one_step(model, batches, world: int) -> dict[str, object]:
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    plan = plan_step(batches, sum(1 for b in batches if b.keys))
-    res = train_step(model, batches, plan, opt, sched, device=torch.device("cpu"), world_size=world)
-    return {"status": res.status, "loss": res.loss, "n_tokens": res.n_tokens,
-            "utterances": res.counters["utterances"]}
-
-
-def _assert_close(params: dict, ref: dict, what: str) -> None:
-    for k, v in ref.items():
-        torch.testing.assert_close(params[k], v, rtol=1e-5, atol=1e-6, msg=f"{what}: {k}")
+from helpers.fakes import TokenModel, dummy_batch, padded_batch
+from helpers.steps import SAMPLES, assert_close, micro_batches, one_step, reference_params
 
 
 @pytest.mark.parametrize("accum", [1, 4])
@@ -78,7 +23,7 @@ def test_one_rank_matches_reference(accum, layout):
     stats = one_step(model, batches, world=1)
     assert stats["status"] == "ok"
     assert stats["utterances"] == len(SAMPLES)
-    _assert_close(model.state_dict(), reference_params(), f"w1-a{accum}-{layout}")
+    assert_close(model.state_dict(), reference_params(), f"w1-a{accum}-{layout}")
 
 
 def test_loss_is_global_per_token_mean():
@@ -97,7 +42,7 @@ def test_nan_skip_zeroes_grads_and_keeps_params():
     stats = one_step(model, micro_batches(SAMPLES, 4, "static"), world=1)
     assert stats["status"] == "nonfinite"
     assert all(p.grad is None for p in model.parameters())
-    _assert_close(model.state_dict(), before, "nan")
+    assert_close(model.state_dict(), before, "nan")
 
 
 def test_empty_step_when_no_label_tokens():
@@ -105,7 +50,7 @@ def test_empty_step_when_no_label_tokens():
     before = copy.deepcopy(model.state_dict())
     stats = one_step(model, [dummy_batch(), dummy_batch()], world=1)
     assert stats["status"] == "empty"
-    _assert_close(model.state_dict(), before, "empty")
+    assert_close(model.state_dict(), before, "empty")
 
 
 def test_double_shift_is_caught():

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from e2e_helpers import ROOT, subprocess_env
+from helpers.e2e import ROOT, subprocess_env
 
 
 def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):

@@ -4,12 +4,9 @@ entries as on one process, and a fresh FSDP2 model resumes every weight and opti
 from __future__ import annotations
 
 import torch
-import torch.multiprocessing as mp
 
-from test_lean_checkpoint import write_base
-from test_lora import lora_model
-from test_models_speech_llm import packed_batch, samples
-from test_train_fakes import START_METHOD, free_port, init_gloo
+from helpers.ranks import init_gloo, run_ranks
+from helpers.speech import lora_model, packed_batch, samples, write_base
 
 
 def _full(model) -> dict:
@@ -66,7 +63,7 @@ def test_fsdp_lean_lora_checkpoint_never_gathers_the_base(tmp_path):
     import west.checkpoint.training  # noqa: F401
 
     env = {"base": str(write_base(tmp_path / "base")), "dir": tmp_path / "ckpts"}
-    mp.start_processes(_worker, args=(2, free_port(), env), nprocs=2, join=True, start_method=START_METHOD)
+    run_ranks(_worker, env)
     res = [torch.load(tmp_path / "ckpts" / f"rank{r}.pt", weights_only=True) for r in range(2)]
     for r in res:
         assert r["frozen"] > 0 and r["gathered"] == r["want"] > 0, r  # every entry but the frozen LLM

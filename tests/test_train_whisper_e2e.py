@@ -1,6 +1,6 @@
 """Whisper as the product uses it: config keys, the data path, one step in every batch mode, train + decode.
 
-A tiny random Whisper written with ``save_pretrained`` (test_whisper_encoder.tiny_whisper_dir)
+A tiny random Whisper written with ``save_pretrained`` (test_models_whisper_encoder.tiny_whisper_dir)
 and the tiny Qwen2 of the other end-to-end tests, loaded by path. Checked: the same 8
 utterances give the same loss and gradients as one static batch, as accumulated static
 micro-batches, dynamic batches, packs with a packed and a padded encoder input (in float64
@@ -16,9 +16,9 @@ import pytest
 import torch
 import yaml
 
-from conftest import make_wav, transcript, write_jsonl
-from e2e_helpers import TINY_CPU, read_jsonl, tiny_llm, train_argv, write_lists
-from test_whisper_encoder import tiny_whisper_dir
+from helpers.corpus import make_wav, transcript, write_jsonl
+from helpers.e2e import read_jsonl, tiny_cpu_model, tiny_llm, train_argv, write_lists
+from helpers.speech import tiny_whisper_dir
 
 N_UTTS = 8
 RTOL = {torch.float64: 1e-9, torch.float32: 1e-4}
@@ -44,12 +44,7 @@ def env(tmp_path_factory, corpus):
 
 def model_config(env: dict, **encoder):
     """tiny_cpu.yaml's model (ctc_compact projector, CTC head) with the tiny Whisper as encoder."""
-    from west.models.config import SpeechLLMConfig
-
-    raw = yaml.safe_load(TINY_CPU.read_text())["model"]
-    raw["llm"]["path"] = env["llm"]
-    raw["encoder"].update(type="whisper", path=env["whisper"], **encoder)
-    return SpeechLLMConfig.from_dict(raw)
+    return tiny_cpu_model(env["llm"], type="whisper", path=env["whisper"], **encoder)
 
 
 def one_step(env: dict, data_kw: dict, dtype: torch.dtype = torch.float32, **encoder) -> dict:

@@ -3,30 +3,14 @@ import copy
 
 import pytest
 import torch
-from transformers import WhisperConfig, WhisperForConditionalGeneration
 from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
 from west.models.whisper_encoder import WhisperPackedEncoder, load_hf_whisper_encoder, whisper_encoder_frames
 from west.schema import ConfigError
 
+from helpers.speech import N_MELS, tiny_whisper_dir
+
 LENS = [37, 50, 81]   # odd and even, all different
-N_MELS = 80
-
-
-def tiny_whisper_dir(path, n_mels: int = N_MELS) -> str:
-    """A random tiny Whisper written the way users get one: save_pretrained of the full model."""
-    conf = WhisperConfig(
-        d_model=32, encoder_layers=2, decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4,
-        encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=n_mels, max_source_positions=1500,
-        vocab_size=100, max_target_positions=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-        decoder_start_token_id=1, suppress_tokens=None, begin_suppress_tokens=None)
-    torch.manual_seed(0)
-    model = WhisperForConditionalGeneration._from_config(conf)
-    with torch.no_grad():  # random, non-trivial positions and biases
-        for p in model.model.encoder.parameters():
-            p.normal_(0.0, 0.2)
-    model.save_pretrained(str(path))
-    return str(path)
 
 
 @pytest.fixture(scope="module")

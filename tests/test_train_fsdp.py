@@ -22,10 +22,10 @@ import signal
 import pytest
 import torch
 import torch.multiprocessing as mp
-import yaml
 
-from e2e_helpers import TINY_CPU, write_lists
-from test_train_fakes import START_METHOD, ListData, free_port, init_gloo
+from helpers.e2e import tiny_cpu_model, write_lists
+from helpers.fakes import ListData
+from helpers.ranks import init_gloo, run_ranks
 
 N_UTTS = 8
 STEPS = 2           # optimizer steps per comparison (each over all of the rank's packs)
@@ -35,13 +35,8 @@ DATA = dict(batch_type="pack", pack_tokens=160)
 
 
 def model_config(llm: str):
-    """tiny_cpu.yaml's model, 4 encoder blocks, dropout off (DDP and FSDP compute the same function)."""
-    from west.models.config import SpeechLLMConfig
-
-    raw = yaml.safe_load(TINY_CPU.read_text())["model"]
-    raw["llm"]["path"] = llm
-    raw["encoder"].update(dropout=0.0, num_blocks=4)
-    return SpeechLLMConfig.from_dict(raw)
+    """tiny_cpu.yaml's model, 4 encoder blocks (DDP and FSDP compute the same function)."""
+    return tiny_cpu_model(llm, num_blocks=4)
 
 
 def _full_state(model) -> dict[str, torch.Tensor]:
@@ -221,7 +216,7 @@ def _resume_worker(rank: int, world: int, port: int, env: dict) -> None:
 def results(tmp_path_factory, corpus):
     from west.models.tiny_llm import build_tiny_llm
 
-    from conftest import transcript
+    from helpers.corpus import transcript
 
     d = tmp_path_factory.mktemp("fsdp")
     texts = [transcript(i) for i in range(200)] + ["Transcribe the speech."]
@@ -238,9 +233,9 @@ def results(tmp_path_factory, corpus):
     import west.train.loop  # noqa: F401
 
     with pytest.raises(mp.ProcessExitedException) as killed:
-        mp.start_processes(_worker, args=(2, free_port(), env), nprocs=2, join=True, start_method=START_METHOD)
+        run_ranks(_worker, env)
     ranks = [torch.load(d / f"rank{r}.pt", weights_only=True) for r in range(2)]
-    mp.start_processes(_resume_worker, args=(2, free_port(), env), nprocs=2, join=True, start_method=START_METHOD)
+    run_ranks(_resume_worker, env)
     resumed = [torch.load(d / f"resumed{r}.pt", weights_only=True) for r in range(2)]
     return {"ranks": ranks, "killed": killed.value, "resumed": resumed, "dir": d}
 

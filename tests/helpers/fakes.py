@@ -6,15 +6,15 @@ summed over label positions), so the loop can be tested before west.models lands
 """
 from __future__ import annotations
 
-import multiprocessing
 import os
-import socket
 from typing import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
 
 from west.batch import IGNORE_INDEX, Batch
+
+from helpers.batches import packed_row, padded_rows
 
 VOCAB = 13
 PAD = 0
@@ -70,39 +70,15 @@ def _counters(samples, computed_tokens: int) -> dict:
 
 def padded_batch(samples: Sequence) -> Batch:
     """static/dynamic layout: one sample per row, right padded."""
-    L = max(len(s[1]) for s in samples)
-    R = len(samples)
-    ids = torch.full((R, L), PAD, dtype=torch.long)
-    labels = torch.full((R, L), IGNORE_INDEX, dtype=torch.long)
-    mask = torch.zeros((R, L), dtype=torch.long)
-    for r, (_, x, y) in enumerate(samples):
-        ids[r, :len(x)] = torch.tensor(x)
-        labels[r, :len(y)] = torch.tensor(y)
-        mask[r, :len(x)] = 1
-    pos = torch.arange(L).expand(R, L).clone()
-    return Batch(ids, labels, pos, attention_mask=mask, keys=[s[0] for s in samples],
+    R, L = len(samples), max(len(s[1]) for s in samples)
+    return Batch(**padded_rows([(x, y) for _, x, y in samples], PAD), keys=[s[0] for s in samples],
                  counters=_counters(samples, R * L))
 
 
 def packed_batch(samples: Sequence, pack_tokens: int) -> Batch:
     """pack layout: one row of exactly pack_tokens, a dummy tail segment if not full."""
-    ids, labels, pos, cu = [], [], [], [0]
-    for _, x, y in samples:
-        ids += x
-        labels += y
-        pos += list(range(len(x)))
-        cu.append(len(ids))
-    tail = pack_tokens - len(ids)
-    assert tail >= 0
-    if tail:
-        ids += [PAD] * tail
-        labels += [IGNORE_INDEX] * tail
-        pos += list(range(tail))
-        cu.append(pack_tokens)
-    seg = [b - a for a, b in zip(cu, cu[1:])]
-    return Batch(torch.tensor([ids]), torch.tensor([labels]), torch.tensor([pos]),
-                 cu_seqlens=torch.tensor(cu, dtype=torch.int32), max_seqlen=max(seg),
-                 keys=[s[0] for s in samples], counters=_counters(samples, pack_tokens))
+    return Batch(**packed_row([(x, y) for _, x, y in samples], pack_tokens, PAD), keys=[s[0] for s in samples],
+                 counters=_counters(samples, pack_tokens))
 
 
 def dummy_batch() -> Batch:
@@ -153,36 +129,6 @@ class ListData:
 
     def skipped_counts(self) -> dict:
         return {"too_long": 1}
-
-
-# Forking is fast (the child imports nothing again), but once this process has run a backward
-# pass on a machine with a GPU, autograd's device threads make a forked child fail on its first
-# backward: there children are spawned (fresh interpreters; targets must be module-level).
-START_METHOD = "spawn" if torch.cuda.is_available() else "fork"
-
-
-def run_child(target: Callable, *args) -> int:
-    """``target(*args)`` in one child process (START_METHOD); its exit code (-9: killed by SIGKILL)."""
-    child = multiprocessing.get_context(START_METHOD).Process(target=target, args=args)
-    child.start()
-    child.join()
-    return child.exitcode
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def init_gloo(rank: int, world: int, port: int, timeout_s: float = 60) -> None:
-    """torchrun-style env for spawned test workers, then west's own init."""
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-                       "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "OMP_NUM_THREADS": "1"})
-    torch.set_num_threads(1)
-    from west.train.distributed import init_distributed
-
-    return init_distributed("cpu", timeout_s=timeout_s)
 
 
 def make_batches(n_batches: int, per_batch: int = 3, seed: int = 0, prefix: str = "utt") -> list[Batch]:

@@ -16,7 +16,7 @@ from west.checkpoint import training as ck
 from west.checkpoint.integrity import check_checkpoint, find_latest
 from west.train.schedule import build_optimizer, build_scheduler
 
-from test_train_fakes import TokenModel, make_samples, padded_batch
+from helpers.fakes import TokenModel, make_samples, padded_batch
 
 
 def trained(seed: int = 0, steps: int = 2):

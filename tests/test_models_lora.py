@@ -7,30 +7,11 @@ import peft  # noqa: F401  (a missing peft fails here, loudly)
 import pytest
 import torch
 
-from west.models.config import LLMConfig, LoraSettings
 from west.models.speech_llm import SpeechLLM
 
-from test_models_speech_llm import assert_same, packed_batch, padded_batch, run, samples, tiny_config
+from helpers.speech import ALL_PROJ, assert_same, lora_model, packed_batch, padded_batch, run, samples, tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-ALL_PROJ = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-def lora_model(seed=0, targets=ALL_PROJ, llm_path=None, **kw) -> SpeechLLM:
-    """LoRA on attention and MLP projections, dropout 0; B drawn at random (peft starts it at 0,
-    which would leave every A gradient exactly 0 and prove nothing about A). With ``llm_path``
-    the base LLM is read from that dir."""
-    torch.manual_seed(seed)
-    cfg = tiny_config(lora=LoraSettings(r=4, alpha=8, dropout=0.0, target_modules=targets), **kw)
-    if llm_path is not None:
-        cfg.llm = LLMConfig(path=str(llm_path))
-    model = SpeechLLM(cfg)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "lora_B" in n:
-                p.normal_(0, 0.1)
-    return model.eval()
 
 
 def test_lora_static_dynamic_pack_agree_for_adapters_encoder_projector():

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 from conftest import transcript, write_jsonl
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository (tests/helpers/e2e.py)
 TINY_CPU = ROOT / "recipes" / "aishell" / "conf" / "tiny_cpu.yaml"
 
 
@@ -73,3 +73,32 @@ PYTHON = sys.executable
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+# Runs west.bin.train with MetricsLogger.log_step patched to SIGKILL the process after step K.
+KILL_HOOK = """
+import os, sys
+from west.train import metrics
+K = int(sys.argv[1])
+_log_step = metrics.MetricsLogger.log_step
+def log_step(self, rec):
+    _log_step(self, rec)
+    if rec["step"] == K:
+        os.kill(os.getpid(), 9)
+metrics.MetricsLogger.log_step = log_step
+from west.bin.train import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def tiny_cpu_model(llm: str, **encoder):
+    """tiny_cpu.yaml's model section with the LLM at ``llm`` and ``encoder`` keys on top (its
+    dropout is 0.0: every layout and every process computes the same function)."""
+    import yaml
+
+    from west.models.config import SpeechLLMConfig
+
+    raw = yaml.safe_load(TINY_CPU.read_text())["model"]
+    raw["llm"]["path"] = llm
+    raw["encoder"].update(encoder)
+    return SpeechLLMConfig.from_dict(raw)

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from e2e_helpers import PYTHON, ROOT, read_jsonl, subprocess_env, tiny_llm, train_argv, write_lists
-from test_train_e2e import KILL_HOOK, _one_thread
+from helpers.e2e import KILL_HOOK, PYTHON, ROOT, read_jsonl, subprocess_env, tiny_llm, train_argv, write_lists
+from helpers.threads import torch_threads
 
 N_UTTS = 9
 KILL_AFTER = 3  # the latest checkpoint is step 2
@@ -34,7 +34,7 @@ def runs(tmp_path_factory, corpus):
     log = d / "killed.log"
     proc = subprocess.Popen([PYTHON, str(hook), str(KILL_AFTER), *train_argv(llm, lists.jsonl, killed, *RUN)],
                             stdout=open(log, "w"), stderr=subprocess.STDOUT, env=subprocess_env(), cwd=ROOT)
-    with _one_thread():
+    with torch_threads():
         rc_full = main(train_argv(llm, lists.jsonl, full, *RUN))
         rc_killed = proc.wait(timeout=300)
         killed_steps = [x["step"] for x in read_jsonl(killed / "train_log.jsonl")]

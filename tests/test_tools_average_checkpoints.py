@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from e2e_helpers import TINY_CPU, tiny_llm
+from helpers.e2e import TINY_CPU, tiny_llm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 

@@ -175,7 +175,7 @@ def test_modes_and_bad_arguments(setup, tmp_path):
 def test_whisper_benchmark_adds_the_30s_padded_row(setup, tmp_path):
     """With a Whisper encoder the default modes gain "Whisper padded to 30 s"; its encoder
     computes every utterance at 1500 frames, and the removed share is reported."""
-    from test_whisper_encoder import tiny_whisper_dir
+    from helpers.speech import tiny_whisper_dir
 
     wdir = tiny_whisper_dir(tmp_path / "whisper")
     out = tmp_path / "out"

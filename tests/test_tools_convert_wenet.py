@@ -22,7 +22,7 @@ from west.models.config import ConformerConfig
 from west.models.conformer import ConformerEncoder
 from west.shapes import SUBSAMPLING_LAYERS
 
-from e2e_helpers import tiny_encoder
+from helpers.e2e import tiny_encoder
 
 TOOLS = Path(__file__).resolve().parents[1] / "tools"
 sys.path.insert(0, str(TOOLS))

@@ -14,16 +14,9 @@ from west.models.llm import llm_fingerprint
 from west.models.speech_llm import SpeechLLM
 from west.train.schedule import build_optimizer, build_scheduler
 
-from test_lora import lora_model
-from test_models_speech_llm import packed_batch, run, samples, tiny_config
+from helpers.speech import lora_model, packed_batch, run, samples, tiny_config, write_base
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def write_base(path, seed=0):
-    torch.manual_seed(seed)
-    SpeechLLM(tiny_config()).llm.save_pretrained(path)
-    return path
 
 
 def frozen_model(base_dir, seed=0):

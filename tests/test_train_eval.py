@@ -22,34 +22,20 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from west.train.distributed import DistInfo
 
-from conftest import write_jsonl
-from e2e_helpers import read_jsonl, tiny_llm, train_argv
-from test_train_fakes import (
-    START_METHOD,
-    ListData,
-    TokenModel,
-    dummy_batch,
-    free_port,
-    init_gloo,
-    make_batches,
-    run_child,
-)
+from helpers.corpus import write_jsonl
+from helpers.e2e import read_jsonl, tiny_llm, train_argv
+from helpers.fakes import ListData, TokenModel, dummy_batch, make_batches
+from helpers.ranks import init_gloo, run_child, run_ranks
 
 DEV = slice(12, 19)   # 7 dev utterances (odd: 2 ranks cannot split them evenly), then one bad line
 N_DECODE = 3
 MAX_NEW = 6
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny shapes: faster, and the same arithmetic in every process
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny shapes; the same arithmetic in every process
 
 
 @pytest.fixture(scope="module")
@@ -309,7 +295,7 @@ def two_ranks(env, one_rank):
     import torch._dynamo  # noqa: F401  (DDP imports it: once here, not in each forked rank)
     from torch.distributed.fsdp import fully_shard  # noqa: F401
 
-    mp.start_processes(_rank_worker, args=(2, free_port(), env), nprocs=2, join=True, start_method=START_METHOD)
+    run_ranks(_rank_worker, env)
     return [torch.load(env.dir / f"eval_rank{r}.pt", weights_only=True) for r in range(2)]
 
 

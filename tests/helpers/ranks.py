@@ -1,0 +1,46 @@
+"""Processes, free ports and gloo groups for multi-rank tests."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import socket
+from typing import Callable
+
+import torch
+
+# Forking is fast (the child imports nothing again), but once this process has run a backward
+# pass on a machine with a GPU, autograd's device threads make a forked child fail on its first
+# backward: there children are spawned (fresh interpreters; targets must be module-level).
+START_METHOD = "spawn" if torch.cuda.is_available() else "fork"
+
+
+def run_child(target: Callable, *args) -> int:
+    """``target(*args)`` in one child process (START_METHOD); its exit code (-9: killed by SIGKILL)."""
+    child = multiprocessing.get_context(START_METHOD).Process(target=target, args=args)
+    child.start()
+    child.join()
+    return child.exitcode
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_gloo(rank: int, world: int, port: int, timeout_s: float = 60) -> None:
+    """torchrun-style env for spawned test workers, then west's own init."""
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+                       "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "OMP_NUM_THREADS": "1"})
+    torch.set_num_threads(1)
+    from west.train.distributed import init_distributed
+
+    return init_distributed("cpu", timeout_s=timeout_s)
+
+
+def run_ranks(worker: Callable, *args, world: int = 2) -> None:
+    """``worker(rank, world, port, *args)`` in ``world`` processes joined on a free port; raises
+    if any of them fails."""
+    import torch.multiprocessing as mp  # heavy
+
+    mp.start_processes(worker, args=(world, free_port(), *args), nprocs=world, join=True, start_method=START_METHOD)
