@@ -8,6 +8,7 @@ import pytest
 from west.batch import IGNORE_INDEX
 from west.data.config import DataConfig
 from west.data.generation import prompt_batches
+from west.data.records import AudioSpec, Record
 from west.data.stats import DataStats
 from west.data.tokenize import PromptEncoder
 from west.shapes import SpeechShape
@@ -33,7 +34,7 @@ def test_prompts_are_the_training_prefix(corpus, tokenizer):
             rec = next(x for x in rows if x["key"] == key)
             n = int(lens[r])
             frames = int(b.feat_lens[r])
-            train = enc.encode({"txt": rec["txt"], "messages": None}, [frames])
+            train = enc.encode(Record(key, "x:1", [AudioSpec()], txt=rec["txt"]), [frames])
             assert b.input_ids[r, :n].tolist() == train.ids[:n]          # the exact training prompt
             assert train.labels[n - 1] != IGNORE_INDEX                    # ... up to the first label
             assert all(l == IGNORE_INDEX for l in train.labels[:n - 1])

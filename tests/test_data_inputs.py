@@ -12,6 +12,7 @@ import soxr
 from west.data.config import DataConfig
 from west.data.features import audio_num_samples, estimate_frames, fbank_frames, load_audio, resampled_length
 from west.data.lists import RawList, detect_data_type, parse_json_record
+from west.data.records import AudioSpec
 from west.data.stats import DataStats, SkipSample
 
 from helpers.corpus import make_wav, write_jsonl
@@ -33,7 +34,7 @@ def test_resampled_length_matches_soxr(sr, n):
 ])
 def test_odd_audio_is_converted_not_skipped(tmp_path, subtype, sr, channels, fmt):
     path = make_wav(tmp_path / f"a.{fmt.lower()}", 0.5, sr=sr, channels=channels, subtype=subtype, fmt=fmt)
-    spec = {"path": str(path)}
+    spec = AudioSpec(path=str(path))
     wave = load_audio(spec, 16000)
     assert wave.dtype == np.float32 and wave.ndim == 1
     assert len(wave) == resampled_length(int(0.5 * sr), sr, 16000) == audio_num_samples(spec, 16000)
@@ -43,12 +44,12 @@ def test_odd_audio_is_converted_not_skipped(tmp_path, subtype, sr, channels, fmt
 def test_first_channel_is_kept(tmp_path):
     data = np.stack([np.full(1600, 0.25, np.float32), np.full(1600, -0.5, np.float32)], 1)
     sf.write(tmp_path / "st.wav", data, 16000, subtype="FLOAT")
-    assert np.allclose(load_audio({"path": str(tmp_path / "st.wav")}), 0.25)
+    assert np.allclose(load_audio(AudioSpec(path=str(tmp_path / "st.wav"))), 0.25)
 
 
 def test_segment_and_relative_path(tmp_path):
     make_wav(tmp_path / "long.wav", 2.0)
-    spec = {"path": "long.wav", "base": str(tmp_path), "start": 0.5, "end": 1.25}
+    spec = AudioSpec(path="long.wav", base=str(tmp_path), start=0.5, end=1.25)
     assert len(load_audio(spec)) == 12000 == audio_num_samples(spec, 16000)
 
 
@@ -61,24 +62,24 @@ def test_audio_failures_have_categories(tmp_path, make, category):
     p = tmp_path / "x.wav"
     make(p)
     with pytest.raises(SkipSample) as e:
-        load_audio({"path": str(p)})
+        load_audio(AudioSpec(path=str(p)))
     assert e.value.category == category
 
 
 def test_frame_estimates():
     conf = DataConfig()
     assert fbank_frames(399, conf) == 0 and fbank_frames(400, conf) == 1 and fbank_frames(16000, conf) == 98
-    assert estimate_frames({"num_frames": 77}, conf) == 77
-    assert estimate_frames({"duration": 1.0}, conf) in (98, 99)   # upper bound: +5 ms margin
-    assert estimate_frames({"duration": 1.234}, conf) >= fbank_frames(int(1.234 * 16000), conf)
-    assert estimate_frames({"start": 1.0, "end": 2.0}, conf) == estimate_frames({"duration": 1.0}, conf)
-    assert estimate_frames({}, conf) is None
+    assert estimate_frames(AudioSpec(num_frames=77), conf) == 77
+    assert estimate_frames(AudioSpec(duration=1.0), conf) in (98, 99)   # upper bound: +5 ms margin
+    assert estimate_frames(AudioSpec(duration=1.234), conf) >= fbank_frames(int(1.234 * 16000), conf)
+    assert estimate_frames(AudioSpec(start=1.0, end=2.0), conf) == estimate_frames(AudioSpec(duration=1.0), conf)
+    assert estimate_frames(AudioSpec(), conf) is None
 
 
 def test_parse_utterance_and_messages(tmp_path):
     rec = parse_json_record(json.dumps({"key": "k", "wav": "a.wav", "txt": "hi", "duration": 1.5}).encode(),
                             "l:1", str(tmp_path))
-    assert rec["txt"] == "hi" and rec["audio"][0]["duration"] == 1.5 and rec["messages"] is None
+    assert rec.txt == "hi" and rec.audio[0].duration == 1.5 and rec.messages is None
     msgs = {"messages": [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": [{"type": "audio", "audio": "a.wav", "duration": 1.0},
@@ -88,10 +89,10 @@ def test_parse_utterance_and_messages(tmp_path):
         {"role": "assistant", "content": [{"type": "text", "text": "world"}]},
     ]}
     rec = parse_json_record(json.dumps(msgs).encode(), "l:2", str(tmp_path))
-    assert rec["key"] == "l:2" and len(rec["audio"]) == 2
-    assert rec["messages"][1]["parts"] == [("audio", 0), ("text", "what was said?")]
+    assert rec.key == "l:2" and len(rec.audio) == 2
+    assert rec.messages[1].parts == [("audio", 0), ("text", "what was said?")]
     text_only = {"key": "t", "messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}
-    assert parse_json_record(json.dumps(text_only).encode(), "l:3", "")["audio"] == []
+    assert parse_json_record(json.dumps(text_only).encode(), "l:3", "").audio == []
 
 
 @pytest.mark.parametrize("line,category", [
@@ -115,7 +116,7 @@ def test_bad_lines_are_skipped_with_category_and_line(tmp_path, caplog, line, ca
     stats = DataStats()
     with caplog.at_level(logging.WARNING, logger="west.data"):
         lst = RawList(str(path), stats)
-    assert len(lst) == 2 and [lst.record(i)["key"] for i in range(2)] == ["g", "h"]
+    assert len(lst) == 2 and [lst.record(i).key for i in range(2)] == ["g", "h"]
     assert stats.as_dict() == {category: 1}
     assert f"{path}:3" in caplog.text and category in caplog.text
 

@@ -164,11 +164,11 @@ def test_a_rank_decodes_only_its_own_audio(list_kinds, tokenizer, kind, monkeypa
         decoded.clear()
         batches, ds = run(list_kinds[kind], tokenizer, rank=rank, world_size=3, batch_type="dynamic")
         if kind == "raw":
-            got = [spec["path"].split("/")[-1][:-4] for spec in decoded]
+            got = [spec.path.split("/")[-1][:-4] for spec in decoded]
         else:   # shards: the members read, by offset, are exactly this rank's utterances
-            member = {(a["tar"], a["offset"]): ds.record(i)["key"] for i in range(len(ds.lengths))
-                      for a in ds.record(i)["audio"]}
-            got = [member[(spec["tar"], spec["offset"])] for spec in decoded]
+            member = {(a.tar, a.offset): ds.record(i).key for i in range(len(ds.lengths))
+                      for a in ds.record(i).audio}
+            got = [member[(spec.tar, spec.offset)] for spec in decoded]
         assert sorted(got) == sorted(keys(batches))
 
 

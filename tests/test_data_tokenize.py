@@ -5,12 +5,13 @@ import pytest
 
 from west.batch import IGNORE_INDEX
 from west.data.config import DataConfig
+from west.data.records import AudioSpec, Message, Record
 from west.data.tokenize import PromptEncoder
 from west.shapes import SpeechShape, num_speech_tokens
 
 
-def asr(txt: str) -> dict:
-    return {"key": "a", "src": "x:1", "audio": [{}], "txt": txt, "messages": None}
+def asr(txt: str) -> Record:
+    return Record("a", "x:1", [AudioSpec()], txt=txt)
 
 
 def labelled_text(tok, enc) -> str:
@@ -46,13 +47,13 @@ def test_prompt_and_system_prompt_are_not_labelled(tokenizer):
 
 
 def test_multi_turn_only_assistant_turns_are_labelled(tokenizer):
-    rec = {"key": "c", "src": "x:2", "txt": None, "audio": [{}, {}], "messages": [
-        {"role": "system", "parts": [("text", "system")]},
-        {"role": "user", "parts": [("audio", 0), ("text", "what was said?")]},
-        {"role": "assistant", "parts": [("text", "hello")]},
-        {"role": "user", "parts": [("text", "and now "), ("audio", 1)]},
-        {"role": "assistant", "parts": [("text", "world today")]},
-    ]}
+    rec = Record("c", "x:2", [AudioSpec(), AudioSpec()], messages=[
+        Message("system", [("text", "system")]),
+        Message("user", [("audio", 0), ("text", "what was said?")]),
+        Message("assistant", [("text", "hello")]),
+        Message("user", [("text", "and now "), ("audio", 1)]),
+        Message("assistant", [("text", "world today")]),
+    ])
     pe = PromptEncoder(tokenizer, DataConfig(), SpeechShape())
     enc = pe.encode(rec, [60, 200])
     assert [n for _, n in enc.spans] == [num_speech_tokens(60), num_speech_tokens(200)]
@@ -65,8 +66,8 @@ def test_multi_turn_only_assistant_turns_are_labelled(tokenizer):
 
 
 def test_text_only_conversation(tokenizer):
-    rec = {"key": "t", "src": "x:3", "txt": None, "audio": [], "messages": [
-        {"role": "user", "parts": [("text", "say hello")]}, {"role": "assistant", "parts": [("text", "hello")]}]}
+    rec = Record("t", "x:3", [], messages=[
+        Message("user", [("text", "say hello")]), Message("assistant", [("text", "hello")])])
     enc = PromptEncoder(tokenizer, DataConfig(), SpeechShape()).encode(rec, [])
     assert enc.spans == [] and labelled_text(tokenizer, enc) == "hello<|im_end|>"
 
@@ -78,9 +79,9 @@ def test_too_short_audio_and_stray_marker_are_skips(tokenizer):
     with pytest.raises(SkipSample) as e:
         pe.encode(asr("x"), [3])
     assert e.value.category == "too_short"
-    rec = {"key": "m", "src": "x:4", "txt": None, "audio": [], "messages": [
-        {"role": "user", "parts": [("text", "literal <|speech|> in text")]},
-        {"role": "assistant", "parts": [("text", "ok")]}]}
+    rec = Record("m", "x:4", [], messages=[
+        Message("user", [("text", "literal <|speech|> in text")]),
+        Message("assistant", [("text", "ok")])])
     with pytest.raises(SkipSample) as e:
         pe.encode(rec, [])
     assert e.value.category == "malformed_line"

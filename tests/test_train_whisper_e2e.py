@@ -192,12 +192,13 @@ def test_a_list_that_understates_the_length_is_skipped_when_decoded(env, tmp_pat
         shape = model_config(env).speech_shape()
 
     from west.data.config import DataConfig
+    from west.data.records import AudioSpec, Record, Sample
 
     stats = DataStats()
-    samples = [{"key": "a", "src": "x.list:1", "waves": [torch.zeros(16000 * 31).numpy()], "feats": []},
-               {"key": "b", "src": "x.list:2", "waves": [torch.zeros(1600).numpy()], "feats": []}]
+    samples = [Sample(Record("a", "x.list:1", [AudioSpec()]), waves=[torch.zeros(16000 * 31).numpy()]),
+               Sample(Record("b", "x.list:2", [AudioSpec()]), waves=[torch.zeros(1600).numpy()])]
     out = list(whisper_features(samples, DecodeContext(DataConfig(features="whisper"), _Enc(), stats)))
-    assert [s["key"] for s in out] == ["b"] and out[0]["feats"][0].shape == (10, 80)
+    assert [s.key for s in out] == ["b"] and out[0].feats[0].shape == (10, 80)
     assert stats.as_dict() == {"too_long": 1}
 
 

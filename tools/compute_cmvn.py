@@ -32,7 +32,7 @@ def compute_cmvn(data_list: str, conf: DataConfig, num_utts: int = 0) -> tuple[d
     total_sq = np.zeros(conf.num_mel_bins, np.float64)
     frames = 0
     for s in fbank(load_audio(records, ctx), ctx):
-        for f in s["feats"]:
+        for f in s.feats:
             f = f.astype(np.float64)
             total += f.sum(0)
             total_sq += (f * f).sum(0)

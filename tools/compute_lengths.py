@@ -52,7 +52,7 @@ def add_lengths(in_list: str, out_list: str, conf: DataConfig, drop_bad: bool = 
             try:
                 rec = parse_json_record(raw, src, base)
                 obj = json.loads(raw.decode("utf-8"))
-                for spec, target in zip(rec["audio"], _audio_dicts(obj)):
+                for spec, target in zip(rec.audio, _audio_dicts(obj)):
                     target["num_frames"], target["duration"] = measure_audio(spec, conf)
                 line = json.dumps(obj, ensure_ascii=False).encode("utf-8")
             except SkipSample as e:

@@ -44,7 +44,7 @@ def mode_stats(data_lists: str | Sequence[str], tokenizer, conf: DataConfig, sha
         if not len(idx):
             continue
         lens = ds.lengths[idx]
-        seg = [estimate_frames(a, conf) for i in idx for a in ds.record(int(i))["audio"]]
+        seg = [estimate_frames(a, conf) for i in idx for a in ds.record(int(i)).audio]
         t["utterances"] += len(idx)
         t["real_llm"] += int(lens.sum())
         t["real_enc"] += sum(seg)

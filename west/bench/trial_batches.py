@@ -41,10 +41,10 @@ class BatchSource:
         out = []
         for ids in ds.rank_batches():
             records = [ds.record(int(i)) for i in ids]
-            new = [r for r in records if r["key"] not in self._samples]
+            new = [r for r in records if r.key not in self._samples]
             for s in decode(iter(new), ctx):
-                self._samples[s["key"]] = s
-            out.append(ds.policy.collate([self._samples[r["key"]] for r in records if r["key"] in self._samples],
+                self._samples[s.key] = s
+            out.append(ds.policy.collate([self._samples[r.key] for r in records if r.key in self._samples],
                                          stats))
         return out
 

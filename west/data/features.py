@@ -22,6 +22,7 @@ import soundfile as sf
 import soxr
 
 from west.data.config import DataConfig
+from west.data.records import AudioSpec
 from west.data.stats import SkipSample
 from west.data.whisper_features import whisper_frames
 
@@ -45,9 +46,9 @@ def resampled_length(n: int, sr: int, target_sr: int) -> int:
     return (2 * int(n) * target_sr + sr) // (2 * sr)
 
 
-def _segment(spec: dict, sr: int, n_total: int) -> tuple[int, int]:
-    start = int(round(spec["start"] * sr)) if spec.get("start") is not None else 0
-    stop = int(round(spec["end"] * sr)) if spec.get("end") is not None else n_total
+def _segment(spec: AudioSpec, sr: int, n_total: int) -> tuple[int, int]:
+    start = int(round(spec.start * sr)) if spec.start is not None else 0
+    stop = int(round(spec.end * sr)) if spec.end is not None else n_total
     return min(start, n_total), min(stop, n_total)
 
 
@@ -63,18 +64,18 @@ def _read_member(tar: str, offset: int, size: int) -> bytes:
     return data
 
 
-def _open(spec: dict):
-    if spec.get("bytes") is not None:
-        return io.BytesIO(spec["bytes"])
-    if spec.get("tar") is not None:
-        return io.BytesIO(_read_member(spec["tar"], spec["offset"], spec["size"]))
-    path = resolve_path(spec["path"], spec.get("base"))
+def _open(spec: AudioSpec):
+    if spec.data is not None:
+        return io.BytesIO(spec.data)
+    if spec.tar is not None:
+        return io.BytesIO(_read_member(spec.tar, spec.offset, spec.size))
+    path = resolve_path(spec.path, spec.base)
     if not os.path.exists(path):
         raise SkipSample("missing_file", f"audio file {path} does not exist")
     return path
 
 
-def audio_num_samples(spec: dict, target_sr: int) -> int:
+def audio_num_samples(spec: AudioSpec, target_sr: int) -> int:
     """Samples the loader will produce for ``spec``, from the header only (no decoding)."""
     src = _open(spec)
     try:
@@ -85,7 +86,7 @@ def audio_num_samples(spec: dict, target_sr: int) -> int:
     return resampled_length(max(stop - start, 0), info.samplerate, target_sr)
 
 
-def load_audio(spec: dict, target_sr: int = 16000) -> np.ndarray:
+def load_audio(spec: AudioSpec, target_sr: int = 16000) -> np.ndarray:
     """Mono float32 waveform in [-1, 1] at ``target_sr``."""
     src = _open(spec)
     try:
@@ -117,22 +118,20 @@ def fbank_frames(num_samples: int, conf: DataConfig) -> int:
     return 0 if num_samples < win else 1 + (int(num_samples) - win) // shift
 
 
-def estimate_frames(spec: dict, conf: DataConfig) -> Optional[int]:
+def estimate_frames(spec: AudioSpec, conf: DataConfig) -> Optional[int]:
     """Feature frames of an audio spec from metadata; None if unknown.
 
     fbank: exact ``num_frames`` if given, else an upper bound from ``duration`` (or end - start).
     whisper (``num_samples // 160``): an upper bound from the duration, else from the list's
     ``num_frames``, which counts fbank frames (the most samples that give that many)."""
     whisper = conf.features == "whisper"
-    if spec.get("num_frames") is not None and not whisper:
-        return int(spec["num_frames"])
-    dur = spec.get("duration")
-    if dur is None and spec.get("start") is not None and spec.get("end") is not None:
-        dur = spec["end"] - spec["start"]
+    if spec.num_frames is not None and not whisper:
+        return int(spec.num_frames)
+    dur = spec.seconds()
     if dur is None:
-        if whisper and spec.get("num_frames") is not None:
+        if whisper and spec.num_frames is not None:
             win, shift = window_and_shift(conf)
-            return whisper_frames(win + int(spec["num_frames"]) * shift - 1)
+            return whisper_frames(win + int(spec.num_frames) * shift - 1)
         return None
     n = math.ceil((dur + DURATION_MARGIN_S) * conf.sample_rate)
     return whisper_frames(n) if whisper else fbank_frames(n, conf)

@@ -19,31 +19,22 @@ from west.data.features import GlobalCMVN
 from west.data.lists import iter_records
 from west.data.policies import collate_padded, dummy_sample
 from west.data.processors import FEATURE_STAGES, DecodeContext, load_audio
+from west.data.records import Sample
 from west.data.stats import DataStats, SkipSample
 from west.data.tokenize import Encoded, PromptEncoder
 from west.shapes import SpeechShape
 
 
-def reference_text(record: dict) -> str:
-    """What the model should produce: the transcript, or the first assistant turn of a conversation."""
-    if record.get("messages") is None:
-        return record.get("txt") or ""
-    for m in record["messages"]:
-        if m["role"] == "assistant":
-            return "".join(v for kind, v in m["parts"] if kind == "text")
-    return ""
-
-
-def tokenize_prompt(samples: Iterable[dict], encoder: PromptEncoder, stats: DataStats) -> Iterator[dict]:
+def tokenize_prompt(samples: Iterable[Sample], encoder: PromptEncoder, stats: DataStats) -> Iterator[Sample]:
     """Prompt ids + speech spans (no transcript, no labels) and the reference text."""
     for s in samples:
         try:
-            ids, spans = encoder.encode_prompt(s, [f.shape[0] for f in s["feats"]])
+            ids, spans = encoder.encode_prompt(s.record, [f.shape[0] for f in s.feats])
         except SkipSample as e:
-            stats.skip(e.category, f"{s['src']} (key {s['key']})", e.message)
+            stats.skip(e.category, f"{s.src} (key {s.key})", e.message)
             continue
-        s["enc"] = Encoded(ids=ids, labels=[IGNORE_INDEX] * len(ids), spans=spans)
-        s["ref"] = reference_text(s)
+        s.enc = Encoded(ids=ids, labels=[IGNORE_INDEX] * len(ids), spans=spans)
+        s.length, s.ref = len(ids), s.record.reference()
         yield s
 
 
@@ -60,17 +51,17 @@ def prompt_batches(data_list: str, tokenizer, conf: DataConfig, shape: SpeechSha
     encoder = PromptEncoder(tokenizer, conf, shape)
     ctx = DecodeContext(conf, encoder, stats, GlobalCMVN.from_json(conf.cmvn) if conf.cmvn else None,
                         training=False)
-    stream: Iterable[dict] = islice(iter_records(data_list, stats, conf.data_type), rank, limit, world_size)
+    stream: Iterable = islice(iter_records(data_list, stats, conf.data_type), rank, limit, world_size)
     for stage in (load_audio, *FEATURE_STAGES[conf.features]):
         stream = stage(stream, ctx)
-    group: list[dict] = []
+    group: list[Sample] = []
     for sample in tokenize_prompt(stream, encoder, stats):
         group.append(sample)
         if len(group) == batch_size:
-            yield collate_padded(group, encoder.pad_id, conf.num_mel_bins), [s["ref"] for s in group]
+            yield collate_padded(group, encoder.pad_id, conf.num_mel_bins), [s.ref for s in group]
             group = []
     if group:
-        yield collate_padded(group, encoder.pad_id, conf.num_mel_bins), [s["ref"] for s in group]
+        yield collate_padded(group, encoder.pad_id, conf.num_mel_bins), [s.ref for s in group]
 
 
 def dummy_prompt_batch(tokenizer, conf: DataConfig, shape: SpeechShape) -> Batch:

@@ -16,13 +16,14 @@ import numpy as np
 
 from west.data.config import DataConfig
 from west.data.features import audio_num_samples, estimate_frames, fbank_frames
+from west.data.records import AudioSpec, Record
 from west.data.stats import DataStats, SkipSample
 from west.data.tokenize import PromptEncoder
 
 _CHUNK = 8192
 
 
-def measure_audio(spec: dict, conf: DataConfig) -> tuple[int, float]:
+def measure_audio(spec: AudioSpec, conf: DataConfig) -> tuple[int, float]:
     """(fbank frames, seconds) the loader will compute for an audio spec, from its header only
     (what tools/compute_lengths.py and tools/make_shard_list.py write into lists and indexes)."""
     n = audio_num_samples(spec, conf.sample_rate)
@@ -65,15 +66,15 @@ class LengthTable:
         self.list_path = list_path
         self._lengths: list[int] = []
         self._keep: list[bool] = []
-        self._chunk: list[tuple[dict, list[int]]] = []
+        self._chunk: list[tuple[Record, list[int]]] = []
 
-    def add(self, rec: dict) -> None:
-        if self.conf.features == "whisper" and any(a.get("ark") is not None for a in rec["audio"]):
-            raise ValueError(f"{rec['src']}: {rec['key']} has precomputed Kaldi features; data.features whisper "
+    def add(self, rec: Record) -> None:
+        if self.conf.features == "whisper" and any(a.ark is not None for a in rec.audio):
+            raise ValueError(f"{rec.src}: {rec.key} has precomputed Kaldi features; data.features whisper "
                              "computes its features from audio (give a list of wav files)")
-        frames = [estimate_frames(a, self.conf) for a in rec["audio"]]
+        frames = [estimate_frames(a, self.conf) for a in rec.audio]
         if any(f is None for f in frames):
-            raise ValueError(f"{rec['src']}: {rec['key']} has no duration/num_frames, and every epoch is planned "
+            raise ValueError(f"{rec.src}: {rec.key} has no duration/num_frames, and every epoch is planned "
                              f"from lengths: run `python tools/compute_lengths.py {self.list_path} OUT` once "
                              "and train on OUT")
         self._chunk.append((rec, frames))
@@ -85,13 +86,13 @@ class LengthTable:
         recs = [r for r, _ in self._chunk]
         frames = [f for _, f in self._chunk]
         for rec, fr, length in zip(recs, frames, self.encoder.lengths(recs, frames)):
-            secs = sum(_seconds(a, f, shift_s) for a, f in zip(rec["audio"], fr))
+            secs = sum(_seconds(a, f, shift_s) for a, f in zip(rec.audio, fr))
             try:
-                check_record(secs, length, self.conf, self.budget, bool(rec["audio"]))
+                check_record(secs, length, self.conf, self.budget, bool(rec.audio))
                 check_window(fr, self.encoder.shape.max_frames)
                 keep = True
             except SkipSample as e:
-                self.stats.skip(e.category, f"{rec['src']} (key {rec['key']})", e.message)
+                self.stats.skip(e.category, f"{rec.src} (key {rec.key})", e.message)
                 keep = False
             self._lengths.append(length)
             self._keep.append(keep)
@@ -103,9 +104,6 @@ class LengthTable:
         return np.asarray(self._lengths, np.int64), np.nonzero(np.asarray(self._keep, bool))[0]
 
 
-def _seconds(spec: dict, frames: int, shift_s: float) -> float:
-    if spec.get("duration") is not None:
-        return float(spec["duration"])
-    if spec.get("start") is not None and spec.get("end") is not None:
-        return float(spec["end"] - spec["start"])
-    return frames * shift_s
+def _seconds(spec: AudioSpec, frames: int, shift_s: float) -> float:
+    said = spec.seconds()
+    return said if said is not None else frames * shift_s

@@ -1,12 +1,5 @@
-"""Data lists: turn every input format into one record shape.
-
-A record is a plain dict::
-
-    {"key": str, "src": "list.jsonl:17",
-     "audio": [{"path"|"bytes"|"ark": ..., "start", "end", "duration", "num_frames", "base"}],
-     "txt": str | None,                 # plain ASR utterance
-     "messages": list | None}           # role-content conversation: [{"role", "parts"}]
-                                        # parts: ("text", str) | ("audio", index into "audio")
+"""Data lists: turn every input format into one record shape (west.data.records.Record:
+key, source line, audio parts, and a transcript or a role-content conversation).
 
 Formats: jsonl utterances (``key``/``wav``/``txt``, optional ``duration``,
 ``num_frames``, ``start``/``end``), jsonl role-content ``messages``, tar shard
@@ -22,6 +15,7 @@ import json
 import os
 from typing import Callable, Iterator, Optional, Union
 
+from west.data.records import AudioSpec, Message, Record
 from west.data.stats import DataStats, SkipSample
 
 AUDIO_SUFFIXES = ("wav", "flac", "mp3", "ogg", "opus", "sph")
@@ -66,19 +60,17 @@ def _num(obj: dict, name: str, cast, what: str):
     return cast(v)
 
 
-def _audio_spec(obj: dict, path: object, base: str, what: str) -> dict:
+def _audio_spec(obj: dict, path: object, base: str, what: str) -> AudioSpec:
     if not isinstance(path, str) or not path:
         raise SkipSample("malformed_line", f"{what}: audio path must be a non-empty string")
-    spec = {"path": path, "base": base,
-            "start": _num(obj, "start", float, what), "end": _num(obj, "end", float, what),
-            "duration": _num(obj, "duration", float, what),
-            "num_frames": _num(obj, "num_frames", int, what)}
-    if spec["start"] is not None and spec["end"] is not None and spec["end"] <= spec["start"]:
-        raise SkipSample("empty_audio", f"{what}: segment end {spec['end']} <= start {spec['start']}")
+    spec = AudioSpec(path=path, base=base, start=_num(obj, "start", float, what), end=_num(obj, "end", float, what),
+                     duration=_num(obj, "duration", float, what), num_frames=_num(obj, "num_frames", int, what))
+    if spec.start is not None and spec.end is not None and spec.end <= spec.start:
+        raise SkipSample("empty_audio", f"{what}: segment end {spec.end} <= start {spec.start}")
     return spec
 
 
-def _parse_messages(msgs: object, base: str) -> tuple[list, list]:
+def _parse_messages(msgs: object, base: str) -> tuple[list[Message], list[AudioSpec]]:
     if not isinstance(msgs, list) or not msgs:
         raise SkipSample("malformed_line", "'messages' must be a non-empty list")
     out, audio, n_assistant = [], [], 0
@@ -106,13 +98,13 @@ def _parse_messages(msgs: object, base: str) -> tuple[list, list]:
         if msg["role"] == "assistant":
             n_assistant += 1
             check_text("".join(t for k, t in parts if k == "text"), f"{what} (assistant)")
-        out.append({"role": msg["role"], "parts": parts})
+        out.append(Message(msg["role"], parts))
     if not n_assistant:
         raise SkipSample("empty_text", "conversation has no assistant turn to learn from")
     return out, audio
 
 
-def parse_json_record(raw: bytes, src: str, base: str) -> dict:
+def parse_json_record(raw: bytes, src: str, base: str) -> Record:
     """One jsonl line -> record; raises SkipSample naming what is wrong."""
     line = decode_utf8(raw, "line")
     try:
@@ -126,12 +118,11 @@ def parse_json_record(raw: bytes, src: str, base: str) -> dict:
         raise SkipSample("malformed_line", "'key' must be a non-empty string")
     if "messages" in obj:
         messages, audio = _parse_messages(obj["messages"], base)
-        return {"key": key, "src": src, "audio": audio, "txt": None, "messages": messages}
+        return Record(key, src, audio, messages=messages)
     if "wav" not in obj:
         raise SkipSample("malformed_line", "needs 'wav' and 'txt' (or 'messages')")
     txt = check_text(obj.get("txt", obj.get("text")), "'txt'")
-    return {"key": key, "src": src, "audio": [_audio_spec(obj, obj["wav"], base, "line")],
-            "txt": txt, "messages": None}
+    return Record(key, src, [_audio_spec(obj, obj["wav"], base, "line")], txt=txt)
 
 
 class RawList:
@@ -140,7 +131,7 @@ class RawList:
     Lines that cannot be parsed are skipped and counted once, at load time.
     """
 
-    def __init__(self, path: str, stats: DataStats, on_record: Optional[Callable[[dict], None]] = None):
+    def __init__(self, path: str, stats: DataStats, on_record: Optional[Callable[[Record], None]] = None):
         """``on_record`` sees every valid record once, while the list is read."""
         self.path = path
         self.base = os.path.dirname(os.path.abspath(path))
@@ -161,7 +152,7 @@ class RawList:
     def __len__(self) -> int:
         return len(self.lines)
 
-    def record(self, i: int) -> dict:
+    def record(self, i: int) -> Record:
         return parse_json_record(self.lines[i], f"{self.path}:{self.linenos[i]}", self.base)
 
 
@@ -183,7 +174,7 @@ def _read_table(path: str, stats: Optional[DataStats]) -> dict[str, tuple[str, i
 class KaldiList:
     """Kaldi data dir (or feats.scp): features read with kaldiio, transcripts from ``text``."""
 
-    def __init__(self, path: str, stats: DataStats, on_record: Optional[Callable[[dict], None]] = None):
+    def __init__(self, path: str, stats: DataStats, on_record: Optional[Callable[[Record], None]] = None):
         scp = os.path.join(path, "feats.scp") if os.path.isdir(path) else path
         d = os.path.dirname(scp)
         self.path = scp
@@ -207,11 +198,9 @@ class KaldiList:
     def __len__(self) -> int:
         return len(self.items)
 
-    def record(self, i: int) -> dict:
+    def record(self, i: int) -> Record:
         it = self.items[i]
-        audio = [{"ark": it["ark"], "num_frames": it["num_frames"], "duration": None,
-                  "start": None, "end": None}]
-        return {"key": it["key"], "src": it["src"], "audio": audio, "txt": it["txt"], "messages": None}
+        return Record(it["key"], it["src"], [AudioSpec(ark=it["ark"], num_frames=it["num_frames"])], txt=it["txt"])
 
 
 # -- tar shards, read through their index (written by west.data.shards) ----------------
@@ -233,20 +222,19 @@ def shard_paths(shard_list: str) -> list[tuple[str, str]]:
     return out
 
 
-def _shard_record(raw: bytes, tar: str) -> dict:
+def _shard_record(raw: bytes, tar: str) -> Record:
     obj = json.loads(raw)
     if "skip" in obj:
         raise SkipSample(*obj["skip"])
-    audio = [{"tar": tar, "offset": obj["offset"], "size": obj["size"], "duration": obj.get("duration"),
-              "num_frames": obj.get("num_frames"), "start": None, "end": None}]
-    return {"key": obj["key"], "src": f"{tar}:{obj['key']}", "audio": audio,
-            "txt": check_text(obj["txt"], "transcript"), "messages": None}
+    audio = AudioSpec(tar=tar, offset=obj["offset"], size=obj["size"], duration=obj.get("duration"),
+                      num_frames=obj.get("num_frames"))
+    return Record(obj["key"], f"{tar}:{obj['key']}", [audio], txt=check_text(obj["txt"], "transcript"))
 
 
 class ShardList:
     """A shard list read through its index: records on demand, audio read by offset."""
 
-    def __init__(self, path: str, stats: DataStats, on_record: Optional[Callable[[dict], None]] = None):
+    def __init__(self, path: str, stats: DataStats, on_record: Optional[Callable[[Record], None]] = None):
         idx = index_path(path)
         if not os.path.exists(idx):
             raise ValueError(f"{path}: tar shard list without its index {idx}; run "
@@ -288,7 +276,7 @@ class ShardList:
     def __len__(self) -> int:
         return len(self.lines)
 
-    def record(self, i: int) -> dict:
+    def record(self, i: int) -> Record:
         return _shard_record(self.lines[i], self.tars[self.tar_of[i]])
 
 
@@ -307,13 +295,13 @@ def detect_data_type(path: str) -> str:
 
 
 def open_list(path: str, stats: DataStats, data_type: str = "auto",
-              on_record: Optional[Callable[[dict], None]] = None) -> Source:
+              on_record: Optional[Callable[[Record], None]] = None) -> Source:
     """The source for ``path`` (``data_type`` auto detects it)."""
     kind = detect_data_type(path) if data_type == "auto" else data_type
     return SOURCES[kind](path, stats, on_record)
 
 
-def iter_records(path: str, stats: DataStats, data_type: str = "auto") -> Iterator[dict]:
+def iter_records(path: str, stats: DataStats, data_type: str = "auto") -> Iterator[Record]:
     """Every record of any list format, in list order (decoding, CMVN, statistics)."""
     source = open_list(path, stats, data_type)
     for i in range(len(source)):

@@ -36,6 +36,7 @@ from west.batch import COUNTER_NAMES, IGNORE_INDEX, Batch
 from west.data.batching import dynamic_sizes, equalize_rounds, sort_in_windows, split_rows, static_sizes
 from west.data.config import DataConfig
 from west.data.packing import pack_slots
+from west.data.records import Record, Sample
 from west.data.stats import DataStats
 from west.data.tokenize import Encoded
 from west.shapes import SpeechShape
@@ -56,7 +57,7 @@ class BatchPolicy:
               rng: Optional[np.random.Generator]) -> tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError
 
-    def collate(self, samples: list[dict], stats: DataStats) -> Batch:
+    def collate(self, samples: list[Sample], stats: DataStats) -> Batch:
         """A planned batch of decoded samples; all of them bad -> the dummy batch (counted)."""
         if not samples:
             stats.event("dummy_batches")
@@ -70,11 +71,11 @@ class BatchPolicy:
         batch.counters = {k: 0 for k in batch.counters}
         return batch
 
-    def _rows(self, samples: list[dict], stats: DataStats) -> list[list[dict]]:
+    def _rows(self, samples: list[Sample], stats: DataStats) -> list[list[Sample]]:
         """Which samples share a row (padded modes: one batch, one sample per row)."""
         return [samples]
 
-    def _layout(self, rows: list[list[dict]]) -> Batch:
+    def _layout(self, rows: list[list[Sample]]) -> Batch:
         return collate_padded(rows[0], self.pad_id, self.conf.num_mel_bins)
 
 
@@ -104,8 +105,8 @@ class DynamicPolicy(BatchPolicy):
         return order, equalize_rounds(sizes, world_size)
 
     def _rows(self, samples, stats):
-        if max(s["length"] for s in samples) * len(samples) > self.conf.max_tokens_in_batch:
-            stats.event("plan_overflow", samples[0]["src"], "decoded lengths exceed the planned dynamic budget")
+        if max(s.length for s in samples) * len(samples) > self.conf.max_tokens_in_batch:
+            stats.event("plan_overflow", samples[0].src, "decoded lengths exceed the planned dynamic budget")
         return [samples]
 
 
@@ -125,10 +126,10 @@ class PackPolicy(BatchPolicy):
         return _fill_empty_packs(order, sizes, world_size)
 
     def _rows(self, samples, stats):
-        lengths = [s["length"] for s in samples]
+        lengths = [s.length for s in samples]
         if sum(lengths) <= self.conf.pack_tokens:
             return [samples]
-        stats.event("plan_overflow", samples[0]["src"],
+        stats.event("plan_overflow", samples[0].src,
                     f"decoded lengths {sum(lengths)} exceed pack_tokens; batch gets an extra row "
                     "(list durations are wrong: run tools/compute_lengths.py)")
         return [[samples[i] for i in b] for b in split_rows(lengths, self.conf.pack_tokens)]
@@ -194,8 +195,8 @@ def _transcripts(samples) -> list[list[int]]:
     """Transcript ids per speech segment, in segment order ([] where unknown)."""
     out = []
     for s in samples:
-        t = s["enc"].transcripts
-        out += t if len(t) == len(s["enc"].spans) else [[] for _ in s["enc"].spans]
+        t = s.enc.transcripts
+        out += t if len(t) == len(s.enc.spans) else [[] for _ in s.enc.spans]
     return out
 
 
@@ -228,9 +229,9 @@ def _finish(ids, labels, pos, segments, spans, keys, packed_enc, num_mel_bins, t
                  keys=list(keys), counters=counters, **enc, **_ctc_inputs(list(transcripts)), **extra)
 
 
-def collate_padded(samples: Sequence[dict], pad_id: int, num_mel_bins: int = 80) -> Batch:
+def collate_padded(samples: Sequence[Sample], pad_id: int, num_mel_bins: int = 80) -> Batch:
     """Static/dynamic batch: (B, L) right padded, one sample per row."""
-    lens = [len(s["enc"].ids) for s in samples]
+    lens = [len(s.enc.ids) for s in samples]
     b, width = len(samples), max(lens)
     ids = np.full((b, width), pad_id, np.int64)
     labels = np.full((b, width), IGNORE_INDEX, np.int64)
@@ -238,14 +239,14 @@ def collate_padded(samples: Sequence[dict], pad_id: int, num_mel_bins: int = 80)
     segments, spans = [], []
     for r, s in enumerate(samples):
         n = lens[r]
-        ids[r, :n] = s["enc"].ids
-        labels[r, :n] = s["enc"].labels
+        ids[r, :n] = s.enc.ids
+        labels[r, :n] = s.enc.labels
         mask[r, :n] = 1
-        for f, (start, length) in zip(s["feats"], s["enc"].spans):
+        for f, (start, length) in zip(s.feats, s.enc.spans):
             segments.append(f)
             spans.append((r, start, length))
     pos = np.tile(np.arange(width, dtype=np.int64), (b, 1))
-    return _finish(ids, labels, pos, segments, spans, [s["key"] for s in samples], False, num_mel_bins,
+    return _finish(ids, labels, pos, segments, spans, [s.key for s in samples], False, num_mel_bins,
                    _transcripts(samples), attention_mask=mask, real_tokens=sum(lens))
 
 
@@ -260,11 +261,11 @@ def pack_width(used: Sequence[int], pack_tokens: int, pad_multiple: int = 0) -> 
     return min(pack_tokens, max(pad_multiple, -(-longest // pad_multiple) * pad_multiple))
 
 
-def collate_packed(rows: Sequence[Sequence[dict]], pack_tokens: int, pad_id: int,
+def collate_packed(rows: Sequence[Sequence[Sample]], pack_tokens: int, pad_id: int,
                    encoder_layout: str = "packed", num_mel_bins: int = 80, pad_multiple: int = 0) -> Batch:
     """Pack batch (one row unless a plan overflowed), each row ``pack_width`` tokens wide."""
     n_rows = len(rows)
-    pack_tokens = pack_width([sum(len(s["enc"].ids) for s in row) for row in rows], pack_tokens, pad_multiple)
+    pack_tokens = pack_width([sum(len(s.enc.ids) for s in row) for row in rows], pack_tokens, pad_multiple)
     ids = np.full((n_rows, pack_tokens), pad_id, np.int64)
     labels = np.full((n_rows, pack_tokens), IGNORE_INDEX, np.int64)
     pos = np.zeros((n_rows, pack_tokens), np.int64)
@@ -272,18 +273,18 @@ def collate_packed(rows: Sequence[Sequence[dict]], pack_tokens: int, pad_id: int
     for r, row in enumerate(rows):
         start = 0
         for s in row:
-            n = len(s["enc"].ids)
+            n = len(s.enc.ids)
             if start + n > pack_tokens:
-                raise ValueError(f"pack row {r} overflows {pack_tokens} tokens at sample {s['key']}")
-            ids[r, start:start + n] = s["enc"].ids
-            labels[r, start:start + n] = s["enc"].labels
+                raise ValueError(f"pack row {r} overflows {pack_tokens} tokens at sample {s.key}")
+            ids[r, start:start + n] = s.enc.ids
+            labels[r, start:start + n] = s.enc.labels
             pos[r, start:start + n] = np.arange(n)
-            for f, (off, length) in zip(s["feats"], s["enc"].spans):
+            for f, (off, length) in zip(s.feats, s.enc.spans):
                 segments.append(f)
                 spans.append((r, start + off, length))
             start += n
             cu.append(r * pack_tokens + start)
-            keys.append(s["key"])
+            keys.append(s.key)
         real += start
         if start < pack_tokens:   # one dummy tail segment with consecutive positions
             pos[r, start:] = np.arange(pack_tokens - start)
@@ -294,10 +295,11 @@ def collate_packed(rows: Sequence[Sequence[dict]], pack_tokens: int, pad_id: int
                    max_seqlen=int((cu_t[1:] - cu_t[:-1]).max()), real_tokens=real)
 
 
-def dummy_sample(pad_id: int, placeholder_id: int, num_mel_bins: int, shape: SpeechShape) -> dict:
+def dummy_sample(pad_id: int, placeholder_id: int, num_mel_bins: int, shape: SpeechShape) -> Sample:
     """One tiny sample (min-length all-zero speech + 2 pad tokens, all labels IGNORE): what a
     rank with nothing left trains on, so every rank runs forward/backward each step."""
     frames = shape.min_frames()
     n = shape.slots(frames)
     enc = Encoded(ids=[placeholder_id] * n + [pad_id] * 2, labels=[IGNORE_INDEX] * (n + 2), spans=[(0, n)])
-    return {"key": "", "enc": enc, "feats": [np.zeros((frames, num_mel_bins), np.float32)]}
+    return Sample(Record(key="", src="dummy batch", audio=[]), feats=[np.zeros((frames, num_mel_bins), np.float32)],
+                  enc=enc, length=len(enc.ids))

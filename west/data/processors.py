@@ -1,4 +1,4 @@
-"""Per-sample pipeline stages, each a plain generator over sample dicts.
+"""Per-sample pipeline stages, each a plain generator: Records in, Samples out (west.data.records).
 
     records -> load_audio -> fbank -> cmvn -> spec_augment -> tokenize      (data.features fbank)
     records -> load_audio -> whisper_features -> spec_augment -> tokenize   (data.features whisper)
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Optional
+from typing import Callable, Iterable, Iterator, Optional, Union
 
 import numpy as np
 
@@ -27,6 +27,7 @@ from west.data.features import GlobalCMVN, compute_fbank
 from west.data.features import load_audio as _load_audio
 from west.data.features import spec_augment as _spec_augment
 from west.data.lengths import check_budget
+from west.data.records import Record, Sample
 from west.data.stats import DataStats, SkipSample
 from west.data.tokenize import PromptEncoder
 from west.data.whisper_features import MAX_FRAMES, whisper_log_mel
@@ -49,19 +50,20 @@ def sample_rng(seed: int, epoch: int, key: str, stream: int) -> np.random.Genera
     return np.random.default_rng([seed, epoch, zlib.crc32(key.encode("utf-8")), stream])
 
 
-def _each(samples: Iterable[dict], stats: DataStats, fn: Callable[[dict], dict]) -> Iterator[dict]:
-    for s in samples:
+def _each(items: Iterable[Union[Record, Sample]], stats: DataStats,
+          fn: Callable[[Union[Record, Sample]], Sample]) -> Iterator[Sample]:
+    for s in items:
         try:
             yield fn(s)
         except SkipSample as e:
-            stats.skip(e.category, f"{s['src']} (key {s['key']})", e.message)
+            stats.skip(e.category, f"{s.src} (key {s.key})", e.message)
 
 
-def _load(sample: dict, sr: int, num_mel_bins: int) -> dict:
+def _load(record: Record, sr: int, num_mel_bins: int) -> Sample:
     waves, feats = [], []
-    for spec in sample["audio"]:
-        if spec.get("ark") is not None:
-            feats.append(_load_ark(spec["ark"], num_mel_bins))
+    for spec in record.audio:
+        if spec.ark is not None:
+            feats.append(_load_ark(spec.ark, num_mel_bins))
             continue
         try:
             waves.append(_load_audio(spec, sr))
@@ -69,8 +71,7 @@ def _load(sample: dict, sr: int, num_mel_bins: int) -> dict:
             raise
         except Exception as e:   # any decoder failure is bad input, not a reason to stop the epoch
             raise SkipSample("corrupt_audio", f"cannot decode audio: {type(e).__name__}: {e}")
-    sample["waves"], sample["feats"] = waves, feats
-    return sample
+    return Sample(record, waves=waves, feats=feats)
 
 
 def _load_ark(ark: str, num_mel_bins: int) -> np.ndarray:
@@ -89,19 +90,19 @@ def _load_ark(ark: str, num_mel_bins: int) -> np.ndarray:
     return mat
 
 
-def load_audio(samples: Iterable[dict], ctx: DecodeContext) -> Iterator[dict]:
+def load_audio(records: Iterable[Record], ctx: DecodeContext) -> Iterator[Sample]:
     """Decode every audio part (soundfile + soxr) or read Kaldi features."""
-    return _each(samples, ctx.stats, lambda s: _load(s, ctx.conf.sample_rate, ctx.conf.num_mel_bins))
+    return _each(records, ctx.stats, lambda s: _load(s, ctx.conf.sample_rate, ctx.conf.num_mel_bins))
 
 
-def fbank(samples: Iterable[dict], ctx: DecodeContext) -> Iterator[dict]:
+def fbank(samples: Iterable[Sample], ctx: DecodeContext) -> Iterator[Sample]:
     """Waveforms -> (T, num_mel_bins) fbank; dither only in training."""
-    def run(s: dict) -> dict:
-        if s["waves"]:
-            rng = sample_rng(ctx.seed, ctx.epoch, s["key"], 0) if ctx.training else None
-            s["feats"] = [compute_fbank(w, ctx.conf, rng) for w in s["waves"]]
-        s["waves"] = []
-        for f in s["feats"]:
+    def run(s: Sample) -> Sample:
+        if s.waves:
+            rng = sample_rng(ctx.seed, ctx.epoch, s.key, 0) if ctx.training else None
+            s.feats = [compute_fbank(w, ctx.conf, rng) for w in s.waves]
+        s.waves = []
+        for f in s.feats:
             if f.shape[0] == 0:
                 raise SkipSample("too_short", "audio shorter than one fbank window")
         return s
@@ -109,52 +110,52 @@ def fbank(samples: Iterable[dict], ctx: DecodeContext) -> Iterator[dict]:
     return _each(samples, ctx.stats, run)
 
 
-def cmvn(samples: Iterable[dict], ctx: DecodeContext) -> Iterator[dict]:
+def cmvn(samples: Iterable[Sample], ctx: DecodeContext) -> Iterator[Sample]:
     if ctx.cmvn is None:
         return iter(samples)
 
-    def run(s: dict) -> dict:
-        s["feats"] = [ctx.cmvn(f) for f in s["feats"]]
+    def run(s: Sample) -> Sample:
+        s.feats = [ctx.cmvn(f) for f in s.feats]
         return s
 
     return _each(samples, ctx.stats, run)
 
 
-def whisper_features(samples: Iterable[dict], ctx: DecodeContext) -> Iterator[dict]:
+def whisper_features(samples: Iterable[Sample], ctx: DecodeContext) -> Iterator[Sample]:
     """Waveforms -> (T, n_mels) Whisper log-mel (no 30 s padding, no CMVN, no dither); longer
     than the model's window: a counted ``too_long`` skip, never truncated."""
     max_frames = ctx.encoder.shape.max_frames or MAX_FRAMES
 
-    def run(s: dict) -> dict:
-        if s["feats"]:
-            raise ValueError(f"{s['src']} (key {s['key']}): data.features whisper computes features from "
+    def run(s: Sample) -> Sample:
+        if s.feats:
+            raise ValueError(f"{s.src} (key {s.key}): data.features whisper computes features from "
                              "audio; precomputed Kaldi features (feats.scp) cannot be used")
-        s["feats"] = [whisper_log_mel(w, ctx.conf.num_mel_bins, max_frames) for w in s["waves"]]
-        s["waves"] = []
+        s.feats = [whisper_log_mel(w, ctx.conf.num_mel_bins, max_frames) for w in s.waves]
+        s.waves = []
         return s
 
     return _each(samples, ctx.stats, run)
 
 
-def spec_augment(samples: Iterable[dict], ctx: DecodeContext) -> Iterator[dict]:
+def spec_augment(samples: Iterable[Sample], ctx: DecodeContext) -> Iterator[Sample]:
     """Time/frequency masking, training only."""
     if not (ctx.training and ctx.conf.spec_aug):
         return iter(samples)
 
-    def run(s: dict) -> dict:
-        rng = sample_rng(ctx.seed, ctx.epoch, s["key"], 1)
-        s["feats"] = [_spec_augment(f, ctx.conf, rng) for f in s["feats"]]
+    def run(s: Sample) -> Sample:
+        rng = sample_rng(ctx.seed, ctx.epoch, s.key, 1)
+        s.feats = [_spec_augment(f, ctx.conf, rng) for f in s.feats]
         return s
 
     return _each(samples, ctx.stats, run)
 
 
-def tokenize(samples: Iterable[dict], ctx: DecodeContext) -> Iterator[dict]:
+def tokenize(samples: Iterable[Sample], ctx: DecodeContext) -> Iterator[Sample]:
     """Ids/labels/spans; an utterance over the LLM-token budget is skipped, never truncated."""
-    def run(s: dict) -> dict:
-        enc = ctx.encoder.encode(s, [f.shape[0] for f in s["feats"]])
+    def run(s: Sample) -> Sample:
+        enc = ctx.encoder.encode(s.record, [f.shape[0] for f in s.feats])
         check_budget(len(enc.ids), ctx.budget)
-        s["enc"], s["length"] = enc, len(enc.ids)
+        s.enc, s.length = enc, len(enc.ids)
         return s
 
     return _each(samples, ctx.stats, run)
@@ -169,9 +170,9 @@ def stages(conf: DataConfig) -> tuple:
     return (load_audio, *FEATURE_STAGES[conf.features], spec_augment, tokenize)
 
 
-def decode(records: Iterable[dict], ctx: DecodeContext) -> Iterator[dict]:
+def decode(records: Iterable[Record], ctx: DecodeContext) -> Iterator[Sample]:
     """Records -> samples ready to batch (every stage of ``stages(conf)`` in order)."""
-    stream: Iterable[dict] = records
+    stream: Iterable = records
     for stage in stages(ctx.conf):
         stream = stage(stream, ctx)
     return iter(stream)

@@ -26,6 +26,7 @@ import tarfile
 from typing import Callable, Iterator
 
 from west.data.lists import AUDIO_SUFFIXES, decode_utf8, index_path, shard_paths
+from west.data.records import AudioSpec
 from west.data.stats import SkipSample
 
 
@@ -51,7 +52,7 @@ def scan_tar(path: str) -> Iterator[dict]:
         yield group
 
 
-def _index_entry(e: dict, path: str, measure: Callable[[dict], tuple[int, float]]) -> dict:
+def _index_entry(e: dict, path: str, measure: Callable[[AudioSpec], tuple[int, float]]) -> dict:
     """One utterance's index line; a problem found now is stored as ``skip`` for the loader to count."""
     out = {k: e[k] for k in ("key", "offset", "size", "ext") if k in e}
     try:
@@ -60,13 +61,13 @@ def _index_entry(e: dict, path: str, measure: Callable[[dict], tuple[int, float]
         if e["txt"] is None:
             raise SkipSample("empty_text", "shard has no .txt for this key")
         out["txt"] = decode_utf8(e["txt"], "transcript").strip()
-        out["num_frames"], out["duration"] = measure({"tar": path, "offset": e["offset"], "size": e["size"]})
+        out["num_frames"], out["duration"] = measure(AudioSpec(tar=path, offset=e["offset"], size=e["size"]))
     except SkipSample as err:
         out["skip"] = [err.category, err.message]
     return out
 
 
-def write_index(shard_list: str, measure: Callable[[dict], tuple[int, float]]) -> tuple[int, list[str]]:
+def write_index(shard_list: str, measure: Callable[[AudioSpec], tuple[int, float]]) -> tuple[int, list[str]]:
     """Scan every tar of ``shard_list`` and write its index; ``measure(audio_spec)`` gives
     (num_frames, duration). Problems (a missing or unreadable tar, an utterance without text or
     with unreadable audio) are written into the index, where the loader counts them as skips,

@@ -20,6 +20,7 @@ from typing import Sequence
 
 from west.batch import IGNORE_INDEX
 from west.data.config import DataConfig
+from west.data.records import Record
 from west.data.stats import SkipSample
 from west.shapes import SPEECH_MARKER, SpeechShape
 
@@ -60,14 +61,14 @@ class PromptEncoder:
                        {"role": "assistant", "content": _SENTINEL.format(0)}]
 
     @staticmethod
-    def _chat_messages(record: dict) -> tuple[list[dict], list[str]]:
+    def _chat_messages(record: Record) -> tuple[list[dict], list[str]]:
         msgs, labels = [], []
-        for m in record["messages"]:
-            text = "".join(SPEECH_MARKER if kind == "audio" else v for kind, v in m["parts"])
-            if m["role"] == "assistant":
+        for m in record.messages or []:
+            text = "".join(SPEECH_MARKER if kind == "audio" else str(v) for kind, v in m.parts)
+            if m.role == "assistant":
                 labels.append(text)
                 text = _SENTINEL.format(len(labels) - 1)
-            msgs.append({"role": m["role"], "content": text})
+            msgs.append({"role": m.role, "content": text})
         return msgs, labels
 
     def _pieces(self, msgs: list[dict], n_audio: int, generation: bool = False) -> list[tuple[str, object]]:
@@ -103,11 +104,11 @@ class PromptEncoder:
                 pieces = pieces[:last_end + 1]
         return pieces
 
-    def _record_pieces(self, record: dict) -> tuple[list, list[str]]:
-        if record.get("messages") is None:
-            return self._asr_pieces, [record["txt"]]
+    def _record_pieces(self, record: Record) -> tuple[list, list[str]]:
+        if record.messages is None:
+            return self._asr_pieces, [record.txt or ""]
         msgs, labels = self._chat_messages(record)
-        return self._pieces(msgs, len(record["audio"])), labels
+        return self._pieces(msgs, len(record.audio)), labels
 
     # -- token ids --------------------------------------------------------
     def _text_ids(self, text: str) -> list[int]:
@@ -155,16 +156,16 @@ class PromptEncoder:
             return [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
         return self.tok(texts, add_special_tokens=False)["input_ids"]
 
-    def encode(self, record: dict, frames: Sequence[int]) -> Encoded:
+    def encode(self, record: Record, frames: Sequence[int]) -> Encoded:
         """Ids, shifted labels and speech spans; ``frames[i]`` = fbank frames of audio i."""
         pieces, label_texts = self._record_pieces(record)
         label_ids = self._ids(label_texts)
         enc = self._assemble(pieces, label_ids, frames)
-        plain_asr = record.get("messages") is None
+        plain_asr = record.messages is None
         enc.transcripts = [list(label_ids[0])] if plain_asr else [[] for _ in enc.spans]
         return enc
 
-    def lengths(self, records: Sequence[dict], frames: Sequence[Sequence[int]]) -> list[int]:
+    def lengths(self, records: Sequence[Record], frames: Sequence[Sequence[int]]) -> list[int]:
         """``len(encode(r, f).ids)`` for many records at once (transcripts tokenized in a batch);
         0 where a record's audio is too short to give a speech token."""
         all_pieces, flat, owner = [], [], []
@@ -185,9 +186,9 @@ class PromptEncoder:
                 out.append(0)
         return out
 
-    def encode_prompt(self, record: dict, frames: Sequence[int]) -> tuple[list[int], list[tuple[int, int]]]:
+    def encode_prompt(self, record: Record, frames: Sequence[int]) -> tuple[list[int], list[tuple[int, int]]]:
         """Ids up to the header of the first assistant turn (for decoding), with speech spans."""
-        if record.get("messages") is None:
+        if record.messages is None:
             msgs = self._asr_messages()[:-1]
         else:
             msgs, _ = self._chat_messages(record)

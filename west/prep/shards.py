@@ -18,19 +18,20 @@ from west.data.config import DataConfig
 from west.data.features import resolve_path
 from west.data.lengths import measure_audio
 from west.data.lists import RawList
+from west.data.records import AudioSpec
 from west.data.shards import write_index
 from west.data.stats import DataStats
 
 
-def _audio_member(spec: dict) -> tuple[bytes, str]:
-    path = resolve_path(spec["path"], spec.get("base"))
-    if spec.get("start") is None and spec.get("end") is None:
+def _audio_member(spec: AudioSpec) -> tuple[bytes, str]:
+    path = resolve_path(spec.path, spec.base)
+    if spec.start is None and spec.end is None:
         with open(path, "rb") as f:
             return f.read(), os.path.splitext(path)[1].lstrip(".").lower() or "wav"
     with sf.SoundFile(path) as f:
         sr = f.samplerate
-        start = int(round((spec.get("start") or 0.0) * sr))
-        stop = int(round(spec["end"] * sr)) if spec.get("end") is not None else f.frames
+        start = int(round((spec.start or 0.0) * sr))
+        stop = int(round(spec.end * sr)) if spec.end is not None else f.frames
         f.seek(start)
         data = f.read(max(stop - start, 0), dtype="int16")
     buf = io.BytesIO()
@@ -56,13 +57,13 @@ def make_shards(data_list: str, out_dir: str, num_utts_per_shard: int = 1000, pr
     shards, tar, written, in_shard = [], None, 0, 0
     for i in range(len(src)):
         rec = src.record(i)
-        if rec["messages"] is not None:
-            problems.append(f"{rec['src']}: conversation lines cannot be sharded")
+        if rec.messages is not None:
+            problems.append(f"{rec.src}: conversation lines cannot be sharded")
             continue
         try:
-            audio, ext = _audio_member(rec["audio"][0])
+            audio, ext = _audio_member(rec.audio[0])
         except Exception as e:  # missing/corrupt audio: report, keep going
-            problems.append(f"{rec['src']}: {type(e).__name__}: {e}")
+            problems.append(f"{rec.src}: {type(e).__name__}: {e}")
             continue
         if tar is None or in_shard >= num_utts_per_shard:
             if tar is not None:
@@ -70,8 +71,8 @@ def make_shards(data_list: str, out_dir: str, num_utts_per_shard: int = 1000, pr
             path = os.path.abspath(os.path.join(out_dir, f"{prefix}_{len(shards):06d}.tar"))
             tar, in_shard = tarfile.open(path, "w"), 0
             shards.append(path)
-        _add(tar, f"{rec['key']}.txt", rec["txt"].encode("utf-8"))
-        _add(tar, f"{rec['key']}.{ext}", audio)
+        _add(tar, f"{rec.key}.txt", (rec.txt or "").encode("utf-8"))
+        _add(tar, f"{rec.key}.{ext}", audio)
         in_shard += 1
         written += 1
     if tar is not None:
