@@ -34,7 +34,9 @@ EXTRAS = {
     "bench": ["lightbinpack>=0.1.1"],
     # LoRA adapters (model.lora); also in dev, so every LoRA test runs in CI.
     "lora": ["peft>=0.21"],
-    "dev": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "peft>=0.21", "ruff>=0.6"],
+    # Packing with TRL's SFTTrainer (west.hf.PackingMixin); also in dev, so its test runs in CI.
+    "hf": ["trl>=1.16"],
+    "dev": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "peft>=0.21", "ruff>=0.6", "trl>=1.16"],
 }
 
 setup(

@@ -13,27 +13,16 @@ from west.bench.costs import sdpa_flops
 from west.bench.modes import ALL_MODES, standard_modes
 from west.bin import benchmark as cli
 
-CONFIG = """\
-train: {lr: 0.001, warmup_steps: 2, max_steps: 10, device: cpu, grad_clip: 1.0}
-data: {num_workers: 0, dither: 0.0}
-model:
-  encoder: {d_model: 32, num_heads: 2, ffn_dim: 64, num_blocks: 1, conv_kernel: 3, dropout: 0.0}
-  projector: {stride: 2, hidden_dim: 32}
-  llm: {attn_implementation: west_varlen, attn_backend: auto, dtype: float32}
-  freeze_llm: false
-"""
+from helpers.e2e import bench_setup
+
 N, BATCH, MAX_TOKENS, PACK = 16, 4, 256, 512
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, corpus):
-    from west.models.tiny_llm import build_tiny_llm
-
     d = tmp_path_factory.mktemp("bench")
-    llm = build_tiny_llm(list(corpus["texts"].values()) + ["Transcribe the speech."], d / "llm", vocab_size=300,
-                         hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
-    (d / "conf.yaml").write_text(CONFIG, encoding="utf-8")
-    return {"dir": d, "llm": llm, "conf": d / "conf.yaml", "list": corpus["list"]}
+    llm, conf = bench_setup(d, corpus["texts"].values())
+    return {"dir": d, "llm": llm, "conf": conf, "list": corpus["list"]}
 
 
 def args(setup, out, *extra):

@@ -12,15 +12,7 @@ import torch
 from west.bench.memory import LiveTensorBytes, parse_size, storage_bytes
 from west.bench.memory_search import NothingFits, largest_fitting
 
-CONFIG = """\
-train: {lr: 0.001, warmup_steps: 2, max_steps: 10, device: cpu, grad_clip: 1.0}
-data: {num_workers: 0, dither: 0.0}
-model:
-  encoder: {d_model: 32, num_heads: 2, ffn_dim: 64, num_blocks: 1, conv_kernel: 3, dropout: 0.0}
-  projector: {stride: 2, hidden_dim: 32}
-  llm: {attn_implementation: west_varlen, attn_backend: auto, dtype: float32}
-  freeze_llm: false
-"""
+from helpers.e2e import bench_setup
 
 
 def limit(k: int, calls: list):
@@ -108,14 +100,11 @@ def bench(tmp_path_factory, corpus):
     from west.bench.runner import PassRunner
     from west.bench.trial_batches import BatchSource
     from west.config import load_config
-    from west.models.tiny_llm import build_tiny_llm
     from west.train.build import build_model, load_tokenizer
 
     d = tmp_path_factory.mktemp("bench_mem")
-    llm = build_tiny_llm(list(corpus["texts"].values()) + ["Transcribe the speech."], d / "llm", vocab_size=300,
-                         hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
-    (d / "conf.yaml").write_text(CONFIG, encoding="utf-8")
-    cfg = load_config(str(d / "conf.yaml"), [("model.llm.path", str(llm))])
+    llm, conf = bench_setup(d, corpus["texts"].values())
+    cfg = load_config(str(conf), [("model.llm.path", str(llm))])
     model = build_model(cfg.model, 0)
     runner = PassRunner(model, cfg.train, torch.device("cpu"), 0)
     source = BatchSource(str(corpus["list"]), load_tokenizer(cfg.model), model.cfg.speech_shape(), 0)

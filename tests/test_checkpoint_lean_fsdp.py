@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from helpers.ranks import init_gloo, run_ranks
+from helpers.ranks import init_gloo, rank_results, run_ranks
 from helpers.speech import lora_model, packed_batch, samples, write_base
 
 
@@ -64,7 +64,7 @@ def test_fsdp_lean_lora_checkpoint_never_gathers_the_base(tmp_path):
 
     env = {"base": str(write_base(tmp_path / "base")), "dir": tmp_path / "ckpts"}
     run_ranks(_worker, env)
-    res = [torch.load(tmp_path / "ckpts" / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    res = rank_results(tmp_path / "ckpts")
     for r in res:
         assert r["frozen"] > 0 and r["gathered"] == r["want"] > 0, r  # every entry but the frozen LLM
         assert r["same"], r

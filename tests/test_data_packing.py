@@ -4,7 +4,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from west.data.packing import ALGORITHMS, pack, pack_sequences
+from west.data.packing import ALGORITHMS, pack
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -154,35 +154,6 @@ def test_bad_arguments(kwargs):
     args = dict(lengths=[1, 2], capacity=10) | kwargs
     with pytest.raises(ValueError):
         pack(**args)
-
-
-def test_pack_sequences_rows_positions_and_sources():
-    seqs = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]]
-    labels = [[-100, 2, 3], [4, -100], [6, 7, 8, 9], [10]]
-    rows = pack_sequences(seqs, capacity=6, pad_token_id=0, labels=labels)
-    assert rows.input_ids.shape[1] == 6
-    seen = []
-    for r in range(rows.input_ids.shape[0]):
-        cu = rows.cu_seqlens[r].tolist()
-        assert cu[0] == 0 and cu[-1] == 6 and rows.cu_seqlens[r].dtype.is_floating_point is False
-        for s, src in enumerate(rows.sources[r]):
-            a, b = cu[s], cu[s + 1]
-            assert rows.position_ids[r, a:b].tolist() == list(range(b - a))
-            if src < 0:
-                assert (rows.input_ids[r, a:b] == 0).all() and (rows.labels[r, a:b] == -100).all()
-                assert s == len(rows.sources[r]) - 1, "filler is the last segment"
-            else:
-                assert rows.input_ids[r, a:b].tolist() == seqs[src]
-                assert rows.labels[r, a:b].tolist() == labels[src]
-                seen.append(src)
-    assert sorted(seen) == [0, 1, 2, 3]
-
-
-def test_pack_sequences_never_truncates():
-    with pytest.raises(ValueError, match=r"lengths\[1\] = 7 is longer than capacity 6"):
-        pack_sequences([[1], [1] * 7], capacity=6, pad_token_id=0)
-    with pytest.raises(ValueError, match="labels"):
-        pack_sequences([[1, 2]], capacity=6, pad_token_id=0, labels=[[1]])
 
 
 def _grouped_best_fit_reference(lengths, capacity, dp):

@@ -14,7 +14,7 @@ from west.train.distributed import cleanup, wrap_model
 from west.train.loop import Trainer
 
 from helpers.fakes import ListData, SimulatedCrash, TokenModel, make_batches
-from helpers.ranks import init_gloo, run_ranks
+from helpers.ranks import init_gloo, preimport_distributed, rank_results, run_ranks
 from helpers.steps import RANK_CUT, SAMPLES, assert_close, micro_batches, one_step, reference_params
 
 BATCHES_PER_RANK = (5, 4)  # accum 2 -> 3 steps per epoch on both ranks (rank 1's last is all dummy)
@@ -77,13 +77,9 @@ def _worker(rank: int, world: int, port: int, tmp: str) -> None:
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ddp")
-    # fork (like DataLoader workers: 1 intra-op thread in the children) after importing
-    # what DDP/FSDP pull in, so the slow imports happen once instead of in each rank.
-    import torch._dynamo  # noqa: F401  (DDP imports it on first use)
-    import torch.distributed.checkpoint.state_dict  # noqa: F401
-    from torch.distributed.fsdp import fully_shard  # noqa: F401
+    preimport_distributed()   # fork (1 intra-op thread in the children) after the slow imports
     run_ranks(_worker, str(tmp))
-    return tmp, [torch.load(tmp / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    return tmp, rank_results(tmp)
 
 
 def test_per_token_loss_two_ranks_matches_one_process(results):

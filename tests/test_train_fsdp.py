@@ -25,7 +25,7 @@ import torch.multiprocessing as mp
 
 from helpers.e2e import tiny_cpu_model, write_lists
 from helpers.fakes import ListData
-from helpers.ranks import init_gloo, run_ranks
+from helpers.ranks import init_gloo, preimport_distributed, rank_results, run_ranks
 
 N_UTTS = 8
 STEPS = 2           # optimizer steps per comparison (each over all of the rank's packs)
@@ -225,18 +225,15 @@ def results(tmp_path_factory, corpus):
     env = {"llm": str(llm), "list": str(write_lists(corpus["rows"], d / "lists", N_UTTS).jsonl), "dir": d,
            "cfg": model_config(str(llm))}
     # fork after the slow imports (DDP's dynamo, FSDP2, DCP, the model), like test_train_ddp.py
-    import torch._dynamo  # noqa: F401
-    import torch.distributed.checkpoint.state_dict  # noqa: F401
-    from torch.distributed.fsdp import fully_shard  # noqa: F401
-
+    preimport_distributed()
     import west.models.speech_llm  # noqa: F401
     import west.train.loop  # noqa: F401
 
     with pytest.raises(mp.ProcessExitedException) as killed:
         run_ranks(_worker, env)
-    ranks = [torch.load(d / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    ranks = rank_results(d)
     run_ranks(_resume_worker, env)
-    resumed = [torch.load(d / f"resumed{r}.pt", weights_only=True) for r in range(2)]
+    resumed = rank_results(d, stem="resumed")
     return {"ranks": ranks, "killed": killed.value, "resumed": resumed, "dir": d}
 
 

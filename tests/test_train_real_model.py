@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from helpers.e2e import tiny_cpu_model, tiny_llm, write_lists
-from helpers.ranks import init_gloo, run_ranks
+from helpers.ranks import init_gloo, preimport_distributed, rank_results, run_ranks
 
 N_UTTS = 8
 RTOL = 1e-5
@@ -83,10 +83,9 @@ def _rank_worker(rank: int, world: int, port: int, env: dict) -> None:
 @pytest.fixture(scope="module")
 def results(env):
     out = {name: one_step(env["llm"], env["list"], kw) for name, (kw, w) in CASES.items() if w == 1}
-    import torch._dynamo  # noqa: F401  (DDP imports it: once here, not in each forked rank)
-
+    preimport_distributed()
     run_ranks(_rank_worker, env)
-    ranks = [torch.load(env["dir"] / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    ranks = rank_results(env["dir"])
     for name in ranks[0]:
         out[name] = ranks[0][name]
         out[name]["keys"] = sorted(ranks[0][name]["keys"] + ranks[1][name]["keys"])

@@ -102,3 +102,25 @@ def tiny_cpu_model(llm: str, **encoder):
     raw["llm"]["path"] = llm
     raw["encoder"].update(encoder)
     return SpeechLLMConfig.from_dict(raw)
+
+
+# A one-block Conformer on a tiny LLM: the benchmark tests' run config (llm.path given per test).
+BENCH_CONFIG = """\
+train: {lr: 0.001, warmup_steps: 2, max_steps: 10, device: cpu, grad_clip: 1.0}
+data: {num_workers: 0, dither: 0.0}
+model:
+  encoder: {d_model: 32, num_heads: 2, ffn_dim: 64, num_blocks: 1, conv_kernel: 3, dropout: 0.0}
+  projector: {stride: 2, hidden_dim: 32}
+  llm: {attn_implementation: west_varlen, attn_backend: auto, dtype: float32}
+  freeze_llm: false
+"""
+
+
+def bench_setup(out_dir: Path, texts) -> tuple[Path, Path]:
+    """(tiny LLM dir, run config) for the benchmark tests, written under ``out_dir``."""
+    from west.models.tiny_llm import build_tiny_llm
+
+    llm = build_tiny_llm(list(texts) + ["Transcribe the speech."], out_dir / "llm", vocab_size=300,
+                         hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
+    (out_dir / "conf.yaml").write_text(BENCH_CONFIG, encoding="utf-8")
+    return llm, out_dir / "conf.yaml"

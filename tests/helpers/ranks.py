@@ -44,3 +44,18 @@ def run_ranks(worker: Callable, *args, world: int = 2) -> None:
     import torch.multiprocessing as mp  # heavy
 
     mp.start_processes(worker, args=(world, free_port(), *args), nprocs=world, join=True, start_method=START_METHOD)
+
+
+def preimport_distributed() -> None:
+    """Import what DDP / FSDP / distributed checkpoints pull in on first use, once in this process
+    before forking, instead of once in every rank."""
+    import torch._dynamo  # noqa: F401
+    import torch.distributed.checkpoint.state_dict  # noqa: F401
+    from torch.distributed.fsdp import fully_shard  # noqa: F401
+
+
+def rank_results(out_dir, world: int = 2, stem: str = "rank") -> list:
+    """What each rank saved as ``out_dir/{stem}{rank}.pt`` (weights_only)."""
+    from pathlib import Path
+
+    return [torch.load(Path(out_dir) / f"{stem}{r}.pt", weights_only=True) for r in range(world)]

@@ -17,17 +17,13 @@ from __future__ import annotations
 
 import gc
 import numbers
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from west.data import balance_kernels as B
 from west.data import packing_kernels as K
 from west.data.refine_kernels import refine_fill
-
-if TYPE_CHECKING:
-    import torch
 
 ALGORITHMS = ("nf", "ffd", "bfd")
 COSTS = ("linear", "square")
@@ -229,60 +225,3 @@ def _fill_empty_bins(slot: np.ndarray, lengths: np.ndarray, costs: np.ndarray, t
             local = (slot[idx] % dp_size).astype(np.int64)
             B.balance_step(local, lengths[idx], costs[idx], dp_size, capacity, 64 * dp_size)
             slot[idx] = step * dp_size + local
-
-
-@dataclass
-class PackedRows:
-    """Token sequences packed into rows of exactly ``capacity`` tokens.
-
-    ``cu_seqlens[r]`` (int32) bounds every segment of row r, including a final
-    filler segment when the row is not full; ``sources[r]`` gives each segment's
-    index into the input sequences, -1 for the filler.
-    """
-    input_ids: "torch.Tensor"          # (R, capacity) int64
-    labels: "torch.Tensor"             # (R, capacity) int64, -100 where no label
-    position_ids: "torch.Tensor"       # (R, capacity) int64, restart per segment
-    cu_seqlens: list = field(default_factory=list)   # R tensors (S_r + 1,) int32
-    sources: list = field(default_factory=list)      # R lists of source indices
-
-
-def pack_sequences(sequences: Sequence[Sequence[int]], capacity: int, pad_token_id: int,
-                   labels: Sequence[Sequence[int]] | None = None, algorithm: str = "bfd") -> PackedRows:
-    """Pack token sequences into rows without truncation (text SFT, tests).
-
-    Labels, if given, are placed as given (no shift) and the rest of each row is
-    -100. A sequence longer than ``capacity`` raises ValueError naming it.
-    """
-    import torch  # heavy
-
-    lengths = [len(s) for s in sequences]
-    if labels is not None:
-        if len(labels) != len(sequences):
-            raise ValueError(f"got {len(labels)} label sequences for {len(sequences)} sequences")
-        for i, (s, l) in enumerate(zip(sequences, labels)):
-            if len(s) != len(l):
-                raise ValueError(f"labels[{i}] has {len(l)} tokens but sequences[{i}] has {len(s)}")
-    bins = pack(lengths, capacity, algorithm=algorithm)
-    n_rows = len(bins)
-    ids = torch.full((n_rows, capacity), int(pad_token_id), dtype=torch.long)
-    lab = torch.full((n_rows, capacity), -100, dtype=torch.long)
-    pos = torch.zeros((n_rows, capacity), dtype=torch.long)
-    cu_all, src_all = [], []
-    for r, members in enumerate(bins):
-        cu, start = [0], 0
-        for i in members:
-            n = lengths[i]
-            ids[r, start:start + n] = torch.as_tensor(list(sequences[i]), dtype=torch.long)
-            if labels is not None:
-                lab[r, start:start + n] = torch.as_tensor(list(labels[i]), dtype=torch.long)
-            pos[r, start:start + n] = torch.arange(n)
-            start += n
-            cu.append(start)
-        src = list(members)
-        if start < capacity:
-            pos[r, start:] = torch.arange(capacity - start)
-            cu.append(capacity)
-            src.append(-1)
-        cu_all.append(torch.tensor(cu, dtype=torch.int32))
-        src_all.append(src)
-    return PackedRows(ids, lab, pos, cu_all, src_all)
