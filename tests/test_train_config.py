@@ -125,7 +125,7 @@ BAD = [  # (command line, the key the error must start with), across all four se
     (["--model.encoder.type", "whisper", "--model.encoder.path", "/w", "--data.features", "whisper",
       "--model.encoder.init", "encoder.safetensors"], "model.encoder.init"),            # the Conformer's only
     (["--model.projector.stride", "0"], "model.projector.stride"),
-    (["--model.projector.type", "linear"], "model.projector.type"),
+    (["--model.projector.type", "conv"], "model.projector.type"),
     (["--model.projector.type", "ctc_posterior"], "model.ctc_weight"),
     (["--model.ctc_weight", "-1"], "model.ctc_weight"),
     (["--model.ctc_blank", "-1"], "model.ctc_blank"),

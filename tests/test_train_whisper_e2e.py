@@ -211,8 +211,8 @@ def test_features_must_match_the_encoder(env):
         for_shape(DataConfig(), shape)
     with pytest.raises(ValueError, match="^data.features: whisper .*model.encoder.type conformer"):
         for_shape(DataConfig(features="whisper"), SpeechShape())
-    assert for_shape(DataConfig(features="whisper"), SpeechShape(encoder_type="whisper", num_mel_bins=128)) \
-        .num_mel_bins == 128
+    assert for_shape(DataConfig(features="whisper"), SpeechShape(encoder_type="whisper", num_mel_bins=128,
+                                                                 features="whisper")).num_mel_bins == 128
 
 
 # ----------------------------------------------------------------------------- CLI

@@ -31,11 +31,13 @@ from west.data.dataset import build_dataloader
 from west.data.processors import DecodeContext, stages
 from west.data.stats import DataStats
 from west.models.config import SpeechLLMConfig
+from west.models.whisper_encoder import WHISPER_STAGES
 from west.shapes import SpeechShape
 
 # The geometry each feature type's encoder gives the data side (whisper: its 30 s window, 80 bins).
 SHAPES = {"fbank": SpeechLLMConfig().speech_shape(),
-          "whisper": SpeechShape(encoder_type="whisper", max_frames=3000, num_mel_bins=80)}
+          "whisper": SpeechShape(encoder_type="whisper", max_frames=3000, num_mel_bins=80,
+                                 frame_stages=WHISPER_STAGES, features="whisper")}
 
 WORDS = "the of speech model data pack batch token audio train hello world today weather".split()
 

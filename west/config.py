@@ -77,10 +77,10 @@ def load_config(yaml_path: str | None = None, overrides: Sequence[tuple[str, str
 
 
 def validate(cfg: Config, explicit: Collection[str] = ()) -> None:
-    """The checks across sections or outside the config (a Whisper dir's config is read here, before any
-    data is); ``explicit``: the dotted keys set on the command line."""
+    """The checks across sections or outside the config (a pretrained encoder's dir config is read here,
+    before any data is); ``explicit``: the dotted keys set on the command line."""
     from west.data.policies import POLICIES  # the data side says which key sizes each batch mode
-    from west.models.whisper_encoder import whisper_geometry  # heavy
+    from west.models.encoders import encoder_class  # heavy
     from west.ranks import resolved_device  # heavy
 
     data, run, model, llm = cfg.data, cfg.run, cfg.model, cfg.model.llm
@@ -107,9 +107,9 @@ def validate(cfg: Config, explicit: Collection[str] = ()) -> None:
     require(enc.init is None or os.path.isfile(enc.init), "model.encoder.init", f"no such file: {enc.init}")
     require("data.num_mel_bins" not in explicit or data.num_mel_bins == shape.num_mel_bins, "data.num_mel_bins",
             f"{data.num_mel_bins} != {shape.num_mel_bins}, the feature width the encoder reads (leave it out: it "
-            "follows model.encoder.input_dim, or a Whisper model's mel bins)")
+            "follows model.encoder.input_dim, or a pretrained encoder's mel bins)")
     cfg.data = for_shape(data, shape)
-    layers = whisper_geometry(enc.path)[2] if enc.type == "whisper" else enc.num_blocks
+    layers = encoder_class(enc.type).num_layers(enc)
     require(model.freeze_encoder_blocks <= layers, "model.freeze_encoder_blocks",
             f"must be <= the encoder's {layers} layers, got {model.freeze_encoder_blocks}")
 

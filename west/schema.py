@@ -95,6 +95,9 @@ def check(obj: Any, where: str) -> None:
     fields, hint = dataclasses.fields(obj), hints(type(obj))
     for f in fields:
         setattr(obj, f.name, coerce(getattr(obj, f.name), hint[f.name], f"{where}.{f.name}".lstrip(".")))
+    derive = getattr(obj, "derive", None)
+    if derive is not None:  # a section whose keys fill others (model.type's preset) does it here
+        derive()
     for f in fields:  # limits after coercion: a rule may read sibling fields
         v = getattr(obj, f.name)
         if v is None:

@@ -49,47 +49,66 @@ def projected_frames(n_encoder_frames: int, stride: int = 2) -> int:
     return -(-int(n_encoder_frames) // stride)
 
 
-def whisper_frames(n_frames: int) -> int:
-    """Whisper encoder frames for ``n_frames`` log-mel frames: conv1 (k3, s1, p1) keeps T,
-    conv2 (k3, s2, p1) gives (T - 1) // 2 + 1 (0 for T = 0)."""
-    return (int(n_frames) - 1) // 2 + 1 if n_frames > 0 else 0
-
-
 def num_speech_tokens(n_frames: int, subsampling_rate: int = 4, projector_stride: int = 2) -> int:
     """LLM placeholder slots for a speech segment of ``n_frames`` fbank frames."""
     return projected_frames(subsampled_frames(n_frames, subsampling_rate), projector_stride)
 
 
-ENCODER_TYPES = ("conformer", "whisper")
+# One stage of an encoder's front end as the frame count sees it: (kernel, stride, padding).
+ConvStage = tuple[int, int, int]
+
+
+def conv_stages(rate: int) -> tuple[ConvStage, ...]:
+    """The Conv2d subsampling of ``rate`` (no time padding) as frame stages."""
+    if rate not in SUBSAMPLING_LAYERS:
+        raise ValueError(f"subsampling rate must be one of {sorted(SUBSAMPLING_LAYERS)}, got {rate}")
+    return tuple((kernel, stride, 0) for kernel, stride in SUBSAMPLING_LAYERS[rate])
+
+
+def frames_after(stages: tuple[ConvStage, ...], n_frames: int) -> int:
+    """Frames left after ``stages`` (convolutions or poolings, each (kernel, stride, padding) with
+    padding on both sides) of ``n_frames`` input frames; 0 once a stage has too few to read."""
+    t = int(n_frames)
+    for kernel, stride, pad in stages:
+        if t + 2 * pad < kernel:
+            return 0
+        t = (t + 2 * pad - kernel) // stride + 1
+    return t
 
 
 @dataclass(frozen=True)
 class SpeechShape:
     """The model geometry the data side needs, derived once from the model config
-    (``SpeechLLMConfig.speech_shape()``) and handed to the loader; never copied into
-    the data config.
+    (``SpeechLLMConfig.speech_shape()``, from the encoder's entry in ``west.models.encoders``) and
+    handed to the loader; never copied into the data config.
 
-    ``encoder_type`` picks the frame formula (conformer: Conv2d subsampling; whisper: its
-    two convolutions); ``max_frames`` is the longest input the encoder takes (Whisper's
-    30 s window: longer utterances are a counted ``too_long`` skip when the epoch is
-    planned); ``num_mel_bins`` is the feature width the encoder reads, when the model
-    fixes it (Whisper's config: 80 or 128)."""
+    ``frame_stages`` is the encoder's frame formula ((kernel, stride, padding) per stage; None: the
+    Conformer's Conv2d subsampling of ``subsampling_rate``); ``max_frames`` the longest input the
+    encoder takes (a 30 s window: longer utterances are a counted ``too_long`` skip when the epoch
+    is planned); ``num_mel_bins`` the feature width the encoder reads when the model fixes it;
+    ``features`` the data side's feature kind (``data.features``) it reads; ``speech_token`` the
+    text the chat template stands a speech segment with (replaced by ``slots(T)`` of its id), and
+    ``audio_parts`` whether the template takes audio as a typed part of a message's content (a
+    released speech LLM's own template) rather than as that text inside a string.
+    ``encoder_type`` names the encoder, for messages and the data state's fingerprint."""
 
     subsampling_rate: int = 4
     projector_stride: int = 2
     encoder_type: str = "conformer"
     max_frames: Optional[int] = None
     num_mel_bins: Optional[int] = None
+    frame_stages: Optional[tuple[ConvStage, ...]] = None
+    features: str = "fbank"
+    speech_token: str = SPEECH_MARKER
+    audio_parts: bool = False
 
-    def __post_init__(self) -> None:
-        if self.encoder_type not in ENCODER_TYPES:
-            raise ValueError(f"encoder_type must be one of {ENCODER_TYPES}, got {self.encoder_type!r}")
+    def stages(self) -> tuple[ConvStage, ...]:
+        """The frame formula: ``frame_stages``, else the Conv2d subsampling of ``subsampling_rate``."""
+        return self.frame_stages if self.frame_stages is not None else conv_stages(self.subsampling_rate)
 
     def encoder_frames(self, n_frames: int) -> int:
         """Encoder output frames for ``n_frames`` feature frames."""
-        if self.encoder_type == "whisper":
-            return whisper_frames(n_frames)
-        return subsampled_frames(n_frames, self.subsampling_rate)
+        return frames_after(self.stages(), n_frames)
 
     def slots(self, n_frames: int) -> int:
         """LLM placeholder slots for ``n_frames`` feature frames."""
@@ -97,4 +116,7 @@ class SpeechShape:
 
     def min_frames(self) -> int:
         """Fewest feature frames that still give one slot."""
-        return 1 if self.encoder_type == "whisper" else min_fbank_frames(self.subsampling_rate)
+        t = 1
+        while self.encoder_frames(t) < 1:
+            t += 1
+        return t

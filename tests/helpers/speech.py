@@ -32,12 +32,13 @@ class Sample:
     transcripts: list = None  # CTC target ids per speech segment ([] = unknown); None = no CTC targets
 
 
-def make_sample(pieces, rate=4, stride=2):
-    """pieces: ("text", ids), ("answer", ids) (labelled) or ("speech", feats (T, 80))."""
+def make_sample(pieces, rate=4, stride=2, slots=None):
+    """pieces: ("text", ids), ("answer", ids) (labelled) or ("speech", feats (T, 80)); ``slots``:
+    the encoder's frame count for T feature frames (default: the Conformer's at rate / stride)."""
     ids, target, speech = [], [], []
     for kind, x in pieces:
         if kind == "speech":
-            n = num_speech_tokens(len(x), rate, stride)
+            n = slots(len(x)) if slots is not None else num_speech_tokens(len(x), rate, stride)
             speech.append((len(ids), n, x))
             ids += [SPEECH] * n
             target += [False] * n
@@ -196,6 +197,31 @@ def tiny_whisper_dir(path, n_mels: int = N_MELS) -> str:
     model = WhisperForConditionalGeneration._from_config(conf)
     with torch.no_grad():  # random, non-trivial positions and biases
         for p in model.model.encoder.parameters():
+            p.normal_(0.0, 0.2)
+    model.save_pretrained(str(path))
+    return str(path)
+
+
+def tiny_qwen2_audio_dir(path, vocab_texts=("hello world", "speech data", "Transcribe the speech.")) -> str:
+    """A random tiny Qwen2AudioForConditionalGeneration written by save_pretrained, with a tokenizer
+    that knows Qwen2-Audio's audio tokens: what a user's download looks like, at toy sizes."""
+    from transformers import Qwen2AudioConfig, Qwen2AudioForConditionalGeneration
+
+    from west.models.tiny_llm import build_tokenizer
+
+    tok = build_tokenizer(list(vocab_texts) * 20, path, vocab_size=300)
+    tok.add_special_tokens({"additional_special_tokens": ["<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>"]})
+    tok.save_pretrained(str(path))
+    conf = Qwen2AudioConfig(
+        audio_config=dict(d_model=32, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=64,
+                          num_mel_bins=N_MELS, max_source_positions=1500, dropout=0.0),
+        text_config=dict(model_type="qwen2", vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
+        audio_token_index=tok.convert_tokens_to_ids("<|AUDIO|>"))
+    torch.manual_seed(0)
+    model = Qwen2AudioForConditionalGeneration(conf)
+    with torch.no_grad():   # non-trivial positions and biases
+        for p in model.model.audio_tower.parameters():
             p.normal_(0.0, 0.2)
     model.save_pretrained(str(path))
     return str(path)

@@ -100,7 +100,7 @@ def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, trai
     model.to(dev)
     runner = PassRunner(model, train, dev, seed)
     shape = model.cfg.speech_shape()
-    buckets = getattr(model.cfg.encoder, "buckets_per_octave", 8) if shape.encoder_type == "conformer" else 8
+    buckets, packs_padded = model.encoder.attention_buckets, model.encoder.packs_padded_input
     full_window = shape.encoder_frames(shape.max_frames) if shape.max_frames else None
     loaded, results = {}, {}
     for m in modes:
@@ -111,7 +111,7 @@ def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, trai
         keys = sorted(k for b in batches for k in b.keys)
         loaded[m.name] = batches
         padded = full_window if m.model.get("encoder.pad_to_30s") else None
-        shapes = [batch_shapes(b, shape, buckets, padded) for b in batches]
+        shapes = [batch_shapes(b, shape, buckets, padded, packs_padded) for b in batches]
         results[m.name] = {"method": m.method, "configuration": m.configuration, "data": m.data,
                            "load_s": load_s, "skipped": skipped, "keys": keys, "batches": shapes,
                            "totals": summarize(shapes)}

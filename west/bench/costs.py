@@ -26,10 +26,11 @@ def _plan_cost(lengths: Sequence[int], buckets: Optional[int]) -> int:
 
 
 def batch_shapes(b: Batch, shape: SpeechShape, buckets: Optional[int] = 8,
-                 padded_frames: Optional[int] = None) -> dict:
+                 padded_frames: Optional[int] = None, packs_padded: bool = False) -> dict:
     """What one batch holds (real) and what the model computes for it. ``shape`` gives the
     encoder's frame formula, ``buckets`` its packed attention grouping; ``padded_frames``:
-    every utterance runs at this many encoder frames (Whisper padded to 30 s: 1500)."""
+    every utterance runs at this many encoder frames (padded to 30 s: 1500); ``packs_padded``:
+    the encoder packs padded feats itself (``FlatEncoder.packs_padded_input``)."""
     rows, width = (int(x) for x in b.input_ids.shape)
     out = {"rows": rows, "width": width, **{k: int(v) for k, v in b.counters.items()}}
     if b.is_packed:
@@ -50,7 +51,7 @@ def batch_shapes(b: Batch, shape: SpeechShape, buckets: Optional[int] = 8,
     if padded_frames:
         out["enc_sub_frames_computed"] = len(sub) * padded_frames
         out["enc_attn_computed"] = len(sub) * padded_frames ** 2
-    elif b.encoder_packed or not sub or shape.encoder_type == "whisper":   # Whisper packs padded input itself
+    elif b.encoder_packed or not sub or packs_padded:
         out["enc_sub_frames_computed"] = sum(sub)
         out["enc_attn_computed"] = _plan_cost(sub, buckets)
     else:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Sequence
 
 DEFAULT_MODES = ("static", "dynamic", "pack", "pack_encoder_padded")
-WHISPER_PADDED = "whisper_padded_30s"   # added for a Whisper encoder: what users run today
+WHISPER_PADDED = "whisper_padded_30s"   # added for an encoder with a 30 s window: what users run today
 ALL_MODES = DEFAULT_MODES + ("pack_nf",)           # every mode any encoder runs
 
 
@@ -23,8 +23,9 @@ class Mode:
 
 
 def standard_modes(names: Sequence[str] = DEFAULT_MODES, batch_size: int = 32, max_tokens: int = 4096,
-                   pack_tokens: int = 8192) -> list[Mode]:
-    """The seed table's modes plus the ablations, sized like the seed experiment by default."""
+                   pack_tokens: int = 8192, encoder_title: str = "Whisper") -> list[Mode]:
+    """The seed table's modes plus the ablations, sized like the seed experiment by default
+    (``encoder_title`` names the encoder in the padded-to-30 s row)."""
     pack = dict(batch_type="pack", pack_tokens=pack_tokens, pack_algorithm="bfd", encoder_layout="packed")
     table = {
         "static": Mode("static", "static batch", f"batch size {batch_size}",
@@ -37,7 +38,7 @@ def standard_modes(names: Sequence[str] = DEFAULT_MODES, batch_size: int = 32, m
                                     {**pack, "encoder_layout": "padded"}),
         "pack_nf": Mode("pack_nf", "sequence pack, next-fit", f"pack token {pack_tokens}, next-fit",
                         {**pack, "pack_algorithm": "nf"}),
-        WHISPER_PADDED: Mode(WHISPER_PADDED, "Whisper padded to 30 s", f"batch size {batch_size}, every "
+        WHISPER_PADDED: Mode(WHISPER_PADDED, f"{encoder_title} padded to 30 s", f"batch size {batch_size}, every "
                              "utterance's encoder input padded to 30 s", dict(batch_type="static", batch_size=batch_size),
                              {"encoder.pad_to_30s": True}),
     }

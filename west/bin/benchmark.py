@@ -30,7 +30,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--out_dir", required=True, help="writes benchmark.json, benchmark.md, benchmark.png")
     p.add_argument("--modes", default=None,
                    help=f"comma-separated, from {','.join(ALL_MODES)},{WHISPER_PADDED} (default: {','.join(DEFAULT_MODES)}, "
-                        "plus whisper_padded_30s with a Whisper encoder)")
+                        "plus whisper_padded_30s with an encoder that has a 30 s window: Whisper, Qwen2-Audio)")
     p.add_argument("--batch_size", type=int, default=32, help="static batch size (seed: 32)")
     p.add_argument("--max_tokens_in_batch", type=int, default=4096, help="dynamic budget (seed: 4096)")
     p.add_argument("--pack_tokens", type=int, default=8192, help="pack row length (seed: 8192)")
@@ -65,13 +65,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not Path(args.data).is_file():
             raise ConfigError(f"--data: no such file: {args.data}")
         from west.bench.modes import DEFAULT_MODES, WHISPER_PADDED, standard_modes  # heavy
+        from west.models.encoders import encoder_type  # heavy
 
+        windowed = cfg.model.speech_shape().max_frames is not None   # an encoder with a 30 s window
         names = [m.strip() for m in args.modes.split(",") if m.strip()] if args.modes else (
-            [*DEFAULT_MODES, WHISPER_PADDED] if cfg.model.encoder.type == "whisper" else list(DEFAULT_MODES))
-        if WHISPER_PADDED in names and cfg.model.encoder.type != "whisper":
-            raise ConfigError(f"--modes {WHISPER_PADDED} needs model.encoder.type whisper")
-        modes = standard_modes(names, args.batch_size,
-                               args.max_tokens_in_batch, args.pack_tokens)
+            [*DEFAULT_MODES, WHISPER_PADDED] if windowed else list(DEFAULT_MODES))
+        if WHISPER_PADDED in names and not windowed:
+            raise ConfigError(f"--modes {WHISPER_PADDED} needs an encoder with a 30 s window (model.encoder.type "
+                              "whisper or qwen2_audio)")
+        modes = standard_modes(names, args.batch_size, args.max_tokens_in_batch, args.pack_tokens,
+                               encoder_type(cfg.model.encoder.type).title)
         if args.memory_budget is not None:
             from west.bench.sizing import check_budget  # heavy
 

@@ -32,16 +32,20 @@ class DataConfig:
     min_duration: float = setting(0.0, min=0)           # seconds; 0 = no limit
     max_duration: float = setting(0.0, min=0, rule=(    # seconds; 0 = no limit
         lambda v, d: not v or v >= d.min_duration, "must be 0 (no limit) or >= data.min_duration"))
-    # features: fbank (Kaldi log-mel + cmvn) | whisper (the Whisper model's log-mel and bin count)
-    features: str = setting("fbank", choices=("fbank", "whisper"))
+    # features: a key of west.data.features.FEATURE_KINDS, the one the model's encoder reads:
+    # fbank (Kaldi log-mel + cmvn) | whisper (the Whisper model's log-mel and bin count)
+    features: str = setting("fbank", rule=(
+        lambda v, _: v in _kinds(), "must be a key of west.data.features.FEATURE_KINDS (fbank, whisper)"))
     sample_rate: int = setting(16000, min=1, rule=(
-        lambda v, d: d.features != "whisper" or v == 16000, "must be 16000 with data.features whisper"))
+        lambda v, d: _kinds()[d.features].sample_rate in (None, v),
+        "must be the rate data.features needs (16000 with whisper)"))
     num_mel_bins: int = setting(80, min=1)
     frame_length_ms: float = setting(25.0, gt=0)
     frame_shift_ms: float = setting(10.0, gt=0)
     dither: float = setting(1.0, min=0)                 # training only, on the int16 scale
     cmvn: Optional[str] = setting(None, rule=(          # JSON from tools/compute_cmvn.py (or WeNet's)
-        lambda v, d: d.features != "whisper", "must be none with data.features whisper (it normalises its log-mel)"))
+        lambda v, d: _kinds()[d.features].cmvn,
+        "must be none with a data.features that normalises itself (whisper: its log-mel)"))
     spec_aug: bool = False                              # training only
     spec_aug_num_t_mask: int = setting(2, min=0)
     spec_aug_num_f_mask: int = setting(2, min=0)
@@ -58,9 +62,14 @@ class DataConfig:
     max_warnings: int = setting(20, min=0)              # per skip category, worker and epoch
 
 
+def _kinds() -> dict:
+    """west.data.features.FEATURE_KINDS (that module imports this one: looked up when checked)."""
+    return import_module("west.data.features").FEATURE_KINDS
+
+
 def for_shape(conf: DataConfig, shape: SpeechShape) -> DataConfig:
     """``conf`` as the model's encoder reads it: matching features, and the model's mel bins if it fixes them."""
-    require((conf.features == "whisper") == (shape.encoder_type == "whisper"), "data.features",
-            f"{conf.features} does not match model.encoder.type {shape.encoder_type}: the whisper encoder reads "
-            "--data.features whisper, the conformer reads fbank")
+    require(conf.features == shape.features, "data.features",
+            f"{conf.features} does not match model.encoder.type {shape.encoder_type}, which reads "
+            f"--data.features {shape.features}")
     return dataclasses.replace(conf, num_mel_bins=shape.num_mel_bins or conf.num_mel_bins)

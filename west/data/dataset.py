@@ -187,7 +187,7 @@ class SpeechDataset(IterableDataset):
 def _fingerprint(conf: DataConfig, shape: SpeechShape, paths: list[str]) -> str:
     keep = {k: getattr(conf, k) for k in BATCHING_KEYS}
     geometry = [shape.subsampling_rate, shape.projector_stride]
-    if shape.encoder_type != "conformer":   # (conformer runs keep the fingerprint they had)
+    if shape.frame_stages is not None:   # (an encoder with Conv2d subsampling keeps the fingerprint it had)
         geometry += [shape.encoder_type, shape.max_frames, conf.features]
     keep.update(shape=geometry, lists=[os.path.abspath(p) for p in paths])
     return hashlib.sha1(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]

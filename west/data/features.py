@@ -14,7 +14,8 @@ import io
 import json
 import math
 import os
-from typing import Optional
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import kaldi_native_fbank as knf
 import numpy as np
@@ -118,23 +119,49 @@ def fbank_frames(num_samples: int, conf: DataConfig) -> int:
     return 0 if num_samples < win else 1 + (int(num_samples) - win) // shift
 
 
+@dataclass(frozen=True)
+class FeatureKind:
+    """What one value of ``data.features`` implies; an encoder's entry (west.models.encoders) names
+    the kind it reads, and the stages computing it are ``west.data.processors.FEATURE_STAGES``."""
+
+    name: str
+    frames: Callable[[int, DataConfig], int]  # feature frames of n samples
+    list_frames: bool = True                  # a list's num_frames counts these frames (exactly)
+    sample_rate: Optional[int] = None         # the rate it needs (None: data.sample_rate)
+    cmvn: bool = True                         # data.cmvn applies
+    kaldi_feats: bool = True                  # precomputed Kaldi features can stand for it
+
+
+FEATURE_KINDS: dict[str, FeatureKind] = {k.name: k for k in (
+    FeatureKind("fbank", lambda n, conf: fbank_frames(n, conf)),
+    # the Whisper model's log-mel: n // 160 frames, normalised per utterance (no CMVN), from audio only
+    FeatureKind("whisper", lambda n, conf: whisper_frames(n), list_frames=False, sample_rate=16000, cmvn=False,
+                kaldi_feats=False),
+)}
+
+
+def feature_kind(name: str) -> FeatureKind:
+    if name not in FEATURE_KINDS:
+        raise ValueError(f"data.features: must be one of {tuple(FEATURE_KINDS)}, got {name!r}")
+    return FEATURE_KINDS[name]
+
+
 def estimate_frames(spec: AudioSpec, conf: DataConfig) -> Optional[int]:
     """Feature frames of an audio spec from metadata; None if unknown.
 
-    fbank: exact ``num_frames`` if given, else an upper bound from ``duration`` (or end - start).
-    whisper (``num_samples // 160``): an upper bound from the duration, else from the list's
-    ``num_frames``, which counts fbank frames (the most samples that give that many)."""
-    whisper = conf.features == "whisper"
-    if spec.num_frames is not None and not whisper:
+    A list's ``num_frames`` counts fbank frames: exact for fbank; for another kind (whisper:
+    ``num_samples // 160``) it bounds the samples, used when there is no ``duration`` (or
+    end - start), which gives an upper bound for every kind."""
+    kind = feature_kind(conf.features)
+    if spec.num_frames is not None and kind.list_frames:
         return int(spec.num_frames)
     dur = spec.seconds()
     if dur is None:
-        if whisper and spec.num_frames is not None:
+        if spec.num_frames is not None:   # the most samples that give that many fbank frames
             win, shift = window_and_shift(conf)
-            return whisper_frames(win + int(spec.num_frames) * shift - 1)
+            return kind.frames(win + int(spec.num_frames) * shift - 1, conf)
         return None
-    n = math.ceil((dur + DURATION_MARGIN_S) * conf.sample_rate)
-    return whisper_frames(n) if whisper else fbank_frames(n, conf)
+    return kind.frames(math.ceil((dur + DURATION_MARGIN_S) * conf.sample_rate), conf)
 
 
 def _options(conf: DataConfig) -> knf.FbankOptions:

@@ -15,7 +15,7 @@ from typing import Optional
 import numpy as np
 
 from west.data.config import DataConfig
-from west.data.features import audio_num_samples, estimate_frames, fbank_frames
+from west.data.features import audio_num_samples, estimate_frames, fbank_frames, feature_kind
 from west.data.records import AudioSpec, Record
 from west.data.stats import DataStats, SkipSample
 from west.data.tokenize import PromptEncoder
@@ -64,14 +64,15 @@ class LengthTable:
                  list_path: str):
         self.encoder, self.conf, self.stats, self.budget = encoder, conf, stats, budget
         self.list_path = list_path
+        self.kaldi_feats = feature_kind(conf.features).kaldi_feats
         self._lengths: list[int] = []
         self._keep: list[bool] = []
         self._chunk: list[tuple[Record, list[int]]] = []
 
     def add(self, rec: Record) -> None:
-        if self.conf.features == "whisper" and any(a.ark is not None for a in rec.audio):
-            raise ValueError(f"{rec.src}: {rec.key} has precomputed Kaldi features; data.features whisper "
-                             "computes its features from audio (give a list of wav files)")
+        if not self.kaldi_feats and any(a.ark is not None for a in rec.audio):
+            raise ValueError(f"{rec.src}: {rec.key} has precomputed Kaldi features; data.features "
+                             f"{self.conf.features} computes its features from audio (give a list of wav files)")
         frames = [estimate_frames(a, self.conf) for a in rec.audio]
         if any(f is None for f in frames):
             raise ValueError(f"{rec.src}: {rec.key} has no duration/num_frames, and every epoch is planned "

@@ -1,11 +1,13 @@
 """The ``model`` section (keys: docs/config.md); the data side needs only ``speech_shape()``."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import field
 from typing import Optional
 
-from west.schema import section, setting
-from west.shapes import ENCODER_TYPES, SUBSAMPLING_LAYERS, SpeechShape
+from west.models.encoders import ENCODER_TYPES, MODEL_TYPES, encoder_class, encoder_type
+from west.schema import require, section, setting
+from west.shapes import SUBSAMPLING_LAYERS, SpeechShape
 
 POSTERIOR_TYPES = ("ctc_posterior", "ctc_compact")  # read the CTC head's posteriors
 BACKENDS = ("auto", "sdpa_segments", "flash", "torch_varlen", "flex")  # west_varlen's kernels (models.attention)
@@ -15,11 +17,12 @@ ENCODER_BACKENDS = ("auto", "sdpa_segments", "flex")   # the Conformer's packed 
 
 @section("model.encoder")
 class ConformerConfig:
-    # whisper: the encoder of the Hugging Face Whisper dir model.encoder.path (Conformer keys unused)
+    # one section for every type of west.models.encoders; the Conformer's keys are read by it alone
     type: str = setting("conformer", choices=ENCODER_TYPES, rule=(
-        lambda v, c: v != "whisper" or bool(c.path), "whisper needs model.encoder.path (a Hugging Face Whisper dir)"))
+        lambda v, c: not encoder_type(v).path or bool(c.path),
+        "needs model.encoder.path (a Hugging Face dir; see docs/models.md)"))
     path: Optional[str] = None
-    pad_to_30s: bool = False      # whisper: the stock padded encoder
+    pad_to_30s: bool = False      # an encoder with a 30 s window: the stock padded encoder
     input_dim: int = setting(80, min=1)
     d_model: int = setting(256, min=1, rule=(lambda v, c: v % c.num_heads == 0,
                                              "must be divisible by model.encoder.num_heads"))
@@ -35,14 +38,18 @@ class ConformerConfig:
     gradient_checkpointing: bool = False
     pos_enc: str = setting("relative", choices=("relative", "wenet"))  # wenet: as WeNet's rel_pos computes it
     init: Optional[str] = setting(None, rule=(  # west-named safetensors loaded before training (not on resume)
-        lambda v, c: c.type == "conformer", "is the Conformer's; Whisper's weights are in model.encoder.path"))
+        lambda v, c: encoder_type(c.type).conformer_keys,
+        "is the Conformer's; a pretrained encoder's weights are in model.encoder.path"))
+
+
+EncoderConfig = ConformerConfig   # the model.encoder section, whichever the type
 
 
 @section("model.projector")
 class ProjectorConfig:
     stride: int = setting(2, min=1)         # encoder frames stacked per LLM slot
     hidden_dim: int = setting(2048, min=1)
-    type: str = setting("mlp", choices=("mlp", *POSTERIOR_TYPES))
+    type: str = setting("mlp", choices=("mlp", "linear", *POSTERIOR_TYPES))  # linear: one Linear per group
     dropout: float = setting(0.0, min=0)
 
 
@@ -66,12 +73,19 @@ class LoraSettings:
 
 @section("model")
 class SpeechLLMConfig:
+    # west: the encoder/projector/llm sections as given; a released speech LLM (qwen2_audio): model.path
+    # DIR holds encoder, projector, LLM, tokenizer and chat template, and sets the keys that say so
+    type: str = setting("west", choices=MODEL_TYPES, rule=(
+        lambda v, m: v == "west" or bool(m.path), "needs model.path (the released model's Hugging Face dir)"))
+    path: Optional[str] = setting(None, rule=(
+        lambda v, m: m.type != "west", "is read only with model.type set to a released model (e.g. qwen2_audio)"))
     encoder: ConformerConfig = field(default_factory=ConformerConfig)
     projector: ProjectorConfig = field(default_factory=ProjectorConfig)
     llm: LLMConfig = field(default_factory=LLMConfig)
     freeze_encoder: bool = False
-    freeze_encoder_blocks: int = setting(0, min=0, rule=(  # whisper: checked in west.config.check_encoder
-        lambda v, m: m.encoder.type == "whisper" or v <= m.encoder.num_blocks, "must be <= model.encoder.num_blocks"))
+    freeze_encoder_blocks: int = setting(0, min=0, rule=(  # a pretrained encoder's: checked in west.config
+        lambda v, m: not encoder_type(m.encoder.type).conformer_keys or v <= m.encoder.num_blocks,
+        "must be <= model.encoder.num_blocks"))
     freeze_llm: bool = True
     lora: Optional[LoraSettings] = None
     ctc_weight: float = setting(0.0, min=0, rule=(  # loss = CE + ctc_weight * CTC; 0 = no CTC head
@@ -82,13 +96,23 @@ class SpeechLLMConfig:
     loss_chunk_rows: int = setting(512, min=1)         # chunked loss: logits tiles of at most this x vocab
 
     def speech_shape(self) -> SpeechShape:
-        """The geometry the data side needs (Whisper's window and mel bins from its dir's config)."""
-        enc = self.encoder
-        if enc.type != "whisper":
-            return SpeechShape(enc.subsampling_rate, self.projector.stride, num_mel_bins=enc.input_dim)
-        from west.models.whisper_encoder import whisper_geometry  # reads the dir's config.json (lazy: torch)
+        """The geometry the data side needs, from the encoder type's entry (a pretrained encoder's
+        window and mel bins are read from its dir's config)."""
+        return encoder_class(self.encoder.type).speech_shape(self.encoder, self.projector.stride)
 
-        n_mels, max_frames, _ = whisper_geometry(enc.path)
-        return SpeechShape(projector_stride=self.projector.stride, encoder_type="whisper", max_frames=max_frames,
-                           num_mel_bins=n_mels)
-
+    def derive(self) -> None:
+        """model.type NAME + model.path DIR: the keys the released model fixes (encoder type and path,
+        projector, LLM path), each refused when given otherwise (schema.check calls this)."""
+        if self.type == "west" or not self.path:
+            return
+        entry = encoder_type(self.type)
+        fixed = {"encoder": {"type": entry.name, "path": self.path}, "projector": dict(entry.release_projector),
+                 "llm": {"path": self.path}}
+        for name, keys in fixed.items():
+            sec = getattr(self, name)
+            default = type(sec)()
+            for key, value in keys.items():
+                given = getattr(sec, key)
+                require(given in (value, getattr(default, key)), f"model.{name}.{key}",
+                        f"is set by model.type {self.type} (to {value!r}); leave it out, got {given!r}")
+            setattr(self, name, dataclasses.replace(sec, **keys))

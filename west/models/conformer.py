@@ -29,6 +29,7 @@ from west.models.config import ConformerConfig
 from west.models.flex import flex_available, flex_works, rel_pos_attention
 from west.models.layout import FlatEncoder, FrameLayout
 from west.models.subsampling import Conv2dSubsampling
+from west.shapes import SpeechShape
 
 
 def relative_sinusoids(max_len: int, dim: int) -> torch.Tensor:
@@ -170,6 +171,34 @@ class ConformerEncoder(FlatEncoder):
         self.after_norm = nn.LayerNorm(cfg.d_model)
         self.gradient_checkpointing = cfg.gradient_checkpointing
         self._pos: Optional[torch.Tensor] = None
+
+    @classmethod
+    def from_config(cls, cfg: ConformerConfig, attn_backend: str = "auto") -> "ConformerEncoder":
+        return cls(cfg)   # its attention backend is model.encoder.attn_backend
+
+    @classmethod
+    def speech_shape(cls, cfg: ConformerConfig, projector_stride: int) -> SpeechShape:
+        return SpeechShape(cfg.subsampling_rate, projector_stride, num_mel_bins=cfg.input_dim)
+
+    @classmethod
+    def num_layers(cls, cfg: ConformerConfig) -> int:
+        return cfg.num_blocks
+
+    def freeze_blocks(self, n: int) -> None:
+        """The subsampling and the first ``n`` blocks: a pretrained encoder's low blocks keep their acoustics."""
+        if n > len(self.blocks):
+            raise ValueError(f"model.freeze_encoder_blocks {n} > the encoder's {len(self.blocks)} blocks")
+        if n > 0:
+            self.subsampling.requires_grad_(False)
+            for block in self.blocks[:n]:
+                block.requires_grad_(False)
+
+    def fsdp_units(self) -> list[nn.Module]:
+        return list(self.blocks)
+
+    @property
+    def attention_buckets(self) -> Optional[int]:
+        return self.cfg.buckets_per_octave
 
     @property
     def output_dim(self) -> int:

@@ -146,7 +146,39 @@ class FrameLayout:
 class FlatEncoder(nn.Module):
     """An encoder that computes on flat rows. Subclasses define ``encode(feats, lens, packed) -> (rows,
     FrameLayout)``; ``forward_flat`` (what SpeechLLM calls) checks the input first, and ``forward`` gives
-    the same result as tensors."""
+    the same result as tensors. The class methods and hooks below are what an entry of
+    ``west.models.encoders`` stands for (docs/models.md, "Adding an encoder")."""
+
+    attention_buckets: Optional[int] = 8   # how its packed attention groups segments (benchmark counts)
+    packs_padded_input: bool = False       # padded feats are packed inside (benchmark counts Σ T', not N·T')
+
+    @classmethod
+    def from_config(cls, cfg, attn_backend: str = "auto") -> "FlatEncoder":
+        """Build from the ``model.encoder`` section (loading a pretrained dir's weights);
+        ``attn_backend`` is model.llm.attn_backend, for encoders run through west_varlen."""
+        raise NotImplementedError
+
+    @classmethod
+    def speech_shape(cls, cfg, projector_stride: int):
+        """The SpeechShape the data side needs (frame formula, longest input, mel bins, feature kind)."""
+        raise NotImplementedError
+
+    @classmethod
+    def num_layers(cls, cfg) -> int:
+        """Blocks ``model.freeze_encoder_blocks`` may freeze, known before building."""
+        raise NotImplementedError
+
+    def freeze_blocks(self, n: int) -> None:
+        """Freeze the front end and the first ``n`` blocks (n = 0: nothing)."""
+        raise NotImplementedError
+
+    def fsdp_units(self) -> list[nn.Module]:
+        """The repeated blocks FSDP2 shards (and train.compile compiles) one by one."""
+        raise NotImplementedError
+
+    def pretrained_projector(self) -> Optional[dict[str, torch.Tensor]]:
+        """A released model's projector weights, named as west's projector names them (None: none)."""
+        return None
 
     def encode(self, feats: torch.Tensor, lens: list[int], packed: bool) -> tuple[torch.Tensor, FrameLayout]:
         raise NotImplementedError

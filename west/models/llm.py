@@ -26,6 +26,10 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 _FINGERPRINTS: dict[tuple, dict] = {}
 
 
+# released speech LLMs whose directory holds the language model under ``language_model.``
+SPEECH_LLM_TYPES = ("qwen2_audio",)
+
+
 def load_llm(cfg: LLMConfig, hf_config=None) -> nn.Module:
     """Stock ``AutoModelForCausalLM``: from ``cfg.path`` (from_pretrained), else from a config."""
     from transformers import AutoConfig, AutoModelForCausalLM  # heavy
@@ -34,10 +38,24 @@ def load_llm(cfg: LLMConfig, hf_config=None) -> nn.Module:
         register()
     kw = dict(attn_implementation=cfg.attn_implementation, dtype=getattr(torch, cfg.dtype))
     if hf_config is not None:
+        if getattr(hf_config, "model_type", None) in SPEECH_LLM_TYPES:
+            hf_config = hf_config.get_text_config()
         return AutoModelForCausalLM.from_config(hf_config, **kw)
     if cfg.path:
         if not Path(cfg.path).is_dir():
             raise FileNotFoundError(f"model.llm.path {cfg.path!r} is not a directory")
+        conf = AutoConfig.from_pretrained(cfg.path)
+        if hasattr(conf, "text_config") and conf.model_type in SPEECH_LLM_TYPES:
+            # a released speech LLM's directory: its language model, rows under language_model.*
+            from transformers.utils import logging as hf_logging  # heavy
+
+            level = hf_logging.get_verbosity()
+            hf_logging.set_verbosity_error()   # the audio tower's rows are "unexpected" by design
+            try:
+                return AutoModelForCausalLM.from_pretrained(cfg.path, config=conf.get_text_config(),
+                                                            key_mapping={r"^language_model\.": ""}, **kw)
+            finally:
+                hf_logging.set_verbosity(level)
         return AutoModelForCausalLM.from_pretrained(cfg.path, **kw)
     if cfg.config:
         conf = dict(cfg.config)

@@ -6,7 +6,8 @@ utterance), so an utterance of n encoder frames yields
 ``west.shapes.projected_frames(n, stride)`` embeddings: the count the data
 pipeline reserved as placeholder slots. Two projectors share that grouping:
 
-* :class:`Projector` (``type: mlp``): stack the group's frames, then an MLP;
+* :class:`Projector` (``type: mlp``): stack the group's frames, then an MLP
+  (:class:`LinearProjector`, ``type: linear``: one Linear instead);
 * :class:`PosteriorProjector` (``type: ctc_posterior``): the CTC head's posterior
   over the LLM vocabulary (+ blank) times the LLM's own input embeddings,
   averaged over the group. Speech then enters the LLM as "soft tokens" in the
@@ -65,6 +66,16 @@ class Projector(nn.Module):
         """x (Σ n, D) utterances end to end -> (Σ ceil(n/stride), H) in the same order."""
         g = group_frames(x, lengths, self.stride)
         return self.net(g.reshape(g.shape[0], -1))
+
+
+class LinearProjector(Projector):
+    """``type: linear``: the group's stacked frames through one Linear (no hidden layer): a released
+    model's projector, e.g. Qwen2-Audio's ``multi_modal_projector.linear`` at stride 1."""
+
+    def __init__(self, input_dim: int, output_dim: int, cfg: ProjectorConfig):
+        nn.Module.__init__(self)
+        self.stride = cfg.stride
+        self.net = nn.Linear(input_dim * cfg.stride, output_dim)
 
 
 class PosteriorProjector(nn.Module):

@@ -1,4 +1,4 @@
-"""SpeechLLM: encoder (packed Conformer | packed HF Whisper) -> Projector -> spliced into a stock HF causal LM.
+"""SpeechLLM: encoder (west.models.encoders) -> Projector -> spliced into a stock HF causal LM.
 
 One forward for every batch mode (see west/batch.py):
 * speech: the encoder runs padded (N, T, F)+feat_lens or packed (ΣT, F)+feat_cu_seqlens;
@@ -26,40 +26,24 @@ from torch import nn
 
 from west.batch import Batch, to_device
 from west.models.config import POSTERIOR_TYPES, ConformerConfig, SpeechLLMConfig
-from west.models.conformer import ConformerEncoder
 from west.models.ctc import segment_ctc
+from west.models.encoders import encoder_class
 from west.models.hf_attention import ATTN_NAME, packed_kwargs
 from west.models.llm import apply_lora, hf_checkpointing, load_llm
 from west.models.loss import linear_cross_entropy
-from west.models.projector import CompactPosteriorProjector, PosteriorProjector, Projector
+from west.models.projector import CompactPosteriorProjector, LinearProjector, PosteriorProjector, Projector
 
 
 def build_encoder(cfg: ConformerConfig, attn_backend: str = "auto") -> nn.Module:
-    """The encoder of ``model.encoder.type``: west's Conformer, or the Whisper encoder of
-    ``model.encoder.path`` run packed (or padded to 30 s with ``pad_to_30s``)."""
-    if cfg.type == "whisper":
-        from west.models.whisper_encoder import WhisperPackedEncoder  # heavy
-
-        enc = WhisperPackedEncoder.from_pretrained(cfg.path, pad_to_30s=cfg.pad_to_30s, backend=attn_backend)
-        if cfg.gradient_checkpointing:
-            enc.gradient_checkpointing = True
-        return enc
-    return ConformerEncoder(cfg)
+    """The encoder of ``model.encoder.type``, from its entry in west.models.encoders."""
+    return encoder_class(cfg.type).from_config(cfg, attn_backend)
 
 
 def freeze_encoder_blocks(encoder: nn.Module, n: int) -> None:
-    """Freeze the front end (subsampling / convolutions) and the first ``n`` blocks (n = 0:
-    nothing). The rest, and the final norm, stay as they are: a pretrained encoder's low
+    """Freeze the encoder's front end and its first ``n`` blocks (what that means: the encoder's
+    ``freeze_blocks``). The rest, and the final norm, stay as they are: a pretrained encoder's low
     blocks keep their acoustics."""
-    if hasattr(encoder, "freeze_blocks"):   # WhisperPackedEncoder
-        encoder.freeze_blocks(n)
-        return
-    if n > len(encoder.blocks):
-        raise ValueError(f"model.freeze_encoder_blocks {n} > the encoder's {len(encoder.blocks)} blocks")
-    if n > 0:
-        encoder.subsampling.requires_grad_(False)
-        for block in encoder.blocks[:n]:
-            block.requires_grad_(False)
+    encoder.freeze_blocks(n)
 
 
 class SpeechLLM(nn.Module):
@@ -74,7 +58,11 @@ class SpeechLLM(nn.Module):
             kind = CompactPosteriorProjector if cfg.projector.type == "ctc_compact" else PosteriorProjector
             self.projector = kind(cfg.projector)
         else:
-            self.projector = Projector(self.encoder.output_dim, hidden, cfg.projector)
+            kind = LinearProjector if cfg.projector.type == "linear" else Projector
+            self.projector = kind(self.encoder.output_dim, hidden, cfg.projector)
+        released = self.encoder.pretrained_projector()   # a released model's own projector
+        if released is not None:
+            self.projector.load_state_dict(released)
         if cfg.freeze_encoder:
             self.encoder.requires_grad_(False)
         freeze_encoder_blocks(self.encoder, cfg.freeze_encoder_blocks)
@@ -104,8 +92,7 @@ class SpeechLLM(nn.Module):
 
         Embeddings, head, projector and norms stay in the root unit (tied input/output
         embeddings must share one unit), so peak memory is one layer's full weights."""
-        enc = self.encoder
-        blocks = enc.hf.layers if hasattr(enc, "hf") else enc.blocks
+        blocks = self.encoder.fsdp_units()
         base = self._base_llm()
         layers = getattr(getattr(base, "model", base), "layers", None)
         if layers is None:

@@ -30,13 +30,17 @@ from west.models.hf_attention import ATTN_NAME, packed_kwargs, register
 from west.models.layout import FlatEncoder, FrameLayout
 from west.models.llm import hf_checkpointing
 from west.schema import ConfigError, require
-from west.shapes import whisper_frames
+from west.shapes import SpeechShape, frames_after
 
 # Rows of a Whisper checkpoint that belong to the encoder, by the class that saved it.
 _KEY_MAPPING = {r"^model\.encoder\.": "", r"^encoder\.": ""}
+# conv1 (k3, s1, p1) keeps T, conv2 (k3, s2, p1) gives (T - 1) // 2 + 1 (0 for T = 0)
+WHISPER_STAGES = ((3, 1, 1), (3, 2, 1))
 
 
-whisper_encoder_frames = whisper_frames  # the one formula lives in west.shapes
+def whisper_encoder_frames(n_frames: int) -> int:
+    """Whisper encoder frames for ``n_frames`` log-mel frames."""
+    return frames_after(WHISPER_STAGES, n_frames)
 
 
 def read_whisper_config(path: str):
@@ -102,10 +106,33 @@ class WhisperPackedEncoder(FlatEncoder):
         self.pad_to_30s = pad_to_30s
         self.backend = backend
 
+    packs_padded_input = True   # padded feats are packed before the convolutions
+
     @classmethod
     def from_pretrained(cls, path: str, pad_to_30s: bool = False, backend: str = "auto",
                         dtype: torch.dtype = torch.float32) -> "WhisperPackedEncoder":
         return cls(load_hf_whisper_encoder(path, dtype), pad_to_30s, backend)
+
+    @classmethod
+    def from_config(cls, cfg, attn_backend: str = "auto") -> "WhisperPackedEncoder":
+        """The encoder of the Whisper dir ``model.encoder.path``, run packed (or padded with ``pad_to_30s``)."""
+        enc = cls.from_pretrained(cfg.path, pad_to_30s=cfg.pad_to_30s, backend=attn_backend)
+        if cfg.gradient_checkpointing:
+            enc.gradient_checkpointing = True
+        return enc
+
+    @classmethod
+    def speech_shape(cls, cfg, projector_stride: int) -> SpeechShape:
+        n_mels, max_frames, _ = whisper_geometry(cfg.path)
+        return SpeechShape(projector_stride=projector_stride, encoder_type="whisper", max_frames=max_frames,
+                           num_mel_bins=n_mels, frame_stages=WHISPER_STAGES, features="whisper")
+
+    @classmethod
+    def num_layers(cls, cfg) -> int:
+        return whisper_geometry(cfg.path)[2]
+
+    def fsdp_units(self) -> list[nn.Module]:
+        return list(self.hf.layers)
 
     @property
     def output_dim(self) -> int:
@@ -142,9 +169,9 @@ class WhisperPackedEncoder(FlatEncoder):
     def encode(self, feats: torch.Tensor, lens: list[int], packed: bool) -> tuple[torch.Tensor, FrameLayout]:
         """Checked feats (FlatEncoder.forward_flat) -> flat rows ``(ΣT', D)`` and their (packed) layout."""
         mel = self._packed_mel(feats, lens, packed)
-        out_lens = [whisper_encoder_frames(n) for n in lens]
+        conv_lens = [whisper_encoder_frames(n) for n in lens]
         run = self._forward_padded_30s if self.pad_to_30s else self._forward_packed
-        x = run(mel, lens, out_lens)
+        x, out_lens = run(mel, lens, conv_lens)
         return x, FrameLayout(out_lens, x.device)
 
     def _packed_mel(self, feats: torch.Tensor, lens: list[int], packed: bool) -> torch.Tensor:
@@ -162,7 +189,9 @@ class WhisperPackedEncoder(FlatEncoder):
             raise ValueError(f"every utterance needs >= 1 mel frame, got lengths {lens}")
         return feats
 
-    def _forward_packed(self, mel: torch.Tensor, lens: list[int], out_lens: list[int]) -> torch.Tensor:
+    def _forward_packed(self, mel: torch.Tensor, lens: list[int],
+                        out_lens: list[int]) -> tuple[torch.Tensor, list[int]]:
+        """Packed mel -> (the rows of :meth:`_head`, their lengths); ``out_lens``: frames after conv2."""
         hf, dev = self.hf, mel.device
         # Zero-gap buffer: utterance i at even offset s_i, slot width round_up_even(T_i + 1).
         widths = torch.tensor([n + 1 + (n + 1) % 2 for n in lens])
@@ -189,9 +218,18 @@ class WhisperPackedEncoder(FlatEncoder):
             if self.training and hf.layerdrop > 0.0 and torch.rand([]) < hf.layerdrop:
                 continue
             h = layer(h, None, **kw)
-        return hf.layer_norm(h)[0]
+        return self._head(h[0], out_lens)
 
-    def _forward_padded_30s(self, mel: torch.Tensor, lens: list[int], out_lens: list[int]) -> torch.Tensor:
+    def _head(self, h: torch.Tensor, lens: list[int]) -> tuple[torch.Tensor, list[int]]:
+        """The layers' packed output (ΣT', D) -> the encoder's output rows and lengths (Whisper: its final norm)."""
+        return self.hf.layer_norm(h), lens
+
+    def _stock(self, batch: torch.Tensor, lens: list[int]) -> tuple[torch.Tensor, list[int]]:
+        """Transformers' own forward on (N, n_mels, 3000) -> ((N, L, D), each utterance's first rows to keep)."""
+        return self.hf(input_features=batch).last_hidden_state, lens
+
+    def _forward_padded_30s(self, mel: torch.Tensor, lens: list[int],
+                            out_lens: list[int]) -> tuple[torch.Tensor, list[int]]:
         """Stock path: each utterance padded to the 30 s window with the value the feature
         extractor gives silence (the utterance's floor, max(feat) - 2, never below -1.5)."""
         full, n, dev = self.max_frames, len(lens), mel.device
@@ -201,9 +239,9 @@ class WhisperPackedEncoder(FlatEncoder):
         rows = torch.cat([i * full + torch.arange(t) for i, t in enumerate(lens)])
         batch = fill[:, None, None].expand(n, full, mel.shape[1]).reshape(n * full, -1)
         batch = batch.index_copy(0, to_device(rows, dev), mel).view(n, full, -1).transpose(1, 2)
-        y = self.hf(input_features=batch).last_hidden_state   # (N, 1500, D)
+        y, out_lens = self._stock(batch, out_lens)   # (N, 1500, D)
         keep = torch.cat([i * y.shape[1] + torch.arange(t) for i, t in enumerate(out_lens)])
-        return y.reshape(-1, y.shape[-1]).index_select(0, to_device(keep, dev))
+        return y.reshape(-1, y.shape[-1]).index_select(0, to_device(keep, dev)), out_lens
 
 
 __all__ = ["WhisperPackedEncoder", "load_hf_whisper_encoder", "read_whisper_config", "whisper_encoder_frames",

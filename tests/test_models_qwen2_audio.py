@@ -1,0 +1,107 @@
+"""Qwen2-Audio behind the encoder seam: a tiny random Qwen2AudioForConditionalGeneration saved by
+save_pretrained, loaded by path into SpeechLLM; its audio tower run packed equals the tower on each
+utterance alone (and transformers' own forward on a full 30 s input); the released projector and
+language model come along; static and pack batches give the same loss and gradients."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from west.models.config import SpeechLLMConfig
+from west.models.encoders import encoder_class
+from west.models.qwen2_audio import Qwen2AudioPackedEncoder, load_hf_qwen2_audio_tower, tower_frames
+from west.models.speech_llm import SpeechLLM
+from west.schema import ConfigError
+
+from helpers.speech import N_MELS, assert_same, make_sample, packed_batch, padded_batch, run, tiny_qwen2_audio_dir
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+LENS = [37, 100, 64, 9]
+
+
+@pytest.fixture(scope="module")
+def q2a(tmp_path_factory) -> str:
+    return tiny_qwen2_audio_dir(tmp_path_factory.mktemp("q2a"))
+
+
+def alone(tower, mel: torch.Tensor) -> torch.Tensor:
+    """transformers' Qwen2AudioEncoder.forward on one utterance without its 30 s padding: the same
+    modules in the same order (its forward refuses anything but 3000 frames)."""
+    x = F.gelu(tower.conv2(F.gelu(tower.conv1(mel.t()[None]))))[0].t()
+    x = x + tower.embed_positions.weight[: x.shape[0]]
+    for layer in tower.layers:
+        out = layer(x[None], None)
+        x = (out[0] if isinstance(out, tuple) else out)[0]
+    x = F.avg_pool1d(x.t()[None], 2, 2)[0].t()
+    return tower.layer_norm(x)
+
+
+def config(path: str, **kw) -> SpeechLLMConfig:
+    cfg = SpeechLLMConfig.from_dict({"type": "qwen2_audio", "path": path, "freeze_llm": False, **kw})
+    cfg.derive()
+    return cfg
+
+
+def feats(seed: int = 1) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, N_MELS, generator=g) for n in LENS]
+
+
+def test_the_registry_serves_it(q2a):
+    assert encoder_class("qwen2_audio") is Qwen2AudioPackedEncoder
+    shape = config(q2a).speech_shape()
+    assert shape.max_frames == 3000 and shape.num_mel_bins == N_MELS and shape.features == "whisper"
+    assert [shape.slots(n) for n in LENS] == [tower_frames(n) for n in LENS] == [9, 25, 16, 2]
+
+
+def test_packed_tower_equals_each_utterance_alone(q2a):
+    enc = Qwen2AudioPackedEncoder(load_hf_qwen2_audio_tower(q2a), q2a).eval()
+    ref_tower = load_hf_qwen2_audio_tower(q2a).eval()
+    xs = feats()
+    cu = torch.tensor([0, *torch.tensor(LENS).cumsum(0).tolist()], dtype=torch.int32)
+    with torch.no_grad():
+        out, layout = enc.forward_flat(torch.cat(xs), cu_seqlens=cu)
+        padded, _ = enc.forward_flat(torch.nn.utils.rnn.pad_sequence(xs, batch_first=True),
+                                     lengths=torch.tensor(LENS))
+        refs = [alone(ref_tower, x) for x in xs]
+    assert layout.lengths == [r.shape[0] for r in refs] == [tower_frames(n) for n in LENS]
+    assert torch.allclose(out, torch.cat(refs), atol=1e-5)
+    assert torch.allclose(padded, out, atol=1e-6)
+
+
+def test_a_full_window_equals_transformers_own_forward(q2a):
+    enc = Qwen2AudioPackedEncoder(load_hf_qwen2_audio_tower(q2a), q2a).eval()
+    mel = torch.randn(3000, N_MELS, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        ours, _ = enc.forward_flat(mel, cu_seqlens=torch.tensor([0, 3000], dtype=torch.int32))
+        stock = enc.hf(input_features=mel.t()[None]).last_hidden_state[0]
+    assert ours.shape == stock.shape == (750, 32) and torch.allclose(ours, stock, atol=1e-5)
+
+
+def test_speech_llm_takes_tower_projector_and_language_model_from_the_dir(q2a):
+    from safetensors.torch import load_file
+
+    torch.manual_seed(0)
+    model = SpeechLLM(config(q2a)).eval()
+    stored = load_file(f"{q2a}/model.safetensors")
+    assert torch.equal(model.projector.net.weight, stored["multi_modal_projector.linear.weight"])
+    assert torch.equal(model.llm.get_input_embeddings().weight, stored["language_model.model.embed_tokens.weight"])
+    assert torch.equal(model.encoder.hf.layers[0].fc1.weight, stored["audio_tower.layers.0.fc1.weight"])
+    samples = [make_sample([("text", [5, 6]), ("speech", x), ("answer", [7, 8, 9])], slots=tower_frames)
+               for x in feats()]
+    for s, n in zip(samples, LENS):   # the data side reserves what the tower produces
+        assert sum(k for _, k, _ in s.speech) == tower_frames(n)
+    single = run(model, [padded_batch([s]) for s in samples])
+    assert_same(run(model, [packed_batch(samples, sum(len(s.ids) for s in samples) + 3)]), single, "pack")
+    assert_same(run(model, [padded_batch(samples, extra_len=2)]), single, "static")
+
+
+def test_clear_errors(q2a, tmp_path):
+    from helpers.speech import write_base
+
+    other = write_base(tmp_path / "qwen2")   # a plain Qwen2 LLM dir
+    with pytest.raises(ConfigError, match="model_type='qwen2'.*qwen2_audio"):
+        config(str(other)).speech_shape()
+    with pytest.raises(ConfigError, match="model.path"):
+        config(str(tmp_path / "missing")).speech_shape()

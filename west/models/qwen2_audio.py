@@ -1,0 +1,134 @@
+"""Qwen2-Audio's audio tower (``Qwen2AudioForConditionalGeneration.audio_tower``), run packed.
+
+The tower is a Whisper encoder whose output is average-pooled in pairs of frames and then
+layer-normed (transformers' ``Qwen2AudioEncoder.forward``: conv1 -> GELU -> conv2 -> GELU ->
++ positions -> layers -> AvgPool1d(2, 2) -> layer_norm). It reuses WhisperPackedEncoder's
+packed layout (per-utterance convolutions, positions from 0, per-utterance attention) and
+pools each utterance on its own: frames 2j and 2j+1 of one utterance, an odd last frame
+dropped as AvgPool1d drops it, never a pair across two utterances. The released model's
+projector (``multi_modal_projector.linear``) becomes west's ``linear`` projector at stride 1,
+and its language model is read from the same directory (west.models.llm.load_llm).
+
+``pad_to_30s`` runs transformers' own tower on each utterance padded to 3000 frames, the way
+the model was pretrained.
+"""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.nn as nn
+
+from west.batch import to_device
+from west.models.hf_attention import register
+from west.models.whisper_encoder import WHISPER_STAGES, WhisperPackedEncoder
+from west.schema import ConfigError, require
+from west.shapes import SpeechShape, frames_after
+
+QWEN2_AUDIO_STAGES = (*WHISPER_STAGES, (2, 2, 0))   # + AvgPool1d(kernel 2, stride 2)
+_TOWER_KEYS = {r"^audio_tower\.": ""}
+PROJECTOR_PREFIX = "multi_modal_projector.linear."
+
+
+def read_qwen2_audio_config(path: str):
+    """The Qwen2AudioConfig of a local directory, or a ConfigError naming model.path."""
+    from transformers import AutoConfig  # heavy
+
+    require(path and Path(path).is_dir(), "model.path", f"{path!r} is not a directory")
+    try:
+        conf = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"model.path: {path!r} is not a Hugging Face model directory: {e}") from e
+    require(conf.model_type == "qwen2_audio", "model.path", f"{path!r} has config.json model_type="
+            f"{conf.model_type!r}, expected 'qwen2_audio' (a Qwen2AudioForConditionalGeneration directory)")
+    return conf
+
+
+@lru_cache(maxsize=8)
+def qwen2_audio_geometry(path: str) -> tuple[int, int, int]:
+    """(num_mel_bins, max mel frames, audio layers) of the Qwen2-Audio dir ``path``."""
+    audio = read_qwen2_audio_config(path).audio_config
+    return int(audio.num_mel_bins), 2 * int(audio.max_source_positions), int(audio.encoder_layers)
+
+
+def load_hf_qwen2_audio_tower(path: str, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """The audio tower of a local Qwen2-Audio directory, with west's varlen attention registered."""
+    from transformers.models.qwen2_audio.modeling_qwen2_audio import Qwen2AudioEncoder  # heavy
+    from transformers.utils import logging as hf_logging  # heavy
+
+    conf = read_qwen2_audio_config(path)
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()   # the language model's rows are "unexpected" by design
+    try:
+        tower, info = Qwen2AudioEncoder.from_pretrained(path, config=conf.audio_config, key_mapping=_TOWER_KEYS,
+                                                        output_loading_info=True, attn_implementation=register(),
+                                                        dtype=dtype)
+    finally:
+        hf_logging.set_verbosity(level)
+    missing = sorted(info["missing_keys"])
+    if missing:
+        raise ValueError(f"model.path {path!r}: the checkpoint lacks audio tower weights {missing[:5]}")
+    return tower
+
+
+class Qwen2AudioPackedEncoder(WhisperPackedEncoder):
+    """log-mel feats -> pooled audio-tower frames, packed or padded in, flat ``(ΣT'', d_model)`` out."""
+
+    def __init__(self, hf_encoder: nn.Module, path: str, pad_to_30s: bool = False, backend: str = "auto"):
+        super().__init__(hf_encoder, pad_to_30s, backend)
+        self.path = path
+
+    @classmethod
+    def from_config(cls, cfg, attn_backend: str = "auto") -> "Qwen2AudioPackedEncoder":
+        enc = cls(load_hf_qwen2_audio_tower(cfg.path), cfg.path, cfg.pad_to_30s, attn_backend)
+        if cfg.gradient_checkpointing:
+            enc.gradient_checkpointing = True
+        return enc
+
+    @classmethod
+    def speech_shape(cls, cfg, projector_stride: int) -> SpeechShape:
+        n_mels, max_frames, _ = qwen2_audio_geometry(cfg.path)
+        return SpeechShape(projector_stride=projector_stride, encoder_type="qwen2_audio", max_frames=max_frames,
+                           num_mel_bins=n_mels, frame_stages=QWEN2_AUDIO_STAGES, features="whisper")
+
+    @classmethod
+    def num_layers(cls, cfg) -> int:
+        return qwen2_audio_geometry(cfg.path)[2]
+
+    def pretrained_projector(self) -> Optional[dict[str, torch.Tensor]]:
+        """``multi_modal_projector.linear`` of the released model, as west's LinearProjector names it."""
+        from safetensors import safe_open  # heavy
+
+        root = Path(self.path)
+        index = root / "model.safetensors.index.json"
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() \
+            else ["model.safetensors"]
+        out = {}
+        for name in files:
+            with safe_open(str(root / name), framework="pt") as f:
+                for key in f.keys():
+                    if key.startswith(PROJECTOR_PREFIX):
+                        out["net." + key[len(PROJECTOR_PREFIX):]] = f.get_tensor(key)
+        if set(out) != {"net.weight", "net.bias"}:
+            raise ValueError(f"model.path {self.path!r}: no multi_modal_projector.linear weights found")
+        return out
+
+    def _head(self, h: torch.Tensor, lens: list[int]) -> tuple[torch.Tensor, list[int]]:
+        """Per-utterance mean of frame pairs (AvgPool1d(2, 2)), then the tower's final norm."""
+        pooled = [n // 2 for n in lens]
+        starts = torch.tensor([0] + lens[:-1]).cumsum(0)
+        first = torch.cat([starts[i] + 2 * torch.arange(p) for i, p in enumerate(pooled)])
+        first = to_device(first, h.device)
+        h = (h.index_select(0, first) + h.index_select(0, first + 1)) / 2
+        return self.hf.layer_norm(h), pooled
+
+    def _stock(self, batch: torch.Tensor, lens: list[int]) -> tuple[torch.Tensor, list[int]]:
+        return self.hf(input_features=batch).last_hidden_state, [n // 2 for n in lens]
+
+
+def tower_frames(n_frames: int) -> int:
+    """Pooled audio-tower frames for ``n_frames`` log-mel frames (0: too short to give one)."""
+    return frames_after(QWEN2_AUDIO_STAGES, n_frames)
