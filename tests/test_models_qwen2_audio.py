@@ -105,3 +105,40 @@ def test_clear_errors(q2a, tmp_path):
         config(str(other)).speech_shape()
     with pytest.raises(ConfigError, match="model.path"):
         config(str(tmp_path / "missing")).speech_shape()
+
+
+def test_export_loads_in_transformers_and_gives_west_s_loss(q2a, tmp_path):
+    """west (pad_to_30s: the released model's own 30 s input) -> export -> from_pretrained: same loss."""
+    from transformers import AutoConfig, Qwen2AudioForConditionalGeneration
+
+    from west.checkpoint.released import export_qwen2_audio
+    from west.models.encoders import exporter
+
+    from helpers.speech import Sample
+
+    assert exporter("qwen2_audio") is export_qwen2_audio
+    torch.manual_seed(0)
+    model = SpeechLLM(config(q2a, encoder={"pad_to_30s": True})).eval()
+    with torch.no_grad():   # "trained": every part moved away from the released weights
+        for p in model.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    audio_id = AutoConfig.from_pretrained(q2a).audio_token_index
+    mel = feats()[1]
+    n = tower_frames(mel.shape[0])
+    ids = [5, 6] + [audio_id] * n + [7, 8, 9, 10]
+    target = [False] * (2 + n) + [True] * 4
+    sample = Sample(ids, target, [(2, n, mel)])
+    with torch.no_grad():
+        out = model(padded_batch([sample]))
+    west_loss = float(out["loss_sum"]) / out["n_tokens"]
+
+    export_qwen2_audio(model, tmp_path / "export")
+    hf = Qwen2AudioForConditionalGeneration.from_pretrained(tmp_path / "export").eval()
+    fill = (mel.max() - 2.0).clamp(min=-1.5)           # what west pads with (the extractor's silence)
+    full = torch.full((3000, N_MELS), float(fill))
+    full[: mel.shape[0]] = mel
+    labels = torch.tensor([t if y else -100 for t, y in zip(ids, target)])[None]
+    with torch.no_grad():
+        hf_out = hf(input_ids=torch.tensor([ids]), input_features=full.t()[None],
+                    feature_attention_mask=(torch.arange(3000) < mel.shape[0]).long()[None], labels=labels)
+    assert float(hf_out.loss) == pytest.approx(west_loss, rel=1e-5)

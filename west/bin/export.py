@@ -6,6 +6,10 @@ with the encoder, projector and CTC head, the run's ``config.yaml`` for its prom
 weights, plus the tokenizer: ``AutoModelForCausalLM.from_pretrained("DIR/llm")`` needs
 neither west nor peft. CKPT is a training checkpoint (lean or full), a run dir (its latest
 checkpoint) or an earlier export.
+
+A run that started from a released speech LLM (``model.type qwen2_audio``) is written back in
+that model's own format instead: DIR is what ``Qwen2AudioForConditionalGeneration.from_pretrained``
+loads (west.checkpoint.released).
 """
 from __future__ import annotations
 
@@ -35,15 +39,19 @@ def export(checkpoint: str, out: str, config: str | None = None, llm_path: str |
     """Load CKPT as west-decode does, merge the adapters, write DIR; returns DIR."""
     from west.checkpoint.pretrained import CONFIG_FILE, export_speech_llm  # heavy
     from west.checkpoint.restore import config_candidates, load_trained, read_run_config, resolve_checkpoint  # heavy
+    from west.models.encoders import exporter  # heavy
 
     ckpt = resolve_checkpoint(checkpoint)
     out_dir = Path(out)
     if out_dir.resolve() == ckpt.resolve():
         raise ValueError(f"--out {out}: is the checkpoint itself")
-    if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / CONFIG_FILE).is_file():
+    earlier = (out_dir / CONFIG_FILE).is_file() or (out_dir / "config.json").is_file()
+    if out_dir.exists() and any(out_dir.iterdir()) and not earlier:
         raise FileExistsError(f"--out {out}: exists and is not an earlier export; give a new or empty dir")
     model, tokenizer = load_trained(ckpt, read_run_config(ckpt, config), llm_path)
-    export_speech_llm(model.eval(), out_dir, tokenizer)
+    # a run that started from a released model goes back to that model's format (its registry entry)
+    write = exporter(model.cfg.encoder.type) or export_speech_llm
+    write(model.eval(), out_dir, tokenizer)
     for c in config_candidates(ckpt, config):
         if c.is_file():  # west-decode builds its prompts from the run's data section
             shutil.copy(c, out_dir / "config.yaml")
@@ -58,6 +66,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         print(f"west-export: error: {e}", file=sys.stderr)
         return 2
+    if not (out / "llm").is_dir():   # a released model's own format
+        print(f"west-export: {out} ({_dir_size(out) / 1e6:.2f} MB), in the released model's format "
+              "(from_pretrained with its transformers class)")
+        return 0
     llm = _dir_size(out / "llm")
     print(f"west-export: {out} ({(_dir_size(out) - llm) / 1e6:.2f} MB speech side, "
           f"{llm / 1e6:.2f} MB LLM); west-decode --checkpoint {out}; "

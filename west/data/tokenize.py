@@ -25,6 +25,10 @@ from west.data.stats import SkipSample
 from west.shapes import SPEECH_MARKER, SpeechShape
 
 _SENTINEL = "\x00L{}\x00"
+# Qwen2-Audio's audio tokens: the placeholder its processor repeats once per audio-tower frame, and
+# the delimiters around them; west writes the same (a tokenizer without them: <|speech|> / pad)
+AUDIO_PLACEHOLDER = "<|AUDIO|>"
+AUDIO_DELIMITERS = ("<|audio_bos|>", "<|audio_eos|>")
 _SPLIT = re.compile(r"(\x00L\d+\x00|" + re.escape(SPEECH_MARKER) + ")")
 _CACHE_MAX = 4096
 
@@ -49,6 +53,11 @@ class PromptEncoder:
         self.end_text: str = tokenizer.eos_token
         self.pad_id: int = pad_token_id(tokenizer)
         self.placeholder_id: int = speech_placeholder_id(tokenizer)
+        # a speech part as the prompt text holds it: the marker, between the model's own audio
+        # delimiters when its tokenizer has them (Qwen2-Audio: <|audio_bos|> ... <|audio_eos|>)
+        vocab = tokenizer.get_vocab()
+        bos, eos = AUDIO_DELIMITERS
+        self.speech_text = f"{bos}{SPEECH_MARKER}{eos}" if bos in vocab and eos in vocab else SPEECH_MARKER
         self.prompt, self.system = conf.prompt, conf.system_prompt
         self.shape = shape
         self._text_cache: dict[str, list[int]] = {}
@@ -57,14 +66,13 @@ class PromptEncoder:
     # -- rendering --------------------------------------------------------
     def _asr_messages(self) -> list[dict]:
         msgs = [{"role": "system", "content": self.system}] if self.system is not None else []
-        return msgs + [{"role": "user", "content": self.prompt},
+        return msgs + [{"role": "user", "content": self.prompt.replace(SPEECH_MARKER, self.speech_text)},
                        {"role": "assistant", "content": _SENTINEL.format(0)}]
 
-    @staticmethod
-    def _chat_messages(record: Record) -> tuple[list[dict], list[str]]:
+    def _chat_messages(self, record: Record) -> tuple[list[dict], list[str]]:
         msgs, labels = [], []
         for m in record.messages or []:
-            text = "".join(SPEECH_MARKER if kind == "audio" else str(v) for kind, v in m.parts)
+            text = "".join(self.speech_text if kind == "audio" else str(v) for kind, v in m.parts)
             if m.role == "assistant":
                 labels.append(text)
                 text = _SENTINEL.format(len(labels) - 1)
@@ -205,5 +213,6 @@ def pad_token_id(tokenizer) -> int:
 
 
 def speech_placeholder_id(tokenizer) -> int:
-    """The id the data pipeline writes into speech slots (``<|speech|>`` or pad)."""
-    return tokenizer.get_vocab().get(SPEECH_MARKER, pad_token_id(tokenizer))
+    """The id the data pipeline writes into speech slots (``<|AUDIO|>``, ``<|speech|>`` or pad)."""
+    vocab = tokenizer.get_vocab()
+    return vocab.get(AUDIO_PLACEHOLDER, vocab.get(SPEECH_MARKER, pad_token_id(tokenizer)))

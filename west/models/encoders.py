@@ -58,7 +58,8 @@ ENCODERS: dict[str, EncoderType] = {e.name: e for e in (
                 path="a Hugging Face Whisper dir"),
     EncoderType("qwen2_audio", "Qwen2-Audio", "west.models.qwen2_audio", "Qwen2AudioPackedEncoder", features="whisper",
                 path="a Hugging Face Qwen2-Audio dir (Qwen2AudioForConditionalGeneration)",
-                release_projector={"type": "linear", "stride": 1}),
+                release_projector={"type": "linear", "stride": 1},
+                exporter="west.checkpoint.released:export_qwen2_audio"),
 )}
 ENCODER_TYPES = tuple(ENCODERS)
 # model.type: west's own assembly of the sections, or a released speech LLM loaded from model.path

@@ -10,7 +10,8 @@ projector (``multi_modal_projector.linear``) becomes west's ``linear`` projector
 and its language model is read from the same directory (west.models.llm.load_llm).
 
 ``pad_to_30s`` runs transformers' own tower on each utterance padded to 3000 frames, the way
-the model was pretrained.
+the model was pretrained and the way ``Qwen2AudioForConditionalGeneration`` runs it (padded
+frames masked out of the attention; the convolutions see the padding).
 """
 from __future__ import annotations
 
@@ -126,7 +127,15 @@ class Qwen2AudioPackedEncoder(WhisperPackedEncoder):
         return self.hf.layer_norm(h), pooled
 
     def _stock(self, batch: torch.Tensor, lens: list[int]) -> tuple[torch.Tensor, list[int]]:
-        return self.hf(input_features=batch).last_hidden_state, [n // 2 for n in lens]
+        """transformers' tower on (N, n_mels, 3000) as Qwen2AudioForConditionalGeneration runs it: the
+        conv frames past each utterance masked out of the attention (``lens``: conv frames)."""
+        from transformers.masking_utils import create_bidirectional_mask  # heavy
+
+        n, width = batch.shape[0], batch.shape[-1] // 2
+        keep = (torch.arange(width)[None] < torch.tensor(lens)[:, None]).long()
+        mask = create_bidirectional_mask(config=self.hf.config, inputs_embeds=batch.new_zeros(n, width, 1),
+                                         attention_mask=to_device(keep, batch.device))
+        return self.hf(input_features=batch, attention_mask=mask).last_hidden_state, [t // 2 for t in lens]
 
 
 def tower_frames(n_frames: int) -> int:

@@ -1,0 +1,44 @@
+"""What a new user runs with a released Qwen2-Audio (here a tiny random one written by
+save_pretrained): west-train with recipes/aishell/conf/qwen2_audio_lora.yaml in pack mode,
+west-decode, west-export, and the export loaded back with transformers."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from helpers.e2e import ROOT, read_jsonl, write_lists
+from helpers.speech import tiny_qwen2_audio_dir
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+CONF = ROOT / "recipes" / "aishell" / "conf" / "qwen2_audio_lora.yaml"
+CPU = ["--train.precision", "fp32", "--train.device", "cpu", "--train.nvml", "false", "--train.progress_bar", "false",
+       "--train.tensorboard", "false", "--train.warmup_steps", "1", "--data.num_workers", "0",
+       "--data.pin_memory", "false", "--model.llm.dtype", "float32", "--model.llm.gradient_checkpointing", "false",
+       "--model.encoder.gradient_checkpointing", "false"]
+
+
+def test_train_decode_export_reload(tmp_path, corpus):
+    from transformers import Qwen2AudioForConditionalGeneration
+
+    from west.bin.decode import main as decode
+    from west.bin.export import main as export
+    from west.bin.train import main as train
+
+    q2a = tiny_qwen2_audio_dir(tmp_path / "q2a")
+    data = write_lists(corpus["rows"], tmp_path / "lists", 8).jsonl
+    out = tmp_path / "run"
+    assert train(["--config", str(CONF), "--model.path", q2a, "--train_data", str(data), "--output_dir", str(out),
+                  "--batch_type", "pack", "--pack_tokens", "2048", "--max_steps", "2", *CPU]) == 0
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert saved["model"]["encoder"]["type"] == "qwen2_audio" and saved["model"]["llm"]["path"] == q2a
+    steps = [r for r in read_jsonl(out / "train_log.jsonl") if r.get("status") == "ok"]
+    assert len(steps) == 2 and all(r["utterances"] == 8 for r in steps)
+
+    result = tmp_path / "dec.jsonl"
+    assert decode(["--checkpoint", str(out), "--data", str(data), "--result", str(result), "--batch_size", "4",
+                   "--max_new_tokens", "3", "--device", "cpu", "--quiet"]) == 0
+    assert len(read_jsonl(result)) == 8
+
+    assert export(["--checkpoint", str(out), "--out", str(tmp_path / "export")]) == 0
+    back = Qwen2AudioForConditionalGeneration.from_pretrained(tmp_path / "export")
+    assert back.config.audio_token_index > 0 and (tmp_path / "export" / "tokenizer_config.json").is_file()
