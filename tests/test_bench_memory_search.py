@@ -100,14 +100,15 @@ def bench(tmp_path_factory, corpus):
     from west.bench.runner import PassRunner
     from west.bench.trial_batches import BatchSource
     from west.config import load_config
-    from west.train.build import build_model, load_tokenizer
+    from west.models.llm import load_tokenizer
+    from west.train.build import build_model
 
     d = tmp_path_factory.mktemp("bench_mem")
     llm, conf = bench_setup(d, corpus["texts"].values())
     cfg = load_config(str(conf), [("model.llm.path", str(llm))])
     model = build_model(cfg.model, 0)
     runner = PassRunner(model, cfg.train, torch.device("cpu"), 0)
-    source = BatchSource(str(corpus["list"]), load_tokenizer(cfg.model), model.cfg.speech_shape(), 0)
+    source = BatchSource(str(corpus["list"]), load_tokenizer(cfg.model.llm.path), model.cfg.speech_shape(), 0)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)   # tiny steps: a second thread only waits for a busy core
     yield {"cfg": cfg, "runner": runner, "source": source, "dir": d, "llm": llm, "list": corpus["list"]}

@@ -4,6 +4,9 @@ utterance alone (and transformers' own forward on a full 30 s input); the releas
 language model come along; static and pack batches give the same loss and gradients."""
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -95,6 +98,38 @@ def test_speech_llm_takes_tower_projector_and_language_model_from_the_dir(q2a):
     single = run(model, [padded_batch([s]) for s in samples])
     assert_same(run(model, [packed_batch(samples, sum(len(s.ids) for s in samples) + 3)]), single, "pack")
     assert_same(run(model, [padded_batch(samples, extra_len=2)]), single, "static")
+    # dynamic: padded batches of uneven size, accumulated over the step
+    assert_same(run(model, [padded_batch(samples[:3]), padded_batch(samples[3:], extra_len=5)]), single, "dynamic")
+
+
+def test_the_data_side_writes_qwen2_audio_s_prompt(q2a):
+    """Through the directory's own chat template (its processor's) and audio tokens: <|audio_bos|>,
+    one <|AUDIO|> per pooled tower frame (the count from west/shapes.py equals what the tower
+    gives), <|audio_eos|>; labels on the answer only."""
+    from transformers import AutoConfig
+
+    from west.data.config import DataConfig
+    from west.data.records import AudioSpec, Record
+    from west.data.tokenize import IGNORE_INDEX, PromptEncoder
+    from west.models.llm import load_tokenizer
+
+    tok = load_tokenizer(q2a)
+    audio, bos, eos = (tok.convert_tokens_to_ids(t) for t in ("<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>"))
+    assert audio == AutoConfig.from_pretrained(q2a).audio_token_index
+    shape = config(q2a).speech_shape()
+    encoder = Qwen2AudioPackedEncoder(load_hf_qwen2_audio_tower(q2a), q2a).eval()
+    pe = PromptEncoder(tok, DataConfig(prompt="<|speech|>Transcribe the speech."), shape)
+    for mel in feats():
+        enc = pe.encode(Record("a", "x:1", [AudioSpec()], txt="hello world"), [mel.shape[0]])
+        (start, n), = enc.spans
+        with torch.no_grad():
+            produced = encoder.forward_flat(mel[None], lengths=torch.tensor([mel.shape[0]]))[0].shape[0]
+        assert n == produced == tower_frames(mel.shape[0])
+        assert enc.ids[start - 1] == bos and enc.ids[start: start + n] == [audio] * n and enc.ids[start + n] == eos
+        text = tok.decode(enc.ids)
+        assert text.startswith("<|im_start|>system\nYou are a helpful assistant.<|im_end|>")  # the processor's
+        assert "<|audio_eos|>Transcribe the speech.<|im_end|>" in text
+        assert tok.decode([t for t in enc.labels if t != IGNORE_INDEX]) == "hello world<|im_end|>"
 
 
 def test_clear_errors(q2a, tmp_path):
@@ -105,6 +140,34 @@ def test_clear_errors(q2a, tmp_path):
         config(str(other)).speech_shape()
     with pytest.raises(ConfigError, match="model.path"):
         config(str(tmp_path / "missing")).speech_shape()
+    no_processor = tmp_path / "no_processor"
+    shutil.copytree(q2a, no_processor)
+    (no_processor / "processor_config.json").unlink()
+    with pytest.raises(ConfigError, match="no Qwen2-Audio processor|no loadable processor"):
+        config(str(no_processor)).speech_shape()
+    bad_mels = tmp_path / "bad_mels"
+    shutil.copytree(q2a, bad_mels)
+    proc = json.loads((bad_mels / "processor_config.json").read_text())
+    proc["feature_extractor"]["feature_size"] = 128
+    (bad_mels / "processor_config.json").write_text(json.dumps(proc))
+    with pytest.raises(ConfigError, match="feature_size=128"):
+        config(str(bad_mels)).speech_shape()
+
+
+def test_audio_over_the_tower_s_window_is_a_counted_skip(q2a, tmp_path):
+    from west.data.config import DataConfig
+    from west.data.dataset import SpeechDataset
+    from west.models.llm import load_tokenizer
+
+    from helpers.corpus import make_wav, transcript, write_jsonl
+
+    rows = [{"key": f"u{i}", "wav": str(make_wav(tmp_path / f"u{i}.wav", s, seed=i)), "txt": transcript(i),
+             "duration": s} for i, s in enumerate([1.0, 30.5, 0.7])]
+    ds = SpeechDataset(str(write_jsonl(tmp_path / "long.list", rows)), load_tokenizer(q2a),
+                       DataConfig(features="whisper", batch_type="pack", pack_tokens=512), config(q2a).speech_shape(),
+                       training=False)
+    assert ds.list_skips[0][1].as_dict() == {"too_long": 1}
+    assert sorted(k for b, _ in iter(ds) if b is not None for k in b.keys) == ["u0", "u2"]
 
 
 def test_export_loads_in_transformers_and_gives_west_s_loss(q2a, tmp_path):

@@ -59,11 +59,12 @@ def config(env, out: Path, *extra: str):
 
 def evaluate_once(cfg, info: DistInfo, fsdp: bool = False) -> dict:
     """A fresh model (the run's seed), wrapped like a run wraps it, evaluated once."""
-    from west.train.build import build_model, load_tokenizer
+    from west.models.llm import load_tokenizer
+    from west.train.build import build_model
     from west.train.distributed import wrap_model
     from west.train.evaluate import build_evaluator
 
-    tok = load_tokenizer(cfg.model)
+    tok = load_tokenizer(cfg.model.llm.path)
     model = wrap_model(build_model(cfg.model, cfg.train.seed), info, fsdp=fsdp).train()
     return build_evaluator(cfg, tok, cfg.model.speech_shape(), info).evaluate(model)
 
@@ -72,11 +73,12 @@ def evaluate_once(cfg, info: DistInfo, fsdp: bool = False) -> dict:
 
 @pytest.fixture(scope="module")
 def one_rank(env):
-    from west.train.build import build_model, load_tokenizer
+    from west.models.llm import load_tokenizer
+    from west.train.build import build_model
     from west.train.evaluate import build_evaluator
 
     cfg = config(env, env.dir / "one", "--train.eval_decode_utts", str(N_DECODE))
-    tok = load_tokenizer(cfg.model)
+    tok = load_tokenizer(cfg.model.llm.path)
     model = build_model(cfg.model, cfg.train.seed).train()
     ev = build_evaluator(cfg, tok, cfg.model.speech_shape(), DistInfo())
     rng = torch.get_rng_state()
@@ -366,10 +368,11 @@ def test_epoch_and_final_lines_are_sentences():
 def test_bf16_weights_decode_under_autocast(env):
     """FSDP2's bf16 policy hands the forward bf16 weights while features stay fp32: dev decoding
     runs under the run's autocast like the dev loss, so it works (it raised a dtype mismatch)."""
-    from west.train.build import build_model, load_tokenizer
+    from west.models.llm import load_tokenizer
+    from west.train.build import build_model
     from west.train.evaluate import build_evaluator
 
     cfg = config(env, env.dir / "bf16", "--train.eval_decode_utts", "1", "--train.precision", "bf16")
     model = build_model(cfg.model, cfg.train.seed).to(torch.bfloat16).train()
-    rec = build_evaluator(cfg, load_tokenizer(cfg.model), cfg.model.speech_shape(), DistInfo()).evaluate(model)
+    rec = build_evaluator(cfg, load_tokenizer(cfg.model.llm.path), cfg.model.speech_shape(), DistInfo()).evaluate(model)
     assert rec["cv_decoded_utts"] == 1 and math.isfinite(rec["cv_loss"])

@@ -50,8 +50,9 @@ def main(argv=None) -> int:
     from west.bench.runner import PassRunner
     from west.config import load_config, split_overrides
     from west.host_memory import keep_freed_host_memory
+    from west.models.llm import load_tokenizer
     from west.ranks import resolved_device
-    from west.train.build import build_model, load_tokenizer
+    from west.train.build import build_model
 
     cfg = load_config(args.config, split_overrides(rest))
     modes = standard_modes([m for m in args.modes.split(",") if m], args.batch_size, args.max_tokens_in_batch,
@@ -65,7 +66,7 @@ def main(argv=None) -> int:
     device = torch.device(resolved_device(cfg.train.device))
     if device.type == "cpu":
         keep_freed_host_memory()
-    tokenizer = load_tokenizer(cfg.model)
+    tokenizer = load_tokenizer(cfg.model.llm.path)
     model = build_model(cfg.model, args.seed).to(device)
     runner = PassRunner(model, cfg.train, device, args.seed)
     shape = model.cfg.speech_shape()

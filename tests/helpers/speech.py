@@ -205,13 +205,18 @@ def tiny_whisper_dir(path, n_mels: int = N_MELS) -> str:
 def tiny_qwen2_audio_dir(path, vocab_texts=("hello world", "speech data", "Transcribe the speech.")) -> str:
     """A random tiny Qwen2AudioForConditionalGeneration written by save_pretrained, with a tokenizer
     that knows Qwen2-Audio's audio tokens: what a user's download looks like, at toy sizes."""
-    from transformers import Qwen2AudioConfig, Qwen2AudioForConditionalGeneration
+    from transformers import (
+        Qwen2AudioConfig,
+        Qwen2AudioForConditionalGeneration,
+        Qwen2AudioProcessor,
+        WhisperFeatureExtractor,
+    )
 
     from west.models.tiny_llm import build_tokenizer
 
     tok = build_tokenizer(list(vocab_texts) * 20, path, vocab_size=300)
     tok.add_special_tokens({"additional_special_tokens": ["<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>"]})
-    tok.save_pretrained(str(path))
+    Qwen2AudioProcessor(WhisperFeatureExtractor(feature_size=N_MELS), tok).save_pretrained(str(path))
     conf = Qwen2AudioConfig(
         audio_config=dict(d_model=32, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=64,
                           num_mel_bins=N_MELS, max_source_positions=1500, dropout=0.0),

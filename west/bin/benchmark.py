@@ -90,7 +90,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from west.bench.benchmark import run_benchmark  # heavy
     from west.bench.modes import select_utterances  # heavy
     from west.bench.report import machine, save  # heavy
-    from west.train.build import build_model, load_tokenizer  # heavy
+    from west.models.llm import load_tokenizer  # heavy
+    from west.train.build import build_model  # heavy
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -104,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         print(f"west-benchmark: error: {e}", file=sys.stderr)
         return 2
-    tokenizer = load_tokenizer(cfg.model)
+    tokenizer = load_tokenizer(cfg.model.llm.path)
     model = build_model(cfg.model, args.seed)
     budget = None
     if args.memory_budget is not None:

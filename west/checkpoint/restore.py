@@ -20,7 +20,7 @@ from west.checkpoint.model_state import load_model_weights
 from west.checkpoint.pretrained import CONFIG_FILE, LLM_DIR, load_speech_llm
 from west.checkpoint.training import read_meta
 from west.models.config import SpeechLLMConfig
-from west.models.llm import load_llm
+from west.models.llm import load_llm, load_tokenizer
 from west.models.speech_llm import SpeechLLM
 
 
@@ -61,7 +61,7 @@ def build_from_run(model_section: dict, weights: bool = False,
     The LLM's architecture comes from ``model.llm.path`` (``llm_path`` when given: the base
     moved since training); its weights are read there only with ``weights`` (a lean checkpoint
     refers to them), else every weight is loaded from the checkpoint by the caller."""
-    from transformers import AutoConfig, AutoTokenizer  # heavy
+    from transformers import AutoConfig  # heavy
 
     model_cfg = SpeechLLMConfig.from_dict(model_section)
     if llm_path:
@@ -73,7 +73,7 @@ def build_from_run(model_section: dict, weights: bool = False,
                                 "give --llm_path DIR where it is now")
     hf_config = None if weights else AutoConfig.from_pretrained(model_cfg.llm.path)
     llm = load_llm(model_cfg.llm, hf_config=hf_config)
-    return SpeechLLM(model_cfg, llm=llm), AutoTokenizer.from_pretrained(str(model_cfg.llm.path))
+    return SpeechLLM(model_cfg, llm=llm), load_tokenizer(model_cfg.llm.path)
 
 
 def load_training_checkpoint(ckpt: Path, model_section: dict,
@@ -94,13 +94,11 @@ def load_training_checkpoint(ckpt: Path, model_section: dict,
 
 def load_trained(ckpt: Path, run_config: dict, llm_path: Optional[str] = None) -> tuple[SpeechLLM, object]:
     """(model, tokenizer) from a resolved checkpoint of either kind, on the CPU in train mode."""
-    from transformers import AutoTokenizer  # heavy
-
     if (ckpt / CONFIG_FILE).is_file():
         model = load_speech_llm(ckpt, llm_path=llm_path)
         has_tokenizer = (ckpt / LLM_DIR / "tokenizer_config.json").is_file()
         tok_dir = ckpt / LLM_DIR if has_tokenizer else (llm_path or model.cfg.llm.path)
-        return model, AutoTokenizer.from_pretrained(str(tok_dir))
+        return model, load_tokenizer(tok_dir)
     if "model" not in run_config and "model" not in read_meta(ckpt):
         raise FileNotFoundError(f"{ckpt}: no config.yaml with a model section next to the run "
                                 "(give --config DIR/config.yaml)")

@@ -30,6 +30,25 @@ _FINGERPRINTS: dict[tuple, dict] = {}
 SPEECH_LLM_TYPES = ("qwen2_audio",)
 
 
+# a processor's chat template (Qwen2-Audio's renders audio parts), kept beside the tokenizer's files
+PROCESSOR_TEMPLATES = ("chat_template.jinja", "chat_template.json")
+
+
+def load_tokenizer(path: str | Path):
+    """The tokenizer of a model directory, with the chat template its processor uses when the
+    directory has one (a released speech LLM: the model's own template, not the text LLM's)."""
+    from transformers import AutoTokenizer  # heavy
+
+    tok = AutoTokenizer.from_pretrained(str(path))
+    for name in PROCESSOR_TEMPLATES:
+        f = Path(path) / name
+        if f.is_file():
+            text = f.read_text(encoding="utf-8")
+            tok.chat_template = json.loads(text)["chat_template"] if name.endswith(".json") else text
+            break
+    return tok
+
+
 def load_llm(cfg: LLMConfig, hf_config=None) -> nn.Module:
     """Stock ``AutoModelForCausalLM``: from ``cfg.path`` (from_pretrained), else from a config."""
     from transformers import AutoConfig, AutoModelForCausalLM  # heavy

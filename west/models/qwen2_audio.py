@@ -48,10 +48,41 @@ def read_qwen2_audio_config(path: str):
     return conf
 
 
+# what west's whisper feature stage computes (west.data.whisper_features): the processor must agree
+_FEATURES = {"sampling_rate": 16000, "hop_length": 160, "n_fft": 400}
+_AUDIO_TOKENS = ("<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>")
+
+
+def check_processor(path: str, conf) -> None:
+    """The directory's processor (feature extractor + tokenizer) must be there and match what west
+    feeds the model: Whisper log-mels of the model's bin count, and the audio tokens of its config."""
+    from transformers import AutoProcessor  # heavy
+
+    try:
+        proc = AutoProcessor.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"model.path: {path!r} has no loadable processor "
+                          f"(processor_config.json or preprocessor_config.json + tokenizer files): {e}") from e
+    fe, tok = getattr(proc, "feature_extractor", None), getattr(proc, "tokenizer", None)
+    require(fe is not None and tok is not None, "model.path", f"{path!r}: no Qwen2-Audio processor (feature "
+            "extractor and tokenizer); copy processor_config.json / preprocessor_config.json from the release")
+    want = {**_FEATURES, "feature_size": int(conf.audio_config.num_mel_bins)}
+    for key, value in want.items():
+        require(getattr(fe, key, None) == value, "model.path", f"{path!r}: feature extractor {key}="
+                f"{getattr(fe, key, None)!r}, west's whisper features need {value!r}")
+    ids = tok.convert_tokens_to_ids(list(_AUDIO_TOKENS))
+    require(tok.unk_token_id not in ids and None not in ids, "model.path",
+            f"{path!r}: the tokenizer lacks Qwen2-Audio's audio tokens {_AUDIO_TOKENS}")
+    require(ids[1] == conf.audio_token_index, "model.path", f"{path!r}: the tokenizer's <|AUDIO|> is id {ids[1]}, "
+            f"config.json audio_token_index is {conf.audio_token_index}")
+
+
 @lru_cache(maxsize=8)
 def qwen2_audio_geometry(path: str) -> tuple[int, int, int]:
-    """(num_mel_bins, max mel frames, audio layers) of the Qwen2-Audio dir ``path``."""
-    audio = read_qwen2_audio_config(path).audio_config
+    """(num_mel_bins, max mel frames, audio layers) of the Qwen2-Audio dir ``path`` (its processor checked)."""
+    conf = read_qwen2_audio_config(path)
+    check_processor(path, conf)
+    audio = conf.audio_config
     return int(audio.num_mel_bins), 2 * int(audio.max_source_positions), int(audio.encoder_layers)
 
 

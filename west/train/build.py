@@ -15,18 +15,13 @@ from west.config import Config
 from west.data.dataset import build_dataloader
 from west.host_memory import keep_freed_host_memory
 from west.models.config import SpeechLLMConfig
+from west.models.llm import load_tokenizer
 from west.models.speech_llm import SpeechLLM
 from west.train.distributed import DistInfo, cleanup, init_distributed
 from west.train.evaluate import build_evaluator
 from west.train.loop import Trainer
 from west.train.preempt import shield_loader_workers
 from west.train.schedule import describe_groups
-
-
-def load_tokenizer(model_cfg: SpeechLLMConfig):
-    from transformers import AutoTokenizer  # heavy
-
-    return AutoTokenizer.from_pretrained(model_cfg.llm.path)
 
 
 def build_model(model_cfg: SpeechLLMConfig, seed: int) -> SpeechLLM:
@@ -83,7 +78,7 @@ def setup_logging(rank: int) -> None:
 
 def build_trainer(cfg: Config, info: DistInfo) -> Trainer:
     """Tokenizer, model, this rank's share of the data (and of the dev list); nothing is trained yet."""
-    tokenizer = load_tokenizer(cfg.model)
+    tokenizer = load_tokenizer(cfg.model.llm.path)
     model = build_model(cfg.model, cfg.train.seed)
     shape = cfg.model.speech_shape()
     loader, dataset = build_dataloader(cfg.run.train_data, tokenizer, cfg.data, shape, info.rank,
