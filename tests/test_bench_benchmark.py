@@ -185,6 +185,6 @@ def test_whisper_benchmark_adds_the_30s_padded_row(setup, tmp_path):
     removed = m["pack"]["encoder_compute_removed_vs_30s"]
     assert removed == pytest.approx(1 - m["pack"]["flops"]["fwd_encoder"] / padded["flops"]["fwd_encoder"])
     assert 0.5 < removed < 1   # utterances of a few seconds against a 30 s window
-    assert "encoder compute removed by packing Whisper" in (out / "benchmark.md").read_text(encoding="utf-8")
+    assert "encoder compute removed by packing the encoder input" in (out / "benchmark.md").read_text(encoding="utf-8")
     conformer = cli.main(args(setup, tmp_path / "c", "--num_utts", "4", "--modes", "static,whisper_padded_30s"))
     assert conformer == 2   # the row needs a Whisper encoder: refused before any work

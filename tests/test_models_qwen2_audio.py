@@ -9,7 +9,6 @@ import shutil
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from west.models.config import SpeechLLMConfig
 from west.models.encoders import encoder_class
@@ -17,7 +16,16 @@ from west.models.qwen2_audio import Qwen2AudioPackedEncoder, load_hf_qwen2_audio
 from west.models.speech_llm import SpeechLLM
 from west.schema import ConfigError
 
-from helpers.speech import N_MELS, assert_same, make_sample, packed_batch, padded_batch, run, tiny_qwen2_audio_dir
+from helpers.speech import (
+    N_MELS,
+    assert_same,
+    make_sample,
+    packed_batch,
+    padded_batch,
+    run,
+    tiny_qwen2_audio_dir,
+    tower_alone,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 LENS = [37, 100, 64, 9]
@@ -26,18 +34,6 @@ LENS = [37, 100, 64, 9]
 @pytest.fixture(scope="module")
 def q2a(tmp_path_factory) -> str:
     return tiny_qwen2_audio_dir(tmp_path_factory.mktemp("q2a"))
-
-
-def alone(tower, mel: torch.Tensor) -> torch.Tensor:
-    """transformers' Qwen2AudioEncoder.forward on one utterance without its 30 s padding: the same
-    modules in the same order (its forward refuses anything but 3000 frames)."""
-    x = F.gelu(tower.conv2(F.gelu(tower.conv1(mel.t()[None]))))[0].t()
-    x = x + tower.embed_positions.weight[: x.shape[0]]
-    for layer in tower.layers:
-        out = layer(x[None], None)
-        x = (out[0] if isinstance(out, tuple) else out)[0]
-    x = F.avg_pool1d(x.t()[None], 2, 2)[0].t()
-    return tower.layer_norm(x)
 
 
 def config(path: str, **kw) -> SpeechLLMConfig:
@@ -67,7 +63,7 @@ def test_packed_tower_equals_each_utterance_alone(q2a):
         out, layout = enc.forward_flat(torch.cat(xs), cu_seqlens=cu)
         padded, _ = enc.forward_flat(torch.nn.utils.rnn.pad_sequence(xs, batch_first=True),
                                      lengths=torch.tensor(LENS))
-        refs = [alone(ref_tower, x) for x in xs]
+        refs = [tower_alone(ref_tower, x) for x in xs]
     assert layout.lengths == [r.shape[0] for r in refs] == [tower_frames(n) for n in LENS]
     assert torch.allclose(out, torch.cat(refs), atol=1e-5)
     assert torch.allclose(padded, out, atol=1e-6)

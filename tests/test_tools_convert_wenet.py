@@ -285,6 +285,16 @@ def test_refuses_other_encoders_and_foreign_tensors(tmp_path, capsys):
     assert "blocks.2" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("feats", ["mfcc", "log_mel_spectrogram"])
+def test_features_other_than_fbank_are_refused(tmp_path, capsys, feats):
+    conf = dict(train_yaml(4), dataset_conf={"feats_type": feats, "fbank_conf": {"num_mel_bins": 80}})
+    rc, out = _convert(tmp_path, wenet_state(_west(), 4), conf)
+    err = capsys.readouterr().err
+    assert rc == 2 and f"dataset_conf.feats_type: {feats!r}" in err and not out.exists(), err
+    fbank = dict(train_yaml(4), dataset_conf={"feats_type": "fbank"})
+    assert _convert(tmp_path, wenet_state(_west(), 4), fbank)[0] == 0
+
+
 def test_cmvn_from_the_files_train_yaml_names(tmp_path):
     sd = wenet_state(_west(), 4)
     stats = {"mean_stat": [2.0 * i for i in range(80)], "var_stat": [9.0 + 4.0 * i * i for i in range(80)],

@@ -88,6 +88,10 @@ def encoder_config(conf: dict) -> dict:
     if layer not in SUBSAMPLING:
         raise Refusal(f"encoder_conf.input_layer: {layer!r} is not supported (west subsamples with "
                       f"{', '.join(SUBSAMPLING)})")
+    feats = (conf.get("dataset_conf") or {}).get("feats_type", "fbank")
+    if feats != "fbank":
+        raise Refusal(f"dataset_conf.feats_type: {feats!r}: the encoder was trained on {feats} features and "
+                      "west's Conformer reads Kaldi fbank (data.features fbank); converting would feed it the wrong input")
     if "input_dim" not in conf:
         raise Refusal("input_dim: missing from train.yaml (the fbank bins the encoder reads)")
     return dict(

@@ -202,31 +202,23 @@ def tiny_whisper_dir(path, n_mels: int = N_MELS) -> str:
     return str(path)
 
 
-def tiny_qwen2_audio_dir(path, vocab_texts=("hello world", "speech data", "Transcribe the speech.")) -> str:
-    """A random tiny Qwen2AudioForConditionalGeneration written by save_pretrained, with a tokenizer
-    that knows Qwen2-Audio's audio tokens: what a user's download looks like, at toy sizes."""
-    from transformers import (
-        Qwen2AudioConfig,
-        Qwen2AudioForConditionalGeneration,
-        Qwen2AudioProcessor,
-        WhisperFeatureExtractor,
-    )
+def tower_alone(tower, mel: torch.Tensor) -> torch.Tensor:
+    """transformers' Qwen2AudioEncoder.forward on one utterance without its 30 s padding: the same
+    modules in the same order (its forward refuses anything but 3000 frames)."""
+    import torch.nn.functional as F
 
-    from west.models.tiny_llm import build_tokenizer
+    x = F.gelu(tower.conv2(F.gelu(tower.conv1(mel.t()[None]))))[0].t()
+    x = x + tower.embed_positions.weight[: x.shape[0]]
+    for layer in tower.layers:
+        out = layer(x[None], None)
+        x = (out[0] if isinstance(out, tuple) else out)[0]
+    x = F.avg_pool1d(x.t()[None], 2, 2)[0].t()
+    return tower.layer_norm(x)
 
-    tok = build_tokenizer(list(vocab_texts) * 20, path, vocab_size=300)
-    tok.add_special_tokens({"additional_special_tokens": ["<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>"]})
-    Qwen2AudioProcessor(WhisperFeatureExtractor(feature_size=N_MELS), tok).save_pretrained(str(path))
-    conf = Qwen2AudioConfig(
-        audio_config=dict(d_model=32, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=64,
-                          num_mel_bins=N_MELS, max_source_positions=1500, dropout=0.0),
-        text_config=dict(model_type="qwen2", vocab_size=len(tok), hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
-        audio_token_index=tok.convert_tokens_to_ids("<|AUDIO|>"))
-    torch.manual_seed(0)
-    model = Qwen2AudioForConditionalGeneration(conf)
-    with torch.no_grad():   # non-trivial positions and biases
-        for p in model.model.audio_tower.parameters():
-            p.normal_(0.0, 0.2)
-    model.save_pretrained(str(path))
-    return str(path)
+
+def tiny_qwen2_audio_dir(path) -> str:
+    """A random tiny Qwen2AudioForConditionalGeneration written by save_pretrained, with a processor
+    and a tokenizer that knows Qwen2-Audio's audio tokens: what a user's download looks like."""
+    from west.models.random_qwen2_audio import write_random_qwen2_audio
+
+    return write_random_qwen2_audio(path, n_mels=N_MELS)

@@ -141,7 +141,7 @@ def notes(res: dict) -> str:
                        f"{_pct(t['llm_useful_wo_least_filled'])}")
     removed = (pack or {}).get("encoder_compute_removed_vs_30s")
     if removed is not None:
-        out.append(f"- encoder compute removed by packing Whisper instead of padding every utterance to 30 s: "
+        out.append(f"- encoder compute removed by packing the encoder input instead of padding every utterance to 30 s: "
                    f"{100 * removed:.1f}% of the encoder's forward FLOPs")
     if pack and pack["flops"]["fwd_encoder"] > 0:
         f = pack["flops"]

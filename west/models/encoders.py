@@ -62,8 +62,10 @@ ENCODERS: dict[str, EncoderType] = {e.name: e for e in (
                 exporter="west.checkpoint.released:export_qwen2_audio"),
 )}
 ENCODER_TYPES = tuple(ENCODERS)
+# released speech LLMs: each entry's name is the transformers model_type of its directory
+RELEASE_TYPES = tuple(e.name for e in ENCODERS.values() if e.is_release)
 # model.type: west's own assembly of the sections, or a released speech LLM loaded from model.path
-MODEL_TYPES = ("west", *(e.name for e in ENCODERS.values() if e.is_release))
+MODEL_TYPES = ("west", *RELEASE_TYPES)
 
 
 def encoder_type(name: str) -> EncoderType:

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from west.models.config import LLMConfig, LoraSettings
+from west.models.encoders import RELEASE_TYPES
 from west.models.hf_attention import ATTN_NAME, register
 from west.schema import ConfigError
 
@@ -24,10 +25,6 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 # do not change what the model computes and are left out).
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 _FINGERPRINTS: dict[tuple, dict] = {}
-
-
-# released speech LLMs whose directory holds the language model under ``language_model.``
-SPEECH_LLM_TYPES = ("qwen2_audio",)
 
 
 # a processor's chat template (Qwen2-Audio's renders audio parts), kept beside the tokenizer's files
@@ -57,15 +54,15 @@ def load_llm(cfg: LLMConfig, hf_config=None) -> nn.Module:
         register()
     kw = dict(attn_implementation=cfg.attn_implementation, dtype=getattr(torch, cfg.dtype))
     if hf_config is not None:
-        if getattr(hf_config, "model_type", None) in SPEECH_LLM_TYPES:
+        if getattr(hf_config, "model_type", None) in RELEASE_TYPES:
             hf_config = hf_config.get_text_config()
         return AutoModelForCausalLM.from_config(hf_config, **kw)
     if cfg.path:
         if not Path(cfg.path).is_dir():
             raise FileNotFoundError(f"model.llm.path {cfg.path!r} is not a directory")
         conf = AutoConfig.from_pretrained(cfg.path)
-        if hasattr(conf, "text_config") and conf.model_type in SPEECH_LLM_TYPES:
-            # a released speech LLM's directory: its language model, rows under language_model.*
+        if hasattr(conf, "text_config") and conf.model_type in RELEASE_TYPES:
+            # a released speech LLM's directory (west.models.encoders): its language model, rows under language_model.*
             from transformers.utils import logging as hf_logging  # heavy
 
             level = hf_logging.get_verbosity()

@@ -1,0 +1,48 @@
+"""A randomly initialised Qwen2-Audio directory, as a download would look (config, weights,
+processor, tokenizer with the audio tokens), written by ``save_pretrained`` at toy sizes.
+
+No weights can be downloaded here: tests, the CPU smoke and tools/qwen2_audio_padding.py build
+one of these instead. The tokenizer is a small byte-level BPE (west.models.tiny_llm) trained on
+the given texts, with Qwen2-Audio's three audio tokens added."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+import torch
+
+from west.models.tiny_llm import build_tokenizer
+
+AUDIO_TOKENS = ("<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>")
+DEFAULT_TEXTS = ("hello world", "speech data", "Transcribe the speech.")
+
+
+def write_random_qwen2_audio(path: str | Path, texts: Iterable[str] = DEFAULT_TEXTS, n_mels: int = 80,
+                             d_model: int = 32, layers: int = 2, tower_std: float = 0.2, seed: int = 0) -> str:
+    """Write a tiny ``Qwen2AudioForConditionalGeneration`` (audio tower ``d_model`` x ``layers``, a
+    2-layer Qwen2) to ``path``. The tower's weights are drawn from N(0, ``tower_std``) so that its
+    attention and positions matter (transformers' 0.02 init leaves it nearly uniform)."""
+    from transformers import (  # heavy
+        Qwen2AudioConfig,
+        Qwen2AudioForConditionalGeneration,
+        Qwen2AudioProcessor,
+        WhisperFeatureExtractor,
+    )
+
+    path = str(path)
+    tok = build_tokenizer(list(texts) * 20, path, vocab_size=300)
+    tok.add_special_tokens({"additional_special_tokens": list(AUDIO_TOKENS)})
+    Qwen2AudioProcessor(WhisperFeatureExtractor(feature_size=n_mels), tok).save_pretrained(path)
+    conf = Qwen2AudioConfig(
+        audio_config=dict(d_model=d_model, encoder_layers=layers, encoder_attention_heads=4,
+                          encoder_ffn_dim=2 * d_model, num_mel_bins=n_mels, max_source_positions=1500, dropout=0.0),
+        text_config=dict(model_type="qwen2", vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
+        audio_token_index=tok.convert_tokens_to_ids(AUDIO_TOKENS[1]))
+    torch.manual_seed(seed)
+    model = Qwen2AudioForConditionalGeneration(conf)
+    with torch.no_grad():
+        for p in model.model.audio_tower.parameters():
+            p.normal_(0.0, tower_std)
+    model.save_pretrained(path)
+    return path
