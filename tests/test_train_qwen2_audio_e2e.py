@@ -1,6 +1,6 @@
 """What a new user runs with a released Qwen2-Audio (here a tiny random one written by
 save_pretrained): west-train with recipes/aishell/conf/qwen2_audio_lora.yaml in pack mode,
-west-decode, west-export, and the export loaded back with transformers."""
+west-decode, west-export, and the export loaded back with transformers (and decoded by west)."""
 from __future__ import annotations
 
 import pytest
@@ -42,3 +42,8 @@ def test_train_decode_export_reload(tmp_path, corpus):
     assert export(["--checkpoint", str(out), "--out", str(tmp_path / "export")]) == 0
     back = Qwen2AudioForConditionalGeneration.from_pretrained(tmp_path / "export")
     assert back.config.audio_token_index > 0 and (tmp_path / "export" / "tokenizer_config.json").is_file()
+    # west decodes the released-format export too, to the same hypotheses (float32: LoRA merged exactly enough)
+    again = tmp_path / "dec_export.jsonl"
+    assert decode(["--checkpoint", str(tmp_path / "export"), "--data", str(data), "--result", str(again),
+                   "--batch_size", "4", "--max_new_tokens", "3", "--device", "cpu", "--quiet"]) == 0
+    assert [r["hyp"] for r in read_jsonl(again)] == [r["hyp"] for r in read_jsonl(result)]

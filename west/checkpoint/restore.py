@@ -8,6 +8,7 @@ latest one), read with the run's ``DIR/config.yaml`` (a lean one also reads the 
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Optional
@@ -20,14 +21,28 @@ from west.checkpoint.model_state import load_model_weights
 from west.checkpoint.pretrained import CONFIG_FILE, LLM_DIR, load_speech_llm
 from west.checkpoint.training import read_meta
 from west.models.config import SpeechLLMConfig
+from west.models.encoders import RELEASE_TYPES
 from west.models.llm import load_llm, load_tokenizer
 from west.models.speech_llm import SpeechLLM
 
 
+def released_type(path: Path) -> Optional[str]:
+    """The registry's name for a released speech LLM's directory (west-export of such a run), else None."""
+    conf = path / "config.json"
+    if not conf.is_file():
+        return None
+    try:
+        model_type = json.loads(conf.read_text(encoding="utf-8")).get("model_type")
+    except (ValueError, AttributeError):
+        return None
+    return model_type if model_type in RELEASE_TYPES else None
+
+
 def resolve_checkpoint(path: str | os.PathLike) -> Path:
-    """A step dir or an export as given, or the latest checkpoint of a run dir."""
+    """A step dir or an export (west's or a released model's format) as given, or the latest
+    checkpoint of a run dir."""
     p = Path(path)
-    if (p / "meta.json").is_file() or (p / CONFIG_FILE).is_file():
+    if (p / "meta.json").is_file() or (p / CONFIG_FILE).is_file() or released_type(p):
         return p
     latest = find_latest(p / "checkpoints")
     if latest is None:
@@ -92,8 +107,22 @@ def load_training_checkpoint(ckpt: Path, model_section: dict,
     return model, tokenizer
 
 
+def load_released(ckpt: Path, model_section: dict) -> tuple[SpeechLLM, object]:
+    """A released-format directory (its every weight, adapters merged) as ``model.type`` of its
+    kind with ``model.path`` the directory; the run's model section gives the rest (dtype,
+    attention, pad_to_30s) without the keys the directory now fixes (paths, projector, LoRA)."""
+    section = {k: v for k, v in model_section.items() if k not in ("type", "path", "projector", "lora")}
+    section["encoder"] = {k: v for k, v in (section.get("encoder") or {}).items() if k not in ("type", "path")}
+    section["llm"] = {k: v for k, v in (section.get("llm") or {}).items() if k != "path"}
+    model_cfg = SpeechLLMConfig.from_dict({**section, "type": released_type(ckpt), "path": str(ckpt)})
+    model_cfg.derive()
+    return SpeechLLM(model_cfg), load_tokenizer(ckpt)
+
+
 def load_trained(ckpt: Path, run_config: dict, llm_path: Optional[str] = None) -> tuple[SpeechLLM, object]:
-    """(model, tokenizer) from a resolved checkpoint of either kind, on the CPU in train mode."""
+    """(model, tokenizer) from a resolved checkpoint of any kind, on the CPU in train mode."""
+    if released_type(ckpt):
+        return load_released(ckpt, run_config.get("model") or {})
     if (ckpt / CONFIG_FILE).is_file():
         model = load_speech_llm(ckpt, llm_path=llm_path)
         has_tokenizer = (ckpt / LLM_DIR / "tokenizer_config.json").is_file()
