@@ -98,6 +98,19 @@ def test_speech_llm_takes_tower_projector_and_language_model_from_the_dir(q2a):
     assert_same(run(model, [padded_batch(samples[:3]), padded_batch(samples[3:], extra_len=5)]), single, "dynamic")
 
 
+def test_freezing_and_lora_apply_to_it(q2a):
+    cfg = config(q2a, freeze_encoder_blocks=1, freeze_llm=True, lora={"r": 4, "alpha": 8, "dropout": 0.0})
+    model = SpeechLLM(cfg)
+    tower = model.encoder.hf
+    assert not any(p.requires_grad for m in (tower.conv1, tower.conv2, tower.layers[0]) for p in m.parameters())
+    assert all(p.requires_grad for p in tower.layers[1].parameters())
+    assert all(p.requires_grad for p in model.projector.parameters())
+    trainable = [n for n, p in model.llm.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    with pytest.raises(ValueError, match="freeze_encoder_blocks 3 > .* 2 layers"):
+        SpeechLLM(config(q2a, freeze_encoder_blocks=3))
+
+
 def test_the_data_side_writes_qwen2_audio_s_prompt(q2a):
     """Through the directory's own chat template (its processor's) and audio tokens: <|audio_bos|>,
     one <|AUDIO|> per pooled tower frame (the count from west/shapes.py equals what the tower
