@@ -14,7 +14,8 @@ from pathlib import Path
 
 from west.checkpoint.pretrained import save_speech_llm
 from west.config import load_config
-from west.train.build import build_model, load_tokenizer
+from west.models.llm import load_tokenizer
+from west.train.build import build_model
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -24,7 +25,7 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     cfg = load_config(a.config)
     model = build_model(cfg.model, cfg.train.seed)
-    save_speech_llm(model, a.out, tokenizer=load_tokenizer(cfg.model))
+    save_speech_llm(model, a.out, tokenizer=load_tokenizer(cfg.model.llm.path))
     shutil.copy(a.config, Path(a.out) / "config.yaml")
 
 
