@@ -118,7 +118,7 @@ def test_the_data_side_writes_qwen2_audio_s_prompt(q2a):
     from transformers import AutoConfig
 
     from west.data.config import DataConfig
-    from west.data.records import AudioSpec, Record
+    from west.data.records import AudioSpec, Message, Record
     from west.data.tokenize import IGNORE_INDEX, PromptEncoder
     from west.models.llm import load_tokenizer
 
@@ -137,8 +137,21 @@ def test_the_data_side_writes_qwen2_audio_s_prompt(q2a):
         assert enc.ids[start - 1] == bos and enc.ids[start: start + n] == [audio] * n and enc.ids[start + n] == eos
         text = tok.decode(enc.ids)
         assert text.startswith("<|im_start|>system\nYou are a helpful assistant.<|im_end|>")  # the processor's
-        assert "<|audio_eos|>Transcribe the speech.<|im_end|>" in text
+        assert "<|im_start|>user\nAudio 1: <|audio_bos|>" in text   # as its processor renders an audio item
+        assert "<|audio_eos|>\nTranscribe the speech.<|im_end|>" in text
         assert tok.decode([t for t in enc.labels if t != IGNORE_INDEX]) == "hello world<|im_end|>"
+    # a conversation: every audio part numbered as the template numbers them, labels on the answers only
+    rec = Record("c", "x:2", [AudioSpec(), AudioSpec()], messages=[
+        Message("user", [("audio", 0), ("text", "Compare.")]), Message("assistant", [("text", "hello")]),
+        Message("user", [("text", "And ")]), Message("user", [("audio", 1)]), Message("assistant", [("text", "world")])])
+    mels = feats()[:2]
+    enc = pe.encode(rec, [m.shape[0] for m in mels])
+    text = tok.decode(enc.ids)
+    assert "Audio 1: <|audio_bos|>" in text and "Audio 2: <|audio_bos|>" in text
+    assert [n for _, n in enc.spans] == [tower_frames(m.shape[0]) for m in mels]
+    assert tok.decode([t for t in enc.labels if t != IGNORE_INDEX]) == "hello<|im_end|>world<|im_end|>"
+    prompt_ids, spans = pe.encode_prompt(rec, [m.shape[0] for m in mels])
+    assert len(spans) == 1 and tok.decode(prompt_ids).endswith("<|im_start|>assistant\n")
 
 
 def test_clear_errors(q2a, tmp_path):

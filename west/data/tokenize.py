@@ -29,7 +29,10 @@ _SENTINEL = "\x00L{}\x00"
 # the delimiters around them; west writes the same (a tokenizer without them: <|speech|> / pad)
 AUDIO_PLACEHOLDER = "<|AUDIO|>"
 AUDIO_DELIMITERS = ("<|audio_bos|>", "<|audio_eos|>")
-_SPLIT = re.compile(r"(\x00L\d+\x00|" + re.escape(SPEECH_MARKER) + ")")
+
+def _splitter(marker: str) -> re.Pattern:
+    """Splits a rendered chat into label sentinels, speech markers and text."""
+    return re.compile(r"(\x00L\d+\x00|" + re.escape(marker) + ")")
 _CACHE_MAX = 4096
 
 
@@ -53,10 +56,15 @@ class PromptEncoder:
         self.end_text: str = tokenizer.eos_token
         self.pad_id: int = pad_token_id(tokenizer)
         self.placeholder_id: int = speech_placeholder_id(tokenizer)
-        # a speech part as the prompt text holds it: the marker, between the model's own audio
-        # delimiters when its tokenizer has them (Qwen2-Audio: <|audio_bos|> ... <|audio_eos|>)
+        # How a speech part reaches the chat template. A template that renders audio content items
+        # (Qwen2-Audio's: "Audio 1: <|audio_bos|><|AUDIO|><|audio_eos|>\n") gets them, and its one
+        # <|AUDIO|> per part marks the slots; otherwise the text holds the marker, between the
+        # model's audio delimiters when its tokenizer has them.
         vocab = tokenizer.get_vocab()
         bos, eos = AUDIO_DELIMITERS
+        self.audio_items = _renders_audio_items(tokenizer)
+        self.marker = AUDIO_PLACEHOLDER if self.audio_items else SPEECH_MARKER
+        self._split = _splitter(self.marker)
         self.speech_text = f"{bos}{SPEECH_MARKER}{eos}" if bos in vocab and eos in vocab else SPEECH_MARKER
         self.prompt, self.system = conf.prompt, conf.system_prompt
         self.shape = shape
@@ -64,19 +72,27 @@ class PromptEncoder:
         self._asr_pieces = self._pieces(self._asr_messages(), n_audio=1)   # also checks the template
 
     # -- rendering --------------------------------------------------------
+    def _content(self, parts: Sequence[tuple[str, object]]):
+        """A turn's (kind, value) parts as the template takes them: audio items or marked text."""
+        if self.audio_items and any(kind == "audio" for kind, _ in parts):
+            return [AUDIO_ITEM if kind == "audio" else {"type": "text", "text": str(v)} for kind, v in parts
+                    if kind == "audio" or str(v)]
+        return "".join(self.speech_text if kind == "audio" else str(v) for kind, v in parts)
+
     def _asr_messages(self) -> list[dict]:
         msgs = [{"role": "system", "content": self.system}] if self.system is not None else []
-        return msgs + [{"role": "user", "content": self.prompt.replace(SPEECH_MARKER, self.speech_text)},
+        before, after = self.prompt.split(SPEECH_MARKER, 1)
+        return msgs + [{"role": "user", "content": self._content([("text", before), ("audio", 0), ("text", after)])},
                        {"role": "assistant", "content": _SENTINEL.format(0)}]
 
     def _chat_messages(self, record: Record) -> tuple[list[dict], list[str]]:
         msgs, labels = [], []
         for m in record.messages or []:
-            text = "".join(self.speech_text if kind == "audio" else str(v) for kind, v in m.parts)
             if m.role == "assistant":
-                labels.append(text)
-                text = _SENTINEL.format(len(labels) - 1)
-            msgs.append({"role": m.role, "content": text})
+                labels.append("".join(self.speech_text if kind == "audio" else str(v) for kind, v in m.parts))
+                msgs.append({"role": m.role, "content": _SENTINEL.format(len(labels) - 1)})
+            else:
+                msgs.append({"role": m.role, "content": self._content(m.parts)})
         return msgs, labels
 
     def _pieces(self, msgs: list[dict], n_audio: int, generation: bool = False) -> list[tuple[str, object]]:
@@ -84,8 +100,8 @@ class PromptEncoder:
         rendered = self.tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=generation)
         pieces: list[tuple[str, object]] = []
         n_speech, expect_end = 0, False
-        for part in _SPLIT.split(rendered):
-            if part == SPEECH_MARKER:
+        for part in self._split.split(rendered):
+            if part == self.marker:
                 pieces.append(("speech", n_speech))
                 n_speech += 1
                 continue
@@ -105,7 +121,7 @@ class PromptEncoder:
             raise ValueError(f"chat template does not end assistant turns with {self.end_text!r}")
         if n_speech != n_audio:
             raise SkipSample("malformed_line", f"{n_audio} audio part(s) but {n_speech} speech markers "
-                             f"after rendering (text may contain {SPEECH_MARKER!r})")
+                             f"after rendering (text may contain {self.marker!r})")
         if not generation:
             last_end = max((i for i, (k, _) in enumerate(pieces) if k == "end"), default=-1)
             if last_end >= 0 and all(k == "text" and not str(v).strip() for k, v in pieces[last_end + 1:]):
@@ -202,9 +218,30 @@ class PromptEncoder:
             msgs, _ = self._chat_messages(record)
             first = next(i for i, m in enumerate(msgs) if m["role"] == "assistant")
             msgs = msgs[:first]
-        n_audio = sum(m["content"].count(SPEECH_MARKER) for m in msgs)
+        n_audio = sum(_count_audio(m["content"]) for m in msgs)
         enc = self._assemble(self._pieces(msgs, n_audio, generation=True), [], list(frames)[:n_audio])
         return enc.ids, enc.spans
+
+
+AUDIO_ITEM = {"type": "audio", "audio_url": "speech"}
+
+
+def _count_audio(content) -> int:
+    if isinstance(content, str):
+        return content.count(SPEECH_MARKER)
+    return sum(item is AUDIO_ITEM or item.get("type") == "audio" for item in content)
+
+
+def _renders_audio_items(tokenizer) -> bool:
+    """Does the tokenizer's chat template render an audio content item as its <|AUDIO|> token?"""
+    if AUDIO_PLACEHOLDER not in tokenizer.get_vocab() or not getattr(tokenizer, "chat_template", None):
+        return False
+    probe = [{"role": "user", "content": [AUDIO_ITEM, {"type": "text", "text": "x"}]}]
+    try:
+        rendered = tokenizer.apply_chat_template(probe, tokenize=False)
+    except Exception:   # a template that takes only string contents (jinja raises its own errors)
+        return False
+    return rendered.count(AUDIO_PLACEHOLDER) == 1
 
 
 def pad_token_id(tokenizer) -> int:
