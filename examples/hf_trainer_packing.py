@@ -8,6 +8,7 @@ the share of computed tokens that are padding, the losses; then, by arithmetic w
 planner, how much of the compute is real tokens at a few average lengths (when packing helps).
 
     python examples/hf_trainer_packing.py [--samples 256] [--pack_length 2048] [--batch_size 8]
+    python examples/hf_trainer_packing.py --trainer sft    # TRL's SFTTrainer, padded vs PackingMixin
 """
 from __future__ import annotations
 
@@ -76,6 +77,34 @@ def run(trainer_cls, dataset, out: str, **kw) -> tuple[float, float]:
     return time.perf_counter() - t0, result.training_loss
 
 
+def sft_trainers():
+    """TRL's SFTTrainer (padded to each batch's longest, as its own collator pads; ours counts the
+    tokens) and the same with west's PackingMixin, taking the pre-tokenized samples as they are
+    (a word-level tokenizer over the ids only names pad and eos)."""
+    from datasets import Dataset as HFDataset  # optional: TRL's
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+    from trl import SFTConfig, SFTTrainer
+
+    from west.hf import PackingMixin
+
+    class PackedSFTTrainer(PackingMixin, SFTTrainer):
+        pass
+
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({str(i): i for i in range(VOCAB)},
+                                                                             unk_token="1")),
+                                  pad_token=str(PAD), eos_token="1")
+
+    def make(trainer_cls, args, train_dataset, **kw):
+        keep = ("output_dir", "num_train_epochs", "learning_rate", "report_to", "save_strategy", "logging_steps",
+                "use_cpu", "seed", "per_device_train_batch_size", "remove_unused_columns", "disable_tqdm")
+        conf = SFTConfig(**{k: getattr(args, k) for k in keep}, packing=False, max_length=None, bf16=False)
+        data = HFDataset.from_list([{"input_ids": x["input_ids"]} for x in train_dataset.items])
+        return trainer_cls(args=conf, train_dataset=data, processing_class=tok, **kw)
+
+    return (lambda **kw: make(SFTTrainer, **kw)), (lambda **kw: make(PackedSFTTrainer, **kw))
+
+
 def utilisation_table(pack_length: int, batch_size: int, n: int = 20000) -> list[tuple]:
     """Real tokens / computed tokens: padded to max_length, padded to the batch's longest, packed."""
     rows = []
@@ -97,18 +126,21 @@ def main() -> None:
     p.add_argument("--pack_length", type=int, default=2048)
     p.add_argument("--batch_size", type=int, default=8)
     p.add_argument("--out", default="/tmp/west_hf_packing")
+    p.add_argument("--trainer", choices=["trainer", "sft"], default="trainer",
+                   help="transformers.Trainer (PackedTrainer), or TRL's SFTTrainer (with PackingMixin)")
     a = p.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     lengths = lognormal_lengths(a.samples, a.mean_length, a.pack_length)
     data = Synthetic(lengths)
     real = int(lengths.sum())
 
-    padded_s, padded_loss = run(Trainer, data, f"{a.out}/padded", model=model(), data_collator=pad_collate,
+    padded_cls, packed_cls = sft_trainers() if a.trainer == "sft" else (Trainer, PackedTrainer)
+    padded_s, padded_loss = run(padded_cls, data, f"{a.out}/padded", model=model(), data_collator=pad_collate,
                                 batch_size=a.batch_size)
     packed = PackedTrainer(args=TrainingArguments(output_dir=f"{a.out}/probe", report_to=[], use_cpu=True),
                            model=model(), train_dataset=data, pack_length=a.pack_length, pad_token_id=PAD)
     rows = len(packed.get_train_dataloader())
-    packed_s, packed_loss = run(PackedTrainer, data, f"{a.out}/packed", model=use_packed_attention(model()),
+    packed_s, packed_loss = run(packed_cls, data, f"{a.out}/packed", model=use_packed_attention(model()),
                                 pack_length=a.pack_length, pad_token_id=PAD)
     padded_tokens = COMPUTED["padded"]
     print(f"{a.samples} samples, mean length {lengths.mean():.0f} (max {lengths.max()}), {real} real tokens")

@@ -3,12 +3,18 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
+
 from helpers.e2e import PYTHON, ROOT, subprocess_env
 
 
-def test_example_runs_and_reports_both_layouts(tmp_path):
+@pytest.mark.parametrize("trainer", ["trainer", "sft"])
+def test_example_runs_and_reports_both_layouts(tmp_path, trainer):
+    if trainer == "sft":
+        pytest.importorskip("trl")
     out = subprocess.run([PYTHON, str(ROOT / "examples" / "hf_trainer_packing.py"), "--samples", "48",
-                          "--out", str(tmp_path)], capture_output=True, text=True, env=subprocess_env(), timeout=600)
+                          "--trainer", trainer, "--out", str(tmp_path)],
+                         capture_output=True, text=True, env=subprocess_env(), timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.splitlines()
     padded = next(line for line in lines if line.startswith("padded "))
