@@ -12,6 +12,9 @@ from typing import Optional
 # The text that stands for one speech segment in a prompt; the data pipeline replaces it
 # with ``SpeechShape.slots(T)`` placeholder ids, the model splices embeddings there.
 SPEECH_MARKER = "<|speech|>"
+# Qwen2-Audio's audio tokens: <|AUDIO|> stands for one audio-tower frame (its processor repeats it
+# per frame, west's data side too), between the two delimiters; the model's config names its id.
+AUDIO_BOS, AUDIO_PLACEHOLDER, AUDIO_EOS = AUDIO_TOKENS = ("<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>")
 
 # Conv2d subsampling stacks as (kernel, stride) per layer, WeNet-style, no padding.
 SUBSAMPLING_LAYERS: dict[int, tuple[tuple[int, int], ...]] = {

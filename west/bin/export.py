@@ -38,14 +38,20 @@ def _dir_size(path: Path) -> int:
 def export(checkpoint: str, out: str, config: str | None = None, llm_path: str | None = None) -> Path:
     """Load CKPT as west-decode does, merge the adapters, write DIR; returns DIR."""
     from west.checkpoint.pretrained import CONFIG_FILE, export_speech_llm  # heavy
-    from west.checkpoint.restore import config_candidates, load_trained, read_run_config, resolve_checkpoint  # heavy
+    from west.checkpoint.restore import (  # heavy
+        config_candidates,
+        load_trained,
+        read_run_config,
+        released_type,
+        resolve_checkpoint,
+    )
     from west.models.encoders import exporter  # heavy
 
     ckpt = resolve_checkpoint(checkpoint)
     out_dir = Path(out)
     if out_dir.resolve() == ckpt.resolve():
         raise ValueError(f"--out {out}: is the checkpoint itself")
-    earlier = (out_dir / CONFIG_FILE).is_file() or (out_dir / "config.json").is_file()
+    earlier = (out_dir / CONFIG_FILE).is_file() or released_type(out_dir) is not None
     if out_dir.exists() and any(out_dir.iterdir()) and not earlier:
         raise FileExistsError(f"--out {out}: exists and is not an earlier export; give a new or empty dir")
     model, tokenizer = load_trained(ckpt, read_run_config(ckpt, config), llm_path)

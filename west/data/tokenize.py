@@ -22,18 +22,17 @@ from west.batch import IGNORE_INDEX
 from west.data.config import DataConfig
 from west.data.records import Record
 from west.data.stats import SkipSample
-from west.shapes import SPEECH_MARKER, SpeechShape
+from west.shapes import AUDIO_BOS, AUDIO_EOS, AUDIO_PLACEHOLDER, SPEECH_MARKER, SpeechShape
 
 _SENTINEL = "\x00L{}\x00"
-# Qwen2-Audio's audio tokens: the placeholder its processor repeats once per audio-tower frame, and
-# the delimiters around them; west writes the same (a tokenizer without them: <|speech|> / pad)
-AUDIO_PLACEHOLDER = "<|AUDIO|>"
-AUDIO_DELIMITERS = ("<|audio_bos|>", "<|audio_eos|>")
+_CACHE_MAX = 4096
+# a speech part as a chat template that renders audio content items takes it (Qwen2-Audio's)
+AUDIO_ITEM = {"type": "audio", "audio_url": "speech"}
+
 
 def _splitter(marker: str) -> re.Pattern:
     """Splits a rendered chat into label sentinels, speech markers and text."""
     return re.compile(r"(\x00L\d+\x00|" + re.escape(marker) + ")")
-_CACHE_MAX = 4096
 
 
 @dataclass
@@ -61,23 +60,27 @@ class PromptEncoder:
         # <|AUDIO|> per part marks the slots; otherwise the text holds the marker, between the
         # model's audio delimiters when its tokenizer has them.
         vocab = tokenizer.get_vocab()
-        bos, eos = AUDIO_DELIMITERS
         self.audio_items = _renders_audio_items(tokenizer)
         self.marker = AUDIO_PLACEHOLDER if self.audio_items else SPEECH_MARKER
         self._split = _splitter(self.marker)
-        self.speech_text = f"{bos}{SPEECH_MARKER}{eos}" if bos in vocab and eos in vocab else SPEECH_MARKER
+        self.speech_text = (f"{AUDIO_BOS}{SPEECH_MARKER}{AUDIO_EOS}" if AUDIO_BOS in vocab and AUDIO_EOS in vocab
+                            else SPEECH_MARKER)
         self.prompt, self.system = conf.prompt, conf.system_prompt
         self.shape = shape
         self._text_cache: dict[str, list[int]] = {}
         self._asr_pieces = self._pieces(self._asr_messages(), n_audio=1)   # also checks the template
 
     # -- rendering --------------------------------------------------------
+    def _text(self, parts: Sequence[tuple[str, object]]) -> str:
+        """A turn's (kind, value) parts as one text, each speech part marked."""
+        return "".join(self.speech_text if kind == "audio" else str(v) for kind, v in parts)
+
     def _content(self, parts: Sequence[tuple[str, object]]):
-        """A turn's (kind, value) parts as the template takes them: audio items or marked text."""
+        """A user/system turn as the template takes it: audio items, or the marked text."""
         if self.audio_items and any(kind == "audio" for kind, _ in parts):
             return [AUDIO_ITEM if kind == "audio" else {"type": "text", "text": str(v)} for kind, v in parts
                     if kind == "audio" or str(v)]
-        return "".join(self.speech_text if kind == "audio" else str(v) for kind, v in parts)
+        return self._text(parts)
 
     def _asr_messages(self) -> list[dict]:
         msgs = [{"role": "system", "content": self.system}] if self.system is not None else []
@@ -89,7 +92,7 @@ class PromptEncoder:
         msgs, labels = [], []
         for m in record.messages or []:
             if m.role == "assistant":
-                labels.append("".join(self.speech_text if kind == "audio" else str(v) for kind, v in m.parts))
+                labels.append(self._text(m.parts))
                 msgs.append({"role": m.role, "content": _SENTINEL.format(len(labels) - 1)})
             else:
                 msgs.append({"role": m.role, "content": self._content(m.parts)})
@@ -223,13 +226,11 @@ class PromptEncoder:
         return enc.ids, enc.spans
 
 
-AUDIO_ITEM = {"type": "audio", "audio_url": "speech"}
-
-
 def _count_audio(content) -> int:
+    """Speech parts in a turn's content: markers in a text, audio items in a list."""
     if isinstance(content, str):
         return content.count(SPEECH_MARKER)
-    return sum(item is AUDIO_ITEM or item.get("type") == "audio" for item in content)
+    return sum(item.get("type") == "audio" for item in content)
 
 
 def _renders_audio_items(tokenizer) -> bool:

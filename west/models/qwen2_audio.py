@@ -27,7 +27,7 @@ from west.batch import to_device
 from west.models.hf_attention import register
 from west.models.whisper_encoder import WHISPER_STAGES, WhisperPackedEncoder
 from west.schema import ConfigError, require
-from west.shapes import SpeechShape, frames_after
+from west.shapes import AUDIO_TOKENS, SpeechShape, frames_after
 
 QWEN2_AUDIO_STAGES = (*WHISPER_STAGES, (2, 2, 0))   # + AvgPool1d(kernel 2, stride 2)
 _TOWER_KEYS = {r"^audio_tower\.": ""}
@@ -50,7 +50,6 @@ def read_qwen2_audio_config(path: str):
 
 # what west's whisper feature stage computes (west.data.whisper_features): the processor must agree
 _FEATURES = {"sampling_rate": 16000, "hop_length": 160, "n_fft": 400}
-_AUDIO_TOKENS = ("<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>")
 
 
 def check_processor(path: str, conf) -> None:
@@ -70,9 +69,9 @@ def check_processor(path: str, conf) -> None:
     for key, value in want.items():
         require(getattr(fe, key, None) == value, "model.path", f"{path!r}: feature extractor {key}="
                 f"{getattr(fe, key, None)!r}, west's whisper features need {value!r}")
-    ids = tok.convert_tokens_to_ids(list(_AUDIO_TOKENS))
+    ids = tok.convert_tokens_to_ids(list(AUDIO_TOKENS))
     require(tok.unk_token_id not in ids and None not in ids, "model.path",
-            f"{path!r}: the tokenizer lacks Qwen2-Audio's audio tokens {_AUDIO_TOKENS}")
+            f"{path!r}: the tokenizer lacks Qwen2-Audio's audio tokens {AUDIO_TOKENS}")
     require(ids[1] == conf.audio_token_index, "model.path", f"{path!r}: the tokenizer's <|AUDIO|> is id {ids[1]}, "
             f"config.json audio_token_index is {conf.audio_token_index}")
 

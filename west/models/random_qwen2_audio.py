@@ -12,8 +12,8 @@ from typing import Iterable
 import torch
 
 from west.models.tiny_llm import build_tokenizer
+from west.shapes import AUDIO_PLACEHOLDER, AUDIO_TOKENS
 
-AUDIO_TOKENS = ("<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>")
 DEFAULT_TEXTS = ("hello world", "speech data", "Transcribe the speech.")
 
 
@@ -38,7 +38,7 @@ def write_random_qwen2_audio(path: str | Path, texts: Iterable[str] = DEFAULT_TE
                           encoder_ffn_dim=2 * d_model, num_mel_bins=n_mels, max_source_positions=1500, dropout=0.0),
         text_config=dict(model_type="qwen2", vocab_size=len(tok), hidden_size=32, intermediate_size=64,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
-        audio_token_index=tok.convert_tokens_to_ids(AUDIO_TOKENS[1]))
+        audio_token_index=tok.convert_tokens_to_ids(AUDIO_PLACEHOLDER))
     torch.manual_seed(seed)
     model = Qwen2AudioForConditionalGeneration(conf)
     with torch.no_grad():
