@@ -5,6 +5,7 @@
 # train.compile). Tables, JSON and logs go to OUT (at most 8 files, for the device tool).
 #
 #   bash tools/gpu_suite.sh OUT [--parts build,attention,bench,train,compile] [--num_utts 700]
+#        (parts run in the order given; a failed part is logged and the next one runs)
 #   bash tools/gpu_suite.sh OUT --parts build,big    # Whisper-large-v3 + Qwen2-7B shapes, LoRA (a second call)
 #        [--memory_budget 24GiB] [--python python3] [--work_dir /tmp/west_gpu] [--device cuda]
 #
@@ -14,7 +15,7 @@
 # (tests/test_tools_gpu_suite.py runs `--device cpu --tiny`); docs/benchmarks.md says what ran where.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-[ $# -ge 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -ge 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
 parts=build,attention,bench,train,compile
 num_utts=700
@@ -34,6 +35,13 @@ while [ $# -gt 0 ]; do
   esac
 done
 has() { [[ ",$parts," == *",$1,"* ]]; }
+failed=()
+part() {   # name: run part_<name> in a subshell; a failed part is logged and the next one runs
+  has "$1" || return 0
+  local t0; t0=$(date +%s)
+  if ( set -euo pipefail; "part_$1" ); then log "$1 ok ($(( $(date +%s) - t0 )) s)"
+  else log "$1 FAILED (rc $?, $(( $(date +%s) - t0 )) s): see suite.log"; failed+=("$1"); fi
+}
 log() { echo "[gpu_suite $(date +%H:%M:%S)] $*" | tee -a "$out/suite.log"; }
 t_start=$(date +%s)
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -48,6 +56,11 @@ export PYTHONPATH=$repo${PYTHONPATH:+:$PYTHONPATH}
 import torch, transformers
 gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
 print(f"[gpu_suite] torch {torch.__version__}, transformers {transformers.__version__}, GPU {gpu}")
+if torch.cuda.is_available():
+    free, total = torch.cuda.mem_get_info()
+    p = torch.cuda.get_device_properties(0)
+    print(f"[gpu_suite] {p.multi_processor_count} SMs, {total / 2**30:.1f} GiB ({free / 2**30:.1f} free), "
+          f"capability {p.major}.{p.minor}, CPU cores {__import__('os').cpu_count()}")
 EOF
 
 conf=$repo/recipes/aishell/conf/seed_gpu.yaml
@@ -62,7 +75,7 @@ if $tiny; then   # the CPU check of this script: same steps, toy sizes
 fi
 common=(--model.llm.path "$llm" --train.device "$device")
 
-if has build; then
+part_build() {
   log "build: corpus ($num_train train utterances), lists, CMVN, tokenizer, random $shape LLM"
   words=()
   [ -f "$repo/.whl/jieba_dict.txt" ] && words=(--synth_opts "--dict $repo/.whl/jieba_dict.txt")
@@ -71,10 +84,9 @@ if has build; then
     --llm_pretrain_steps 0 "${words[@]}" >>"$out/suite.log" 2>&1
   [ -f "$llm/config.json" ] || "$python" "$repo/tools/make_seed_llm.py" "$llm" --tokenizer "$exp/tiny_llm" \
     --shape "$shape" >>"$out/suite.log" 2>&1
-  log "build done ($(( $(date +%s) - t_start )) s)"
-fi
+}
 
-if has attention; then
+part_attention() {
   log "attention: packed LLM kernels and the Conformer's (flex vs segment SDPA) against float64"
   dtype=bfloat16; [ "$device" = cpu ] && dtype=float32
   sizes=(); esizes=()
@@ -83,9 +95,9 @@ if has attention; then
     2>&1 | tee -a "$out/suite.log" | tail -8
   "$python" "$repo/tools/check_encoder_attention.py" --device "$device" --dtype "$dtype" "${esizes[@]}" \
     --out "$out/encoder_attention.json" 2>&1 | tee -a "$out/suite.log" | tail -9
-fi
+}
 
-if has bench; then
+part_bench() {
   log "bench: west-benchmark, each mode at its largest size under $memory_budget, $num_utts utterances"
   budget=(--memory_budget "$memory_budget" --repeats 2)
   $tiny && budget=(--memory_budget 2GiB --repeats 1)
@@ -96,7 +108,7 @@ if has bench; then
   cp "$exp/bench/benchmark.json" "$out/benchmark.json"
   cp "$exp/bench/benchmark.md" "$out/benchmark.md"
   tail -n 40 "$out/benchmark.md"
-fi
+}
 
 train_run() {   # name, extra args...
   local name=$1; shift
@@ -110,15 +122,15 @@ train_run() {   # name, extra args...
     | tee -a "$out/suite.md"
 }
 
-if has train; then
+part_train() {
   log "train: west-train, pack $pack, $steps steps, the real loader ($workers workers, pinned memory on CUDA)"
   train_run train_eager
-fi
-if has compile; then
+}
+part_compile() {
   log "compile: the same with train.compile true"
   train_run train_compiled --train.compile true
-fi
-if has big; then   # issue 23: fits 40 GiB at pack 8192; pack vs Whisper padded to 30 s under 80 GB
+}
+part_big() {   # issue 23: fits 40 GiB at pack 8192; pack vs Whisper padded to 30 s under 80 GB
   big=$repo/recipes/aishell/conf/whisper_7b_lora.yaml
   wdir=$exp/whisper_large_v3; qdir=$exp/qwen2_7b
   $tiny && { wdir=$exp/whisper_tiny; qdir=$llm; }
@@ -136,6 +148,13 @@ if has big; then   # issue 23: fits 40 GiB at pack 8192; pack vs Whisper padded 
     --modes pack,whisper_padded_30s --memory_budget "$($tiny && echo 2GiB || echo 80GiB)" >>"$out/suite.log" 2>&1
   cp "$exp/bench_big/benchmark.md" "$out/benchmark_big.md"
   tail -n 20 "$out/benchmark_big.md"
-fi
+}
+
+IFS=, read -ra order <<<"$parts"   # parts run in the order given
+for name in "${order[@]}"; do
+  declare -F "part_$name" >/dev/null || { log "unknown part $name"; failed+=("$name"); continue; }
+  part "$name"
+done
 { [ -f "$out/benchmark.md" ] && cat "$out/benchmark.md"; } >>"$out/suite.md" 2>/dev/null || true
-log "done in $(( $(date +%s) - t_start )) s; tables: $out/suite.md"
+log "done in $(( $(date +%s) - t_start )) s; tables: $out/suite.md${failed[*]:+; FAILED: ${failed[*]}}"
+[ ${#failed[@]} -eq 0 ]
