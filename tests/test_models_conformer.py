@@ -39,7 +39,8 @@ def _pad(feats, extra=0):
 
 
 @pytest.mark.parametrize("rate,bpo,pos_enc", [(4, 8, "relative"), (6, None, "relative"), (8, 2, "relative"),
-                                              (4, 8, "wenet"), (6, None, "wenet")])
+                                              (4, 8, "wenet"), (6, None, "wenet"),
+                                              (4, 0, "relative"), (4, 0, "wenet")])   # 0: CUDA's auto grouping
 def test_packed_equals_alone_equals_padded(rate, bpo, pos_enc):
     lens = [n for n in LENS if n >= min_fbank_frames(rate)]
     enc, feats = _encoder(rate, bpo, pos_enc=pos_enc), _feats(lens)

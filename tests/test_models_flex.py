@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from west.models.attention import LazySegmentPlan, reference_attention, varlen_attention
-from west.models.conformer import ConformerEncoder, encoder_backend, relative_sinusoids
-from west.models.flex import DocumentMask, document_blocks, flex_works, rel_pos_attention, rel_pos_reference
+from west.models.conformer import ConformerEncoder, attention_grouping, encoder_backend, relative_sinusoids
+from west.models.flex import DocumentMask, document_blocks, rel_pos_attention, rel_pos_reference
 
 from helpers.e2e import tiny_encoder
 
@@ -87,19 +87,29 @@ def test_llm_flex_backend_uses_the_batch_mask_and_matches_reference():
     assert True in plan._masks   # the causal document mask was built once, from the host boundaries
 
 
-def test_backend_choice(monkeypatch):
-    import west.models.conformer as conformer
-
-    monkeypatch.setattr(conformer, "flex_works", lambda device: True)
+def test_backend_choice():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert encoder_backend("auto", cpu, packed=True) == "sdpa_segments"
-    assert encoder_backend("auto", cuda, packed=True) == "flex"
-    assert encoder_backend("auto", cuda, packed=False) == "sdpa_segments"      # one padded group
+    assert encoder_backend("auto", cuda, packed=True) == "sdpa_segments"      # measured faster than flex (H100)
+    assert encoder_backend("flex", cuda, packed=True) == "flex"
+    assert encoder_backend("flex", cuda, packed=False) == "sdpa_segments"     # one padded group
     assert encoder_backend("flex", cuda, packed=True, dropout=0.1) == "sdpa_segments"
     assert encoder_backend("sdpa_segments", cuda, packed=True) == "sdpa_segments"
     with torch.no_grad():
         assert encoder_backend("flex", cpu, packed=True) == "flex"               # forward runs on the CPU
     assert encoder_backend("flex", cpu, packed=True) == "sdpa_segments"         # training does not
+
+
+def test_auto_groups_packed_attention_in_one_group_on_cuda_only():
+    """On CUDA, ``auto`` runs every packed segment in one SDPA group (a fixed kernel count per layer);
+    elsewhere, and for an explicit backend, the configured buckets_per_octave."""
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    auto = tiny_encoder(buckets_per_octave=8)
+    assert attention_grouping(auto, cuda) == 0
+    assert attention_grouping(auto, cpu) == 8
+    assert attention_grouping(tiny_encoder(buckets_per_octave=8, attn_backend="sdpa_segments"), cuda) == 8
+    assert attention_grouping(tiny_encoder(buckets_per_octave=None, attn_backend="flex"), cuda) is None
+    assert ConformerEncoder(auto).attention_buckets == 8                      # its weights are on the CPU
 
 
 def test_positional_table_must_cover_the_longest_document():
@@ -108,15 +118,3 @@ def test_positional_table_must_cover_the_longest_document():
     with torch.no_grad(), pytest.raises(ValueError, match="longest document"):
         rel_pos_attention(q, q, q, q, table, DocumentMask([30], "cpu"), 1.0)
     assert relative_sinusoids(4, 8).shape == (7, 8)
-
-
-def test_auto_falls_back_when_flex_cannot_train(monkeypatch, caplog):
-    """flex_works runs a forward + backward once; where it fails (here: the CPU has no FlexAttention
-    backward), auto uses segment SDPA and says why."""
-    import west.models.conformer as conformer
-
-    flex_works.cache_clear()
-    assert flex_works("cpu") is False
-    assert "does not train on cpu" in caplog.text
-    monkeypatch.setattr(conformer, "flex_works", lambda device: False)
-    assert encoder_backend("auto", torch.device("cuda"), packed=True) == "sdpa_segments"

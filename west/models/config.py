@@ -34,7 +34,7 @@ class ConformerConfig:
     dropout: float = setting(0.1, min=0)
     attn_dropout: float = setting(0.0, min=0)
     buckets_per_octave: Optional[int] = setting(8, min=0)  # packed attention grouping (None = exact lengths, 0 = one group)
-    attn_backend: str = setting("auto", choices=ENCODER_BACKENDS)  # auto: flex for packed rows on CUDA
+    attn_backend: str = setting("auto", choices=ENCODER_BACKENDS)  # auto: segment SDPA, one group on CUDA
     gradient_checkpointing: bool = False
     pos_enc: str = setting("relative", choices=("relative", "wenet"))  # wenet: as WeNet's rel_pos computes it
     init: Optional[str] = setting(None, rule=(  # west-named safetensors loaded before training (not on resume)

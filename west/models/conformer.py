@@ -26,7 +26,7 @@ from torch.utils.checkpoint import checkpoint
 from west.batch import to_device
 from west.models.attention import SegmentGroup, bucket_length, segment_sdpa
 from west.models.config import ConformerConfig
-from west.models.flex import flex_available, flex_works, rel_pos_attention
+from west.models.flex import rel_pos_attention
 from west.models.layout import FlatEncoder, FrameLayout
 from west.models.subsampling import Conv2dSubsampling
 from west.shapes import SpeechShape
@@ -100,15 +100,21 @@ class RelPositionAttention(nn.Module):
 
 
 def encoder_backend(requested: str, device: torch.device, packed: bool, dropout: float = 0.0) -> str:
-    """What the Conformer's attention runs: FlexAttention (one fused kernel per layer) for packed
-    rows on CUDA, else segment SDPA (the CPU path and the reference; a padded batch is one group).
-    ``flex`` asked for where it cannot run (CPU training, dropout) falls back the same way."""
-    if requested == "sdpa_segments" or not packed or dropout > 0:
+    """What the Conformer's attention runs: segment SDPA (``auto``, ``sdpa_segments``; a padded
+    batch is one group), or FlexAttention for packed rows where asked for (``flex``: on CUDA, or a
+    forward without gradients on the CPU; never with dropout). ``auto`` is segment SDPA on every
+    device: on one H100 at the seed's sizes, one group ran the layer's attention 2x faster than
+    flex with its rel-pos ``score_mod`` (docs/benchmarks.md, tools/check_encoder_attention.py)."""
+    if requested != "flex" or not packed or dropout > 0:
         return "sdpa_segments"
-    if requested == "flex":
-        return "flex" if device.type == "cuda" or not torch.is_grad_enabled() else "sdpa_segments"
-    usable = device.type == "cuda" and flex_available() and flex_works(str(device))
-    return "flex" if usable else "sdpa_segments"
+    return "flex" if device.type == "cuda" or not torch.is_grad_enabled() else "sdpa_segments"
+
+
+def attention_grouping(cfg: ConformerConfig, device: torch.device) -> Optional[int]:
+    """``buckets_per_octave`` for packed segment SDPA: under ``auto`` on CUDA, one group (a fixed
+    number of kernels per layer whatever the length spread: launches cost more than the padding
+    FLOPs there); elsewhere the configured grouping (on a CPU, FLOPs are the cost)."""
+    return 0 if cfg.attn_backend == "auto" and device.type == "cuda" else cfg.buckets_per_octave
 
 
 class ConvModule(nn.Module):
@@ -198,7 +204,7 @@ class ConformerEncoder(FlatEncoder):
 
     @property
     def attention_buckets(self) -> Optional[int]:
-        return self.cfg.buckets_per_octave
+        return attention_grouping(self.cfg, self.after_norm.weight.device)
 
     @property
     def output_dim(self) -> int:
@@ -215,11 +221,12 @@ class ConformerEncoder(FlatEncoder):
 
     def encode(self, feats: torch.Tensor, lens: list[int], packed: bool) -> tuple[torch.Tensor, FrameLayout]:
         """Checked feats (FlatEncoder.forward_flat) -> flat rows in the input's layout, and that layout."""
+        buckets = attention_grouping(self.cfg, feats.device)
         if packed:
-            x, layout = self.subsampling.forward_packed(feats, lens, self.cfg.buckets_per_octave)
+            x, layout = self.subsampling.forward_packed(feats, lens, buckets)
         else:
             x, layout = self.subsampling.forward_padded(feats, lens)
-        longest = (bucket_length(max(layout.lengths), self.cfg.buckets_per_octave, max(layout.lengths)) if layout.packed
+        longest = (bucket_length(max(layout.lengths), buckets, max(layout.lengths)) if layout.packed
                    else layout.padded_len)   # the longest group segment SDPA forms (flex needs <= this)
         pos = self._pos_table(longest, x)
         if self.blocks:   # plans built once here, outside any compiled block, then shared by all blocks

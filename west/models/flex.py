@@ -16,7 +16,6 @@ forward-only: the CPU path of the Conformer stays segment SDPA, and tests compar
 from __future__ import annotations
 
 import inspect
-import logging
 from functools import lru_cache
 from typing import Callable, Optional, Sequence
 
@@ -25,7 +24,6 @@ import torch
 from west.batch import to_device
 
 BLOCK = 128   # FlexAttention's default block size (rows per tile)
-log = logging.getLogger(__name__)
 
 
 class DocumentMask:
@@ -169,14 +167,6 @@ def rel_pos_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qv: tor
     return flex_attention(q, k, v, mask, scale=scale, score_mod=score_mod)
 
 
-def flex_available() -> bool:
-    try:
-        from torch.nn.attention.flex_attention import BlockMask  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def rel_pos_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qv: torch.Tensor, pos_proj: torch.Tensor,
                       lengths: Sequence[int], scale: float, key_positions: bool = False) -> torch.Tensor:
     """Dense per-document attention with the same positional term as :func:`rel_pos_attention`,
@@ -192,29 +182,3 @@ def rel_pos_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qv: tor
         out.append(torch.einsum("hqk,khd->qhd", (s * scale).softmax(-1), v[rows]))
         start += n
     return torch.cat(out)
-
-
-@lru_cache(maxsize=None)
-def flex_works(device: str) -> bool:
-    """Whether the rel-pos FlexAttention path trains on ``device`` here: once per process, a small
-    forward + backward against :func:`rel_pos_reference` (gradients reach the ``score_mod``'s
-    table, a newer FlexAttention feature). ``auto`` falls back to segment SDPA, with a warning,
-    where it fails; an explicit ``flex`` does not ask."""
-    try:
-        gen = torch.Generator().manual_seed(0)
-        lengths, h, d, m = [37, 150, 90], 2, 16, 150
-        x = [torch.randn(sum(lengths), h, d, generator=gen).to(device).requires_grad_(True) for _ in range(4)]
-        table = torch.randn(2 * m - 1, h, d, generator=gen).to(device).requires_grad_(True)
-        out = rel_pos_attention(*x, table, DocumentMask(lengths, device), 0.25)
-        got = torch.autograd.grad(out.square().sum(), [*x, table])
-        ref = rel_pos_reference(*x, table, lengths, 0.25)
-        want = torch.autograd.grad(ref.square().sum(), [*x, table])
-        err = max(float((a - b).norm() / b.norm().clamp_min(1e-12)) for a, b in zip((out, *got), (ref, *want)))
-        if not err < 1e-3:
-            raise RuntimeError(f"relative error {err:.1e} against the dense reference")
-    except Exception as e:   # any failure: this torch/GPU cannot train the fused path
-        log.warning("FlexAttention with the Conformer's rel-pos score_mod does not train on %s (%s: %s); "
-                    "the encoder uses segment SDPA (model.encoder.attn_backend sdpa_segments)",
-                    device, type(e).__name__, str(e)[:200])
-        return False
-    return True
