@@ -208,3 +208,69 @@ def test_cli_with_a_host_budget(bench, tmp_path, capsys):
         assert all(t["fits"] == (t["peak_bytes"] <= 64 * 2**20) for t in s["trials"])
         assert s["capped"] or any(not t["fits"] and t["size"] <= s["size"] + s["granularity"] for t in s["trials"])
     assert res["efficiency"]["peak"]["tflops"] > 0 and res["efficiency"]["useful_flops_from"] == "pack"
+
+
+class FakeCuda:
+    """torch.cuda's memory-cap calls on a machine without a GPU: records what was set."""
+
+    def __init__(self, monkeypatch):
+        self.fractions: list[tuple[float, int]] = []
+        self.emptied = 0
+        props = type("Props", (), {"total_memory": 80 * 2**30, "name": "Fake GPU"})()
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
+                            lambda f, device: self.fractions.append((f, device if isinstance(device, int)
+                                                                     else device.index)))
+        monkeypatch.setattr(torch.cuda, "empty_cache", lambda: setattr(self, "emptied", self.emptied + 1))
+
+
+def test_cuda_budget_needs_no_index_and_bookkeeping_passes_lift_it(monkeypatch):
+    """"cuda" (no index) is the current device, as torch's cap needs one (seen failing on an H100);
+    FLOP/operator-count passes run uncapped and the cap is set again afterwards."""
+    import west.bench.memory as memory
+
+    fake = FakeCuda(monkeypatch)
+    monkeypatch.setattr(memory, "_CAPS", {})
+    with memory.cap_lifted(torch.device("cuda")):
+        pass
+    assert fake.fractions == []                                   # no cap set: nothing to lift
+    cap = memory.cuda_budget(torch.device("cuda"), 20 * 2**30)
+    assert cap["fraction"] == pytest.approx(0.25) and fake.fractions == [(0.25, 0)]
+    with memory.cap_lifted(torch.device("cuda")):
+        assert fake.fractions[-1] == (1.0, 0)
+    assert fake.fractions[-1] == (0.25, 0) and fake.emptied == 1
+    with memory.cap_lifted(torch.device("cpu")):
+        pass
+    assert len(fake.fractions) == 3
+    with pytest.raises(ValueError, match="more than the card"):
+        memory.cuda_budget(torch.device("cuda", 0), 100 * 2**30)
+
+
+def test_flop_count_runs_in_the_training_precision():
+    """The FLOP pass doubles as the warm-up and must hold the step's activations, not fp32 ones."""
+    from west.bench.costs import count_flops
+
+    class Probe(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+            self.dtypes: list[torch.dtype] = []
+
+        def forward(self, b):
+            y = self.lin(b.x)
+            self.dtypes.append(y.dtype)
+            return {"loss_sum": y.float().sum()}
+
+    class B:
+        def __init__(self):
+            self.x = torch.randn(3, 4)
+
+        def to(self, device):
+            return self
+
+    probe = Probe()
+    fp32 = count_flops(probe, [B()], torch.device("cpu"))
+    bf16 = count_flops(probe, [B()], torch.device("cpu"), "bf16")
+    assert probe.dtypes == [torch.float32, torch.bfloat16]
+    assert fp32["total"] == bf16["total"] > 0

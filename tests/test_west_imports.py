@@ -125,3 +125,19 @@ def test_function_level_imports_say_why():
     silent = [f"{f.relative_to(ROOT)}:{n}: {text.strip()}" for f in sorted(WEST.rglob("*.py"))
               for n, text in function_level_imports(f) if "#" not in text]
     assert not silent, "function-level imports without a reason:\n" + "\n".join(silent)
+
+
+def test_cuda_allocator_defaults_respect_the_user(monkeypatch):
+    from west.ranks import cuda_allocator_defaults
+
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    cuda_allocator_defaults()
+    assert __import__("os").environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128")
+    cuda_allocator_defaults()
+    assert __import__("os").environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128"
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:False")
+    cuda_allocator_defaults()
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in __import__("os").environ

@@ -40,6 +40,7 @@ import torch
 
 from west.batch import Batch
 from west.bench.costs import batch_shapes, count_flops, summarize
+from west.bench.memory import cap_lifted
 from west.bench.modes import WHISPER_PADDED, Mode, model_overrides
 from west.bench.op_counter import count_encoder_ops, count_step_ops
 from west.bench.runner import PassRunner
@@ -124,13 +125,13 @@ def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, trai
     for m in modes:
         t0 = time.perf_counter()
         runner.model.load_state_dict(runner.init)
-        with model_overrides(model, m.model):
-            results[m.name]["flops"] = count_flops(model, loaded[m.name], dev)
+        with model_overrides(model, m.model), cap_lifted(dev):
+            results[m.name]["flops"] = count_flops(model, loaded[m.name], dev, train.precision)
         log(f"[benchmark] {m.name}: FLOP count + warm-up pass {time.perf_counter() - t0:.1f} s; "
             f"{results[m.name]['flops']['total'] / 1e12:.2f} TFLOP fwd+bwd")
         if count_ops:
             t0 = time.perf_counter()
-            with model_overrides(model, m.model):
+            with model_overrides(model, m.model), cap_lifted(dev):
                 results[m.name]["ops"] = count_step_ops(runner, loaded[m.name])
                 results[m.name]["encoder_ops"] = count_encoder_ops(model, loaded[m.name], dev, train.precision)
             ops, enc = results[m.name]["ops"]["per_step"], results[m.name]["encoder_ops"]["per_step"]
@@ -138,8 +139,11 @@ def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, trai
                 f"counted in {time.perf_counter() - t0:.1f} s")
     for rep in range(repeats):
         for m in modes:
-            with model_overrides(model, m.model):
-                r = runner.run(loaded[m.name], warmup_steps)
+            try:
+                with model_overrides(model, m.model):
+                    r = runner.run(loaded[m.name], warmup_steps)
+            except torch.OutOfMemoryError as e:   # say which mode: the caller names the sizes
+                raise torch.OutOfMemoryError(f"timed pass of {m.name}: {str(e).splitlines()[0]}") from None
             results[m.name].setdefault("runs", []).append(r)
             log(f"[benchmark] repeat {rep + 1}/{repeats} {m.name}: {r['time_s']:.2f} s (CPU {r['cpu_s']:.2f} s), "
                 f"util {r['util_pct']:.0f}%, mean loss {r['mean_loss']:.3f}")

@@ -14,6 +14,7 @@ import torch
 from west.batch import IGNORE_INDEX, Batch
 from west.models.attention import SegmentPlan
 from west.shapes import SpeechShape
+from west.train.step import autocast
 
 # west.models.hf_attention.packed_kwargs groups packed LLM segments with 8 buckets per octave.
 LLM_BUCKETS_PER_OCTAVE = 8
@@ -110,12 +111,14 @@ def sdpa_flops() -> dict:
     return table
 
 
-def count_flops(model: torch.nn.Module, batches: Sequence[Batch], device: torch.device) -> dict:
+def count_flops(model: torch.nn.Module, batches: Sequence[Batch], device: torch.device,
+                precision: str = "fp32") -> dict:
     """Forward+backward FLOPs over ``batches``: ``total``, ``forward``, ``backward`` and the
     forward FLOPs of each top-level part (``fwd_<child>``; a child called through a method has
     what the root's forward does outside its called children, else the LLM has it: the loss
     over its output embedding). Weights are not updated; this pass doubles
-    as the warm-up that sees every batch shape once. (Per-module numbers come from forward
+    as the warm-up that sees every batch shape once, in the training ``precision`` (its kernels
+    and its activation memory). (Per-module numbers come from forward
     hooks only: torch's attribution of backward ops to modules is approximate.) Packed LLM
     attention is counted as segment SDPA runs it (segments padded to their bucket), an upper
     bound of what a varlen kernel computes."""
@@ -126,13 +129,13 @@ def count_flops(model: torch.nn.Module, batches: Sequence[Batch], device: torch.
     if backend is not None:   # count packed LLM attention as segment SDPA on every device: the
         llm_cfg.attn_backend = "sdpa_segments"  # flop counter cannot see into varlen kernels' custom ops
     try:
-        return _count(model, batches, device)
+        return _count(model, batches, device, precision)
     finally:
         if backend is not None:
             llm_cfg.attn_backend = backend
 
 
-def _count(model: torch.nn.Module, batches: Sequence[Batch], device: torch.device) -> dict:
+def _count(model: torch.nn.Module, batches: Sequence[Batch], device: torch.device, precision: str) -> dict:
     from torch.utils.flop_counter import FlopCounterMode  # heavy
 
     root = type(model).__name__
@@ -141,7 +144,7 @@ def _count(model: torch.nn.Module, batches: Sequence[Batch], device: torch.devic
     for b in batches:
         fwd = FlopCounterMode(display=False, custom_mapping=sdpa_flops())
         bwd = FlopCounterMode(display=False, custom_mapping=sdpa_flops())
-        with fwd:
+        with fwd, autocast(device, precision):
             loss = model(b.to(device))["loss_sum"]
         with bwd:
             loss.backward()

@@ -17,9 +17,10 @@ the mode was entered other than the baseline's.
 """
 from __future__ import annotations
 
+import contextlib
 import re
 import weakref
-from typing import Iterable, Optional
+from typing import Iterable, Iterator, Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -105,13 +106,39 @@ class LiveTensorBytes(TorchDispatchMode):
         return out
 
 
+_CAPS: dict[int, float] = {}   # CUDA device index -> the fraction cuda_budget set
+
+
 def cuda_budget(device: torch.device, budget: Optional[int]) -> dict:
     """Cap this process's CUDA caching allocator at ``budget`` bytes (None: the card's size).
     Returns {"budget": bytes, "card": bytes, "fraction": f}."""
+    device = torch.device(device)
+    if device.index is None:   # torch's cap wants an index; "cuda" means the current device
+        device = torch.device("cuda", torch.cuda.current_device())
     card = torch.cuda.get_device_properties(device).total_memory
     if budget is not None and budget > card:
         raise ValueError(f"--memory_budget: {fmt_bytes(budget)} is more than the card's {fmt_bytes(card)} "
                          f"({torch.cuda.get_device_name(device)})")
     fraction = 1.0 if budget is None else budget / card
     torch.cuda.set_per_process_memory_fraction(fraction, device)
+    _CAPS[device.index] = fraction
     return {"budget": card if budget is None else budget, "card": card, "fraction": fraction}
+
+
+@contextlib.contextmanager
+def cap_lifted(device: torch.device) -> Iterator[None]:
+    """Lift the cap of :func:`cuda_budget` for a bookkeeping pass, then set it again with the cache
+    emptied, so the timed passes run under the budget as the search did. No-op elsewhere. FLOP and
+    operator counts are not the step that was sized: the FLOP pass runs the LLM's packed attention
+    as segment SDPA (what the counter can see), which needs more memory than the varlen kernel."""
+    device = torch.device(device)
+    index = (device.index if device.index is not None else torch.cuda.current_device()) if device.type == "cuda" else None
+    if index not in _CAPS:
+        yield
+        return
+    torch.cuda.set_per_process_memory_fraction(1.0, index)
+    try:
+        yield
+    finally:
+        torch.cuda.empty_cache()
+        torch.cuda.set_per_process_memory_fraction(_CAPS[index], index)

@@ -56,7 +56,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args, rest = build_arg_parser().parse_known_args(argv)
     from west.config import ConfigError, load_config, split_overrides  # heavy
-    from west.ranks import resolved_device  # heavy
+    from west.ranks import cuda_allocator_defaults, resolved_device  # heavy
+
+    cuda_allocator_defaults()
 
     try:
         cfg = load_config(args.config, split_overrides(rest))
@@ -125,10 +127,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if budget is None:
             raise
         sizes = ", ".join(f"{name} {r['key']} {r['size']}" for name, r in budget["search"].items())
-        print(f"west-benchmark: error: a timed pass ran out of memory at the sizes found under --memory_budget "
-              f"{args.memory_budget} ({sizes}): {str(e).splitlines()[0]}. The search steps through each size's "
-              "worst batches only; a whole pass can fragment the allocator further: try a smaller budget",
-              file=sys.stderr)
+        print(f"west-benchmark: error: {str(e).splitlines()[0]}; sizes found under --memory_budget "
+              f"{args.memory_budget}: {sizes}. The search steps through each size's worst batches only; a whole "
+              "pass can fragment the allocator further: try a smaller budget", file=sys.stderr)
         return 1
     env["load_after"] = [round(x, 2) for x in os.getloadavg()]
     res.update(num_utts=len(keys), repeats=args.repeats, warmup_steps=args.warmup_steps, env=env,

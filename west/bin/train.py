@@ -16,6 +16,7 @@ import sys
 from typing import Sequence
 
 from west.config import Config, ConfigError, load_config, split_overrides
+from west.ranks import cuda_allocator_defaults
 from west.train.config import TrainConfig
 from west.train.preempt import PREEMPTED_EXIT_CODE
 from west.train.rundir import check_paths, save_config
@@ -95,6 +96,7 @@ def run(cfg: Config) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    cuda_allocator_defaults()
     try:
         cfg = prepare(argv)
     except ConfigError as e:
