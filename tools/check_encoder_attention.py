@@ -41,8 +41,7 @@ def lengths(total: int, lo: int, hi: int, gen: torch.Generator) -> list[int]:
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    a, b = a.detach(), b.detach()
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()   # the reference lives on the CPU
     return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b).clamp_min(1e-30))
 
 

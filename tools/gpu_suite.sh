@@ -83,7 +83,7 @@ part_build() {
     --synthetic true --num_train "$num_train" --num_dev 20 --num_test 20 --nj "$(nproc)" \
     --llm_pretrain_steps 0 "${words[@]}" >>"$out/suite.log" 2>&1
   [ -f "$llm/config.json" ] || "$python" "$repo/tools/make_seed_llm.py" "$llm" --tokenizer "$exp/tiny_llm" \
-    --shape "$shape" >>"$out/suite.log" 2>&1
+    --shape "$shape" --device "$device" >>"$out/suite.log" 2>&1
 }
 
 part_attention() {
@@ -136,9 +136,9 @@ part_big() {   # issue 23: fits 40 GiB at pack 8192; pack vs Whisper padded to 3
   $tiny && { wdir=$exp/whisper_tiny; qdir=$llm; }
   log "big: random Whisper-large-v3 and Qwen2-7B shapes"
   [ -f "$wdir/config.json" ] || "$python" "$repo/tools/make_random_whisper.py" "$wdir" \
-    --shape "$($tiny && echo tiny || echo large-v3)" >>"$out/suite.log" 2>&1
+    --shape "$($tiny && echo tiny || echo large-v3)" --device "$device" >>"$out/suite.log" 2>&1
   [ -f "$qdir/config.json" ] || "$python" "$repo/tools/make_seed_llm.py" "$qdir" --tokenizer "$exp/tiny_llm" \
-    --shape qwen2-7b >>"$out/suite.log" 2>&1
+    --shape qwen2-7b --device "$device" >>"$out/suite.log" 2>&1
   conf=$big common=(--model.encoder.path "$wdir" --model.llm.path "$qdir" --train.device "$device")
   steps=$(( steps < 12 ? steps : 12 ))
   train_run big_pack --data.cmvn null

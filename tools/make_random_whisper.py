@@ -21,7 +21,7 @@ SHAPES = {
 }
 
 
-def build(out: Path, shape: str, seed: int) -> int:
+def build(out: Path, shape: str, seed: int, device: str = "cpu") -> int:
     import torch
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
@@ -31,7 +31,8 @@ def build(out: Path, shape: str, seed: int) -> int:
                          encoder_ffn_dim=s["ffn"], decoder_ffn_dim=s["ffn"], num_mel_bins=s["num_mel_bins"],
                          max_source_positions=1500)
     torch.manual_seed(seed)
-    model = WhisperForConditionalGeneration(conf)
+    with torch.device(device):   # a GPU draws the weights much faster than a CPU
+        model = WhisperForConditionalGeneration(conf)
     model.save_pretrained(str(out))
     return sum(p.numel() for p in model.model.encoder.parameters())
 
@@ -41,8 +42,9 @@ def main(argv=None) -> int:
     p.add_argument("out", type=Path)
     p.add_argument("--shape", default="tiny", choices=sorted(SHAPES))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="where to draw the weights (cuda: much faster)")
     a = p.parse_args(argv)
-    n = build(a.out, a.shape, a.seed)
+    n = build(a.out, a.shape, a.seed, a.device)
     print(f"make_random_whisper: whisper-{a.shape} shape with random weights, encoder {n / 1e6:.1f} M parameters -> {a.out}")
     return 0
 

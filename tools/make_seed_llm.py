@@ -37,7 +37,7 @@ COMMON = dict(vocab_size=151936, max_position_embeddings=32768, rope_theta=10000
               hidden_act="silu", attention_dropout=0.0, initializer_range=0.02, use_sliding_window=False)
 
 
-def build(out: Path, tokenizer_dir: str, shape: str, dtype: str, seed: int) -> dict:
+def build(out: Path, tokenizer_dir: str, shape: str, dtype: str, seed: int, device: str = "cpu") -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
 
@@ -51,7 +51,8 @@ def build(out: Path, tokenizer_dir: str, shape: str, dtype: str, seed: int) -> d
         raise SystemExit(f"--tokenizer {tokenizer_dir} has {len(tok)} tokens, more than {shape}'s {conf.vocab_size}")
     torch.manual_seed(seed)
     t0 = time.perf_counter()
-    model = AutoModelForCausalLM.from_config(conf, dtype=getattr(torch, dtype))
+    with torch.device(device):   # a GPU draws 1.5B random weights in seconds, a CPU in a minute
+        model = AutoModelForCausalLM.from_config(conf, dtype=getattr(torch, dtype))
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out))
     tok.save_pretrained(str(out))
@@ -67,8 +68,9 @@ def main(argv=None) -> int:
     p.add_argument("--shape", default="qwen2-1.5b", choices=sorted(SHAPES))
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="where to draw the weights (cuda: much faster)")
     a = p.parse_args(argv)
-    r = build(a.out, a.tokenizer, a.shape, a.dtype, a.seed)
+    r = build(a.out, a.tokenizer, a.shape, a.dtype, a.seed, a.device)
     print(f"make_seed_llm: {a.shape} with random weights, {r['params'] / 1e6:,.1f} M parameters, "
           f"{r['bytes'] / 2**30:.2f} GiB of {a.dtype} safetensors in {a.out} ({r['seconds']:.0f} s)")
     return 0
