@@ -274,3 +274,20 @@ def test_flop_count_runs_in_the_training_precision():
     bf16 = count_flops(probe, [B()], torch.device("cpu"), "bf16")
     assert probe.dtypes == [torch.float32, torch.bfloat16]
     assert fp32["total"] == bf16["total"] > 0
+
+
+def test_worst_batches_include_the_longest_utterance_for_encoder_attention():
+    """One attention group (the Conformer on CUDA) materialises N · longest² scores: a batch with one
+    long utterance can be the worst although another has more frames and tokens."""
+    from types import SimpleNamespace
+
+    from west.bench.trial_batches import worst_batches
+
+    def fake(lens, tokens):
+        return SimpleNamespace(feat_lens=torch.tensor(lens), is_packed=False, input_ids=torch.zeros(1, tokens),
+                               counters={"computed_llm_tokens": tokens, "computed_enc_frames": sum(lens)})
+
+    many = fake([300] * 20, 900)        # most frames (6000), most tokens, most LLM attention
+    long = fake([1500, 100, 100], 400)  # 3 · 1500² = 6.75M > 20 · 300² = 1.8M
+    assert worst_batches([many, long]) == [0, 1]
+    assert worst_batches([many, fake([300] * 3, 100)]) == [0]

@@ -6,9 +6,10 @@ One trial at size s:
 
 1. plan and collate every batch the N utterances make in this mode at size s
    (west.bench.trial_batches, decoded once);
-2. pick the worst batches: the largest in computed LLM positions, in LLM attention terms and
-   in computed encoder frames (usually one batch, at most three). A step's activation memory
-   grows with those; weights, gradients and optimizer state are the same in every step;
+2. pick the worst batches: the largest in computed LLM positions, in LLM attention terms, in
+   computed encoder frames and in encoder attention scores, N · longest² (usually one batch, at
+   most four). A step's activation memory grows with those; weights, gradients and optimizer
+   state are the same in every step;
 3. from the initial weights with a fresh AdamW, run the production step
    (``west.train.step.train_step``: forward, backward, clip, AdamW) on each of them, and
    the first one again when only one was picked: the last step then carries the optimizer

@@ -72,17 +72,27 @@ def llm_attention(b: Batch) -> int:
     return int(rows) * int(width) ** 2
 
 
+def encoder_attention(b: Batch) -> int:
+    """N · (longest fbank length)²: the scores a padded encoder, or a packed one in one attention
+    group (the Conformer's on CUDA), materialises; grows with the longest utterance, not Σ len."""
+    if b.feat_lens is None or b.feat_lens.numel() == 0:
+        return 0
+    return int(b.feat_lens.numel()) * int(b.feat_lens.max()) ** 2
+
+
 WORST_BY = {
     "computed_llm_tokens": lambda b: b.counters["computed_llm_tokens"],
     "llm_attention": llm_attention,
     "computed_enc_frames": lambda b: b.counters["computed_enc_frames"],
+    "encoder_attention": encoder_attention,
 }
 
 
 def worst_batches(batches: Sequence[Batch]) -> list[int]:
     """Indices of the batches that maximise what a step's activation memory grows with: the LLM
-    positions computed, the LLM attention terms (quadratic where a kernel materialises scores)
-    and the encoder frames computed. One batch when one is the largest on all three."""
+    positions computed, the LLM attention terms (quadratic where a kernel materialises scores),
+    the encoder frames computed and the encoder's attention scores. One batch when one is the
+    largest on all four."""
     picked: list[int] = []
     for cost in WORST_BY.values():
         i = max(range(len(batches)), key=lambda j: cost(batches[j]))
