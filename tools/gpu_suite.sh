@@ -4,7 +4,7 @@
 # seed's memory-budget method, and trains a few steps with the real loader (eager, then
 # train.compile). Tables, JSON and logs go to OUT (at most 8 files, for the device tool).
 #
-#   bash tools/gpu_suite.sh OUT [--parts build,train,bench,attention,compile] [--num_utts 700]
+#   bash tools/gpu_suite.sh OUT [--parts build,train,bench,syncs,attention,compile] [--num_utts 700]
 #        (parts run in the order given; a failed part is logged and the next one runs)
 #   bash tools/gpu_suite.sh OUT --parts build,big    # Whisper-large-v3 + Qwen2-7B shapes, LoRA (a second call)
 #        [--memory_budget 24GiB] [--python python3] [--work_dir /tmp/west_gpu] [--device cuda]
@@ -17,7 +17,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 [ $# -ge 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-parts=build,train,bench,attention,compile   # what item 6 judges first
+parts=build,train,bench,syncs,attention,compile   # what item 6 judges first; compile last
 num_utts=700
 num_train=800
 memory_budget=24GiB
@@ -125,6 +125,13 @@ train_run() {   # name, extra args...
 part_train() {
   log "train: west-train, pack $pack, $steps steps, the real loader ($workers workers, pinned memory on CUDA)"
   train_run train_eager
+}
+part_syncs() {
+  [ "$device" = cuda ] || { log "syncs: skipped (torch's sync debug mode needs CUDA)"; return 0; }
+  log "syncs: host synchronisations per step, by source line (tools/count_syncs.py)"
+  "$python" "$repo/tools/count_syncs.py" --config "$conf" "${common[@]}" --data "$data/train/data.list" \
+    --data.cmvn "$data/train/global_cmvn.json" --num_utts 200 --steps 5 --pack_tokens "$pack" \
+    --batch_size "$batch" --max_tokens_in_batch "$max_tokens" --out "$out/syncs.json" 2>&1 | tee -a "$out/suite.log" | tail -7
 }
 part_compile() {
   log "compile: the same with train.compile true"

@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Host synchronisations per training step on CUDA, by source line (issue 23, item 3).
+
+torch's sync debug mode warns at every operation that makes the host wait for the GPU (a value
+read back, a pageable copy, a boolean-mask index, ``nonzero``). This runs the production step
+(``west.train.step.train_step``) over each mode's batches of the same N utterances with that mode
+on, after one warm-up step, and counts the warnings per step by the line of west (or the first
+line outside torch) that caused them. A step is meant to have one: the read of its figures at
+its end. On a CPU there is nothing to count; ``tests/test_models_sync_free.py`` proves the same
+on the ``meta`` device instead. Not a test: a table and a JSON.
+
+    python tools/count_syncs.py --config recipes/aishell/conf/seed_gpu.yaml --model.llm.path exp/seed_llm \\
+        --data data/train/data.list --data.cmvn data/train/global_cmvn.json --num_utts 200 --out syncs.json
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import statistics
+import traceback
+import warnings
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def where(stack: list[traceback.FrameSummary]) -> str:
+    """The innermost frame of this repository, else the innermost outside torch: who asked."""
+    stack = [f for f in stack if f.filename != __file__ and "/warnings.py" not in f.filename]
+    ours = [f for f in stack if f.filename.startswith(str(ROOT)) and "site-packages" not in f.filename]
+    others = [f for f in stack if "/torch/" not in f.filename]
+    f = (ours or others or stack)[-1]
+    name = str(Path(f.filename).relative_to(ROOT)) if f.filename.startswith(str(ROOT)) else f.filename
+    return f"{name}:{f.lineno} ({f.name})"
+
+
+def count_syncs(fn: Callable[[], object], debug_mode: Callable[[int], None]) -> collections.Counter:
+    """Run ``fn`` with ``debug_mode(1)`` (torch.cuda.set_sync_debug_mode) and count its
+    synchronisation warnings by :func:`where` they came from."""
+    found: collections.Counter = collections.Counter()
+    original = warnings.showwarning
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" in str(message):
+            found[where(traceback.extract_stack()[:-1])] += 1
+        else:
+            original(message, category, filename, lineno, file, line)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        debug_mode(1)
+        try:
+            fn()
+        finally:
+            debug_mode(0)
+            warnings.showwarning = original
+    return found
+
+
+def per_mode(runner, modes, data_list: str, tokenizer, data_conf, steps: int, seed: int,
+             debug_mode: Callable[[int], None]) -> dict:
+    """{mode name: syncs per counted step and where} over each mode's first ``steps`` + 1 batches."""
+    import dataclasses
+
+    from west.bench.benchmark import load_batches
+    from west.bench.modes import model_overrides
+
+    rows = {}
+    shape = runner.model.cfg.speech_shape()
+    for m in modes:
+        conf = dataclasses.replace(data_conf, **m.data, num_workers=0)
+        batches = load_batches(data_list, tokenizer, conf, shape, seed)[0][: steps + 1]
+        if runner.device.type == "cuda":
+            batches = [b.pin_memory() for b in batches]                  # as the loader gives them
+        with model_overrides(runner.model, m.model):
+            opt, sched = runner.fresh(len(batches))
+            runner.step(batches[0], opt, sched)                          # warm-up: first-call syncs
+            per_step, places = [], collections.Counter()
+            for b in batches[1:]:
+                found = count_syncs(lambda: runner.step(b, opt, sched), debug_mode)
+                per_step.append(sum(found.values()))
+                places.update(found)
+        rows[m.name] = {"steps": len(per_step), "per_step": per_step,
+                        "median": statistics.median(per_step) if per_step else None, "where": dict(places)}
+        print(f"[count_syncs] {m.name}: {rows[m.name]['median']} per step over {len(per_step)} steps", flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                epilog="Any config key can be overridden as --section.key VALUE, as in west-train.")
+    p.add_argument("--config", required=True)
+    p.add_argument("--data", required=True, help="jsonl data list to draw the utterances from")
+    p.add_argument("--num_utts", type=int, default=200)
+    p.add_argument("--modes", default="static,dynamic,pack,pack_encoder_padded")
+    p.add_argument("--batch_size", type=int, default=32)
+    p.add_argument("--max_tokens_in_batch", type=int, default=4096)
+    p.add_argument("--pack_tokens", type=int, default=8192)
+    p.add_argument("--steps", type=int, default=5, help="counted steps per mode, after one warm-up")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="JSON file for the full counts")
+    args, rest = p.parse_known_args(argv)
+
+    import tempfile
+
+    import torch
+
+    from west.bench.modes import select_utterances, standard_modes
+    from west.bench.runner import PassRunner
+    from west.config import load_config, split_overrides
+    from west.models.llm import load_tokenizer
+    from west.ranks import cuda_allocator_defaults, resolved_device
+    from west.train.build import build_model
+
+    cuda_allocator_defaults()
+    cfg = load_config(args.config, split_overrides(rest))
+    device = torch.device(resolved_device(cfg.train.device))
+    if device.type != "cuda":
+        print("count_syncs: needs CUDA (torch.cuda.set_sync_debug_mode); on a CPU, "
+              "tests/test_models_sync_free.py checks the step on the meta device")
+        return 2
+    modes = standard_modes([m for m in args.modes.split(",") if m], args.batch_size, args.max_tokens_in_batch,
+                           args.pack_tokens)
+    subset = Path(tempfile.mkdtemp()) / "syncs_data.list"
+    select_utterances(args.data, args.num_utts, subset, args.seed)
+    tokenizer = load_tokenizer(cfg.model.llm.path)
+    model = build_model(cfg.model, args.seed).to(device)
+    runner = PassRunner(model, cfg.train, device, args.seed)
+    rows = per_mode(runner, modes, str(subset), tokenizer, cfg.data, args.steps, args.seed,
+                    torch.cuda.set_sync_debug_mode)
+    lines = ["| mode | steps | syncs per step (median) | where (count over all steps) |", "|---|---|---|---|"]
+    for name, r in rows.items():
+        top = "; ".join(f"{k} ×{v}" for k, v in sorted(r["where"].items(), key=lambda kv: -kv[1])[:4])
+        lines.append(f"| {name} | {r['steps']} | {r['median']} | {top or '-'} |")
+    print("\n".join(lines))
+    if args.out:
+        Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(device), "torch": torch.__version__,
+                                              "modes": rows}, indent=1), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
