@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import pytest
 import torch
@@ -209,6 +210,58 @@ def test_cli_with_a_host_budget(bench, tmp_path, capsys):
         assert s["capped"] or any(not t["fits"] and t["size"] <= s["size"] + s["granularity"] for t in s["trials"])
     assert res["efficiency"]["peak"]["tflops"] > 0 and res["efficiency"]["useful_flops_from"] == "pack"
 
+
+
+def test_back_off_shrinks_by_a_share_and_at_least_one_step():
+    from west.bench.sizing import back_off
+
+    found = {"pack": {"key": "pack_tokens", "size": 22912, "granularity": 128, "lo": 600, "capped": False},
+             "static": {"key": "batch_size", "size": 3, "granularity": 1, "lo": 1, "capped": True}}
+    assert back_off(found, "pack") == 22912 - 1024          # 5 % = 1145, rounded down to the granularity
+    assert found["pack"]["backed_off"] == [22912]
+    assert back_off(found, "static") == 2 and not found["static"]["capped"]
+    assert back_off(found, "static") == 1
+    with pytest.raises(NothingFits, match="static"):
+        back_off(found, "static")
+    assert found["static"]["size"] == 1 and found["static"]["backed_off"] == [3, 2]
+
+
+def test_cli_backs_off_a_mode_whose_timed_pass_runs_out(bench, tmp_path, capsys, monkeypatch):
+    """A whole pass can need more than the search's worst batches (fragmentation on a GPU): that
+    mode is timed again one step smaller, the weights restored, and the table says so."""
+    from west.bench.runner import PassRunner
+    from west.bin import benchmark as cli
+
+    real, failed, inits = PassRunner.run, [], []
+
+    def run(self, batches, warmup_steps):
+        inits.append(self.init)
+        if batches[0].is_packed and not failed:
+            failed.append(len(batches))
+            self.step(batches[0], *self.fresh(1))            # the weights move before it runs out
+            raise torch.OutOfMemoryError("injected: the whole pass")
+        return real(self, batches, warmup_steps)
+
+    monkeypatch.setattr(PassRunner, "run", run)
+    args = ["--config", str(bench["dir"] / "conf.yaml"), "--model.llm.path", str(bench["llm"]),
+            "--data", str(bench["list"]), "--num_utts", "8", "--out_dir", str(tmp_path / "out"),
+            "--modes", "static,pack", "--repeats", "1", "--profile", "never", "--pack_tokens", "512",
+            "--memory_budget", "64MiB", "--threads", "1", "--search_granularity", "64", "--no-count_ops"]
+    threads = torch.get_num_threads()
+    assert cli.main(args) == 0
+    torch.set_num_threads(threads)
+    assert failed
+    out = capsys.readouterr().out
+    assert "the timed pass of pack ran out of memory: injected: the whole pass; pack again at pack_tokens" in out
+    res = json.loads((tmp_path / "out" / "benchmark.json").read_text(encoding="utf-8"))
+    s = res["memory_budget"]["search"]["pack"]
+    (first,) = s["backed_off"]
+    assert s["size"] <= first - 64 and res["modes"]["pack"]["data"]["pack_tokens"] == s["size"]
+    assert f"backed off from {first}" in res["modes"]["pack"]["configuration"]
+    assert "backed_off" not in res["memory_budget"]["search"]["static"]
+    assert len({id(i) for i in inits}) == 2                  # the retry started from a new runner ...
+    assert all(torch.equal(v, inits[0][k]) for k, v in inits[-1].items())   # ... at the same initial weights
+    assert all(math.isfinite(r["mean_loss"]) for r in res["modes"].values())
 
 class FakeCuda:
     """torch.cuda's memory-cap calls on a machine without a GPU: records what was set."""

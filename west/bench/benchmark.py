@@ -83,6 +83,14 @@ def pairwise(results: dict, fast: str, slow: str) -> Optional[dict]:
             "ratio": measured / predicted, "measured_cpu_time": s["cpu_s"] / f["cpu_s"]}
 
 
+class ModeOutOfMemory(RuntimeError):
+    """A mode's timed pass ran out of memory (``mode`` names it); the model's weights are restored."""
+
+    def __init__(self, mode: str, message: str):
+        super().__init__(f"the timed pass of {mode} ran out of memory: {message}")
+        self.mode = mode
+
+
 def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, train: TrainConfig,
                   data_list: str, modes: Sequence[Mode], repeats: int = 3,
                   warmup_steps: int = 1, seed: int = 0, device: str = "cpu",
@@ -142,8 +150,13 @@ def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, trai
             try:
                 with model_overrides(model, m.model):
                     r = runner.run(loaded[m.name], warmup_steps)
-            except torch.OutOfMemoryError as e:   # say which mode: the caller names the sizes
-                raise torch.OutOfMemoryError(f"timed pass of {m.name}: {str(e).splitlines()[0]}") from None
+            except torch.OutOfMemoryError as e:   # the weights back as they were: the caller may retry
+                del loaded
+                runner.model.zero_grad(set_to_none=True)
+                runner.model.load_state_dict(runner.init)
+                if dev.type == "cuda":
+                    torch.cuda.empty_cache()
+                raise ModeOutOfMemory(m.name, str(e).splitlines()[0]) from None
             results[m.name].setdefault("runs", []).append(r)
             log(f"[benchmark] repeat {rep + 1}/{repeats} {m.name}: {r['time_s']:.2f} s (CPU {r['cpu_s']:.2f} s), "
                 f"util {r['util_pct']:.0f}%, mean loss {r['mean_loss']:.3f}")

@@ -124,6 +124,20 @@ def search_sizes(runner, source: BatchSource, modes: Sequence[Mode], data_conf: 
     return {m.name: search_mode(runner, source, m, data_conf, host_budget, granularity, log) for m in modes}
 
 
+def back_off(found: dict, mode: str, share: float = 0.05) -> int:
+    """``mode``'s size after its timed pass ran out of memory (a whole pass can fragment the
+    allocator more than the search's worst batches did): ``share`` smaller, by at least the
+    search's granularity, recorded in its search record. NothingFits below the search's floor."""
+    r = found[mode]
+    gran = r["granularity"]
+    new = r["size"] - max(gran, int(r["size"] * share) // gran * gran)
+    if new < r["lo"]:
+        raise NothingFits(f"mode {mode}: its timed pass ran out of memory down to {r['key']}={r['size']}")
+    r.setdefault("backed_off", []).append(r["size"])
+    r.update(size=new, capped=False)
+    return new
+
+
 def sized_modes(modes: Sequence[Mode], found: dict, budget_text: str) -> list[Mode]:
     """``modes`` at the sizes found, each configuration saying so."""
     out = []
@@ -132,6 +146,8 @@ def sized_modes(modes: Sequence[Mode], found: dict, budget_text: str) -> list[Mo
         sized = standard_modes([m.name], **{_SIZE_ARG[r["key"]]: r["size"]})[0]
         note = ("all utterances in one batch: the largest the search allows" if r["capped"]
                 else f"largest under {budget_text}")
+        if r.get("backed_off"):
+            note += f"; backed off from {r['backed_off'][0]} after a timed pass ran out of memory"
         out.append(dataclasses.replace(sized, data={**m.data, r["key"]: r["size"]},
                                        configuration=f"{sized.configuration} ({note})"))
     return out
