@@ -79,6 +79,15 @@ class SegmentPlan:
         in order (a padded batch), so the groups are plain views."""
         return self.gather
 
+    def gathered(self) -> "SegmentPlan":
+        """This plan over rows already gathered by :meth:`gather_index` (groups concatenated):
+        the groups become views, as in a padded batch, and the output still comes back in flat
+        order. Gathering a layer's input once saves gathering q, k and v (and their backward)."""
+        if self.gather is None:
+            return self
+        return SegmentPlan(lengths=self.lengths, rows=int(self.gather.numel()), groups=self.groups,
+                           inverse=self.inverse, gather=None)
+
     @classmethod
     def from_lengths(
         cls,

@@ -68,6 +68,11 @@ class RelPositionAttention(nn.Module):
         self.attn_dropout = attn_dropout
 
     def forward(self, x: torch.Tensor, layout: FrameLayout, pos_table: torch.Tensor) -> torch.Tensor:
+        dropout = self.attn_dropout if self.training else 0.0
+        flex = encoder_backend(self.backend, x.device, layout.packed, dropout) == "flex"
+        plan = None if flex else layout.plan
+        if plan is not None and plan.gather_index() is not None:   # packed rows into their groups, once
+            x, plan = x.index_select(0, plan.gather_index()), plan.gathered()
         rows = x.shape[0]
         q = self.linear_q(x).view(rows, self.h, self.dk)
         k = self.linear_k(x).view(rows, self.h, self.dk)
@@ -89,12 +94,11 @@ class RelPositionAttention(nn.Module):
                                  full.storage_offset() + n - 1)
             return bd * scale
 
-        dropout = self.attn_dropout if self.training else 0.0
-        if encoder_backend(self.backend, x.device, layout.packed, dropout) == "flex":
+        if flex:
             out = rel_pos_attention(q + self.pos_bias_u, k, v, q + self.pos_bias_v, p, layout.doc_mask(), scale,
                                     key_positions=self.key_positions)
         else:
-            out = segment_sdpa(q + self.pos_bias_u, k, v, layout.plan, causal=False, scale=scale,
+            out = segment_sdpa(q + self.pos_bias_u, k, v, plan, causal=False, scale=scale,
                                dropout_p=dropout, bias_fn=rel_bias)
         return self.linear_out(out.flatten(1))   # no Python row count: one compiled graph for all lengths
 
