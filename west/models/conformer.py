@@ -71,8 +71,9 @@ class RelPositionAttention(nn.Module):
         dropout = self.attn_dropout if self.training else 0.0
         flex = encoder_backend(self.backend, x.device, layout.packed, dropout) == "flex"
         plan = None if flex else layout.plan
-        if plan is not None and plan.gather_index() is not None:   # packed rows into their groups, once
-            x, plan = x.index_select(0, plan.gather_index()), plan.gathered()
+        if plan is not None and layout.packed:   # packed rows into their attention groups, once
+            rows_index, plan = layout.grouped()
+            x = x.index_select(0, rows_index)
         rows = x.shape[0]
         q = self.linear_q(x).view(rows, self.h, self.dk)
         k = self.linear_k(x).view(rows, self.h, self.dk)

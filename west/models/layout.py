@@ -43,6 +43,7 @@ class FrameLayout:
         self.buckets_per_octave = buckets_per_octave
         self.rows = sum(self.lengths) if self.packed else len(self.lengths) * padded_len
         self._plan: Optional[SegmentPlan] = None
+        self._grouped: Optional[tuple[torch.Tensor, SegmentPlan]] = None
         self._doc_mask = None
         self._gap_cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._real: Optional[torch.Tensor] = None
@@ -68,11 +69,26 @@ class FrameLayout:
             self._doc_mask = DocumentMask(self.lengths, self.device)
         return self._doc_mask
 
+    def grouped(self) -> tuple[torch.Tensor, SegmentPlan]:
+        """Packed mode: (the rows of every attention group, concatenated; the plan over rows
+        gathered that way). Attention gathers its input once with it instead of q, k and v. Always
+        a tensor (an identity when the groups are the rows in order), so a compiled block never
+        branches on the batch; built on first use and kept."""
+        if self._grouped is None:
+            plan = self.plan
+            rows = plan.gather_index()
+            if rows is None:
+                rows = to_device(torch.arange(self.rows), self.device)
+            self._grouped = (rows, plan.gathered())
+        return self._grouped
+
     def prepare(self, conv_pad: int, flex: bool) -> None:
         """Build now what the blocks will ask for (attention plan or document mask, convolution
         indices), so it is made once per batch and never inside a compiled block."""
         if flex:
             self.doc_mask().block_mask()
+        elif self.packed:
+            self.grouped()
         else:
             _ = self.plan
         if self.packed:
