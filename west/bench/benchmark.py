@@ -151,11 +151,8 @@ def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, trai
                 with model_overrides(model, m.model):
                     r = runner.run(loaded[m.name], warmup_steps)
             except torch.OutOfMemoryError as e:   # the weights back as they were: the caller may retry
-                del loaded
                 runner.model.zero_grad(set_to_none=True)
                 runner.model.load_state_dict(runner.init)
-                if dev.type == "cuda":
-                    torch.cuda.empty_cache()
                 raise ModeOutOfMemory(m.name, str(e).splitlines()[0]) from None
             results[m.name].setdefault("runs", []).append(r)
             log(f"[benchmark] repeat {rep + 1}/{repeats} {m.name}: {r['time_s']:.2f} s (CPU {r['cpu_s']:.2f} s), "

@@ -109,12 +109,16 @@ class LiveTensorBytes(TorchDispatchMode):
 _CAPS: dict[int, float] = {}   # CUDA device index -> the fraction cuda_budget set
 
 
+def _cuda_index(device) -> int:
+    """torch's cap wants an index; "cuda" means the current device."""
+    device = torch.device(device)
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def cuda_budget(device: torch.device, budget: Optional[int]) -> dict:
     """Cap this process's CUDA caching allocator at ``budget`` bytes (None: the card's size).
     Returns {"budget": bytes, "card": bytes, "fraction": f}."""
-    device = torch.device(device)
-    if device.index is None:   # torch's cap wants an index; "cuda" means the current device
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = torch.device("cuda", _cuda_index(device))
     card = torch.cuda.get_device_properties(device).total_memory
     if budget is not None and budget > card:
         raise ValueError(f"--memory_budget: {fmt_bytes(budget)} is more than the card's {fmt_bytes(card)} "
@@ -131,8 +135,7 @@ def cap_lifted(device: torch.device) -> Iterator[None]:
     emptied, so the timed passes run under the budget as the search did. No-op elsewhere. FLOP and
     operator counts are not the step that was sized: the FLOP pass runs the LLM's packed attention
     as segment SDPA (what the counter can see), which needs more memory than the varlen kernel."""
-    device = torch.device(device)
-    index = (device.index if device.index is not None else torch.cuda.current_device()) if device.type == "cuda" else None
+    index = _cuda_index(device) if torch.device(device).type == "cuda" else None
     if index not in _CAPS:
         yield
         return

@@ -27,6 +27,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from west.bench.benchmark import ModeOutOfMemory
 from west.bench.memory import (
     LiveTensorBytes,
     cuda_budget,
@@ -136,6 +137,23 @@ def back_off(found: dict, mode: str, share: float = 0.05) -> int:
     r.setdefault("backed_off", []).append(r["size"])
     r.update(size=new, capped=False)
     return new
+
+
+def run_within_budget(run: Callable[[list[Mode]], dict], requested: Sequence[Mode], modes: list[Mode],
+                      budget: Optional[dict], log: Callable[[str], None] = print) -> dict:
+    """``run(modes)``; under a budget (:func:`find_sizes`' record), a mode whose timed pass runs
+    out of memory is run again :func:`back_off` smaller until it fits (NothingFits below its floor)."""
+    while True:
+        try:
+            return run(modes)
+        except ModeOutOfMemory as e:
+            if budget is None:
+                raise
+            found = budget["search"][e.mode]
+            old = found["size"]
+            back_off(budget["search"], e.mode)
+            log(f"[benchmark] {e}; {e.mode} again at {found['key']} {found['size']} (was {old})")
+            modes = sized_modes(requested, budget["search"], budget["text"])
 
 
 def sized_modes(modes: Sequence[Mode], found: dict, budget_text: str) -> list[Mode]:

@@ -109,41 +109,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     tokenizer = load_tokenizer(cfg.model.llm.path)
     model = build_model(cfg.model, args.seed)
+    from west.bench.benchmark import ModeOutOfMemory  # heavy
+    from west.bench.memory_search import NothingFits  # heavy
+    from west.bench.sizing import find_sizes, run_within_budget  # heavy
+
     budget, requested = None, modes
     if args.memory_budget is not None:
-        from west.bench.memory_search import NothingFits  # heavy
-        from west.bench.sizing import find_sizes  # heavy
-
         try:
             modes, budget = find_sizes(model, tokenizer, cfg.data, cfg.train, str(subset), modes, device,
                                        args.memory_budget, args.search_granularity, args.seed)
         except NothingFits as e:
             print(f"west-benchmark: error: --memory_budget {args.memory_budget}: {e}", file=sys.stderr)
             return 1
-    from west.bench.benchmark import ModeOutOfMemory  # heavy
+    def run(sized: list) -> dict:
+        return run_benchmark(model, tokenizer, cfg.data, cfg.train, str(subset), sized, args.repeats,
+                             args.warmup_steps, args.seed, device, args.profile, args.count_ops)
 
-    while True:
-        try:
-            res = run_benchmark(model, tokenizer, cfg.data, cfg.train, str(subset), modes, args.repeats,
-                                args.warmup_steps, args.seed, device, args.profile, args.count_ops)
-            break
-        except ModeOutOfMemory as e:
-            if budget is None:
-                print(f"west-benchmark: error: {e}; give that mode a smaller size, or --memory_budget to "
-                      "search one", file=sys.stderr)
-                return 1
-            from west.bench.memory_search import NothingFits  # heavy
-            from west.bench.sizing import back_off, sized_modes  # heavy
-
-            found = budget["search"][e.mode]
-            old = found["size"]
-            try:
-                back_off(budget["search"], e.mode)
-            except NothingFits as stop:
-                print(f"west-benchmark: error: --memory_budget {args.memory_budget}: {stop}", file=sys.stderr)
-                return 1
-            print(f"[benchmark] {e}; {e.mode} again at {found['key']} {found['size']} (was {old})", flush=True)
-            modes = sized_modes(requested, budget["search"], args.memory_budget)
+    try:
+        res = run_within_budget(run, requested, modes, budget)
+    except ModeOutOfMemory as e:
+        print(f"west-benchmark: error: {e}; give that mode a smaller size, or --memory_budget to search one",
+              file=sys.stderr)
+        return 1
+    except NothingFits as e:
+        print(f"west-benchmark: error: --memory_budget {args.memory_budget}: {e}", file=sys.stderr)
+        return 1
     env["load_after"] = [round(x, 2) for x in os.getloadavg()]
     res.update(num_utts=len(keys), repeats=args.repeats, warmup_steps=args.warmup_steps, env=env,
                command=" ".join(["python -m west.bin.benchmark", *(argv if argv is not None else sys.argv[1:])]),
