@@ -52,20 +52,18 @@ def test_debug_mode_is_switched_off_when_the_step_fails():
 
 def test_every_mode_counts_its_steps_after_a_warm_up(tmp_path, corpus, monkeypatch):
     """The per-mode loop on the CPU: a stand-in for the step's one read warns once per step."""
-    import torch
+    import argparse
 
-    from west.bench.modes import standard_modes
-    from west.bench.runner import PassRunner
-    from west.config import load_config
-    from west.models.llm import load_tokenizer
-    from west.train.build import build_model
+    from west.bench.tool_setup import tool_setup
 
     from helpers.e2e import bench_setup
 
     tool = _tool()
     llm, conf = bench_setup(tmp_path, corpus["texts"].values())
-    cfg = load_config(str(conf), [("model.llm.path", str(llm))])
-    runner = PassRunner(build_model(cfg.model, 0), cfg.train, torch.device("cpu"), 0)
+    args = argparse.Namespace(config=str(conf), data=str(corpus["list"]), num_utts=len(corpus["texts"]),
+                              modes="static,pack", batch_size=4, max_tokens_in_batch=512, pack_tokens=1024, seed=0)
+    setup = tool_setup(args, ["--model.llm.path", str(llm)], tmp_path / "subset.list")
+    runner = setup.runner
     real, calls = runner.step, []
 
     def step(b, opt, sched):
@@ -75,9 +73,7 @@ def test_every_mode_counts_its_steps_after_a_warm_up(tmp_path, corpus, monkeypat
         return out
 
     monkeypatch.setattr(runner, "step", step)
-    modes = standard_modes(["static", "pack"], batch_size=4, pack_tokens=1024)
-    rows = tool.per_mode(runner, modes, str(corpus["list"]), load_tokenizer(str(llm)), cfg.data, 2, 0,
-                         lambda mode: None)
+    rows = tool.per_mode(setup, 2, lambda mode: None)
     assert set(rows) == {"static", "pack"}
     assert rows["static"]["steps"] == 2                       # at most 2 counted steps per mode
     for r in rows.values():

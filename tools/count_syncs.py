@@ -23,6 +23,8 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
+from west.bench.tool_setup import add_setup_args
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -60,21 +62,15 @@ def count_syncs(fn: Callable[[], object], debug_mode: Callable[[int], None]) -> 
     return found
 
 
-def per_mode(runner, modes, data_list: str, tokenizer, data_conf, steps: int, seed: int,
-             debug_mode: Callable[[int], None]) -> dict:
-    """{mode name: syncs per counted step and where} over each mode's first ``steps`` + 1 batches."""
-    import dataclasses
-
-    from west.bench.benchmark import load_batches
+def per_mode(setup, steps: int, debug_mode: Callable[[int], None]) -> dict:
+    """{mode name: syncs per counted step and where} over each mode's first ``steps`` + 1 batches
+    (``setup``: a west.bench.tool_setup.ToolSetup)."""
     from west.bench.modes import model_overrides
 
     rows = {}
-    shape = runner.model.cfg.speech_shape()
-    for m in modes:
-        conf = dataclasses.replace(data_conf, **m.data, num_workers=0)
-        batches = load_batches(data_list, tokenizer, conf, shape, seed)[0][: steps + 1]
-        if runner.device.type == "cuda":
-            batches = [b.pin_memory() for b in batches]                  # as the loader gives them
+    runner = setup.runner
+    for m in setup.modes:
+        batches = setup.batches(m, steps + 1)
         with model_overrides(runner.model, m.model):
             opt, sched = runner.fresh(len(batches))
             runner.step(batches[0], opt, sched)                          # warm-up: first-call syncs
@@ -92,15 +88,8 @@ def per_mode(runner, modes, data_list: str, tokenizer, data_conf, steps: int, se
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 epilog="Any config key can be overridden as --section.key VALUE, as in west-train.")
-    p.add_argument("--config", required=True)
-    p.add_argument("--data", required=True, help="jsonl data list to draw the utterances from")
-    p.add_argument("--num_utts", type=int, default=200)
-    p.add_argument("--modes", default="static,dynamic,pack,pack_encoder_padded")
-    p.add_argument("--batch_size", type=int, default=32)
-    p.add_argument("--max_tokens_in_batch", type=int, default=4096)
-    p.add_argument("--pack_tokens", type=int, default=8192)
+    add_setup_args(p)
     p.add_argument("--steps", type=int, default=5, help="counted steps per mode, after one warm-up")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="JSON file for the full counts")
     args, rest = p.parse_known_args(argv)
 
@@ -108,37 +97,25 @@ def main(argv=None) -> int:
 
     import torch
 
-    from west.bench.modes import select_utterances, standard_modes
-    from west.bench.runner import PassRunner
+    from west.bench.tool_setup import tool_setup
     from west.config import load_config, split_overrides
-    from west.models.llm import load_tokenizer
     from west.ranks import cuda_allocator_defaults, resolved_device
-    from west.train.build import build_model
 
     cuda_allocator_defaults()
-    cfg = load_config(args.config, split_overrides(rest))
-    device = torch.device(resolved_device(cfg.train.device))
-    if device.type != "cuda":
+    if torch.device(resolved_device(load_config(args.config, split_overrides(rest)).train.device)).type != "cuda":
         print("count_syncs: needs CUDA (torch.cuda.set_sync_debug_mode); on a CPU, "
               "tests/test_models_sync_free.py checks the step on the meta device")
         return 2
-    modes = standard_modes([m for m in args.modes.split(",") if m], args.batch_size, args.max_tokens_in_batch,
-                           args.pack_tokens)
-    subset = Path(tempfile.mkdtemp()) / "syncs_data.list"
-    select_utterances(args.data, args.num_utts, subset, args.seed)
-    tokenizer = load_tokenizer(cfg.model.llm.path)
-    model = build_model(cfg.model, args.seed).to(device)
-    runner = PassRunner(model, cfg.train, device, args.seed)
-    rows = per_mode(runner, modes, str(subset), tokenizer, cfg.data, args.steps, args.seed,
-                    torch.cuda.set_sync_debug_mode)
+    setup = tool_setup(args, rest, Path(tempfile.mkdtemp()) / "syncs_data.list")
+    rows = per_mode(setup, args.steps, torch.cuda.set_sync_debug_mode)
     lines = ["| mode | steps | syncs per step (median) | where (count over all steps) |", "|---|---|---|---|"]
     for name, r in rows.items():
         top = "; ".join(f"{k} ×{v}" for k, v in sorted(r["where"].items(), key=lambda kv: -kv[1])[:4])
         lines.append(f"| {name} | {r['steps']} | {r['median']} | {top or '-'} |")
     print("\n".join(lines))
     if args.out:
-        Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(device), "torch": torch.__version__,
-                                              "modes": rows}, indent=1), encoding="utf-8")
+        Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(setup.device),
+                                              "torch": torch.__version__, "modes": rows}, indent=1), encoding="utf-8")
     return 0
 
 

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Everything issue 23 measures on a GPU, in one call: builds the seed's shapes with random weights
-# and the built-in corpus, checks the attention kernels, runs the batch-mode benchmark with the
-# seed's memory-budget method, and trains a few steps with the real loader (eager, then
-# train.compile). Tables, JSON and logs go to OUT (at most 8 files, for the device tool).
+# and the built-in corpus, trains a few steps with the real loader, profiles where the GPU waits
+# for the host, runs the batch-mode benchmark with the seed's memory-budget method, counts host
+# syncs, trains with train.compile and checks the attention kernels. Tables, JSON and logs go to
+# OUT (at most 8 files, for the device tool).
 #
-#   bash tools/gpu_suite.sh OUT [--parts build,train,bench,syncs,attention,compile] [--num_utts 700]
+#   bash tools/gpu_suite.sh OUT [--parts build,train,profile,bench,syncs,compile,attention] [--num_utts 700]
 #        (parts run in the order given; a failed part is logged and the next one runs)
 #   bash tools/gpu_suite.sh OUT --parts build,big    # Whisper-large-v3 + Qwen2-7B shapes, LoRA (a second call)
 #        [--memory_budget 24GiB] [--python python3] [--work_dir /tmp/west_gpu] [--device cuda]
@@ -17,7 +18,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 [ $# -ge 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-parts=build,train,bench,syncs,attention,compile   # what item 6 judges first; compile last
+parts=build,train,profile,bench,syncs,compile,attention   # what item 6 judges first; measured before last
 num_utts=700
 num_train=800
 memory_budget=24GiB
@@ -132,6 +133,14 @@ part_syncs() {
   "$python" "$repo/tools/count_syncs.py" --config "$conf" "${common[@]}" --data "$data/train/data.list" \
     --data.cmvn "$data/train/global_cmvn.json" --num_utts 200 --steps 5 --pack_tokens "$pack" \
     --batch_size "$batch" --max_tokens_in_batch "$max_tokens" --out "$out/syncs.json" 2>&1 | tee -a "$out/suite.log" | tail -7
+}
+part_profile() {
+  log "profile: where the GPU waits for the host, per phase of the step (tools/profile_step.py)"
+  "$python" "$repo/tools/profile_step.py" --config "$conf" "${common[@]}" --data "$data/train/data.list" \
+    --data.cmvn "$data/train/global_cmvn.json" --num_utts "$(( num_utts < 300 ? num_utts : 300 ))" --steps 3 \
+    --modes pack,pack_encoder_padded,static --pack_tokens "$pack" --batch_size "$batch" \
+    --max_tokens_in_batch "$max_tokens" --out "$out/profile.json" 2>&1 | tee -a "$out/suite.log" \
+    | sed -n '/^### /,$p' | tee -a "$out/suite.md"
 }
 part_compile() {
   log "compile: the same with train.compile true"

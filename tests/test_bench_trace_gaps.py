@@ -1,0 +1,105 @@
+"""west.bench.trace_gaps on synthetic Chrome traces shaped like a CUDA profile (a GPU run is not
+possible here), and tools/profile_step.py end to end on the CPU."""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from west.bench.trace_gaps import FORWARD_OTHER, REST, Innermost, analyse, table, union
+
+from helpers.e2e import ROOT
+
+
+def X(cat, name, ts, dur, tid=1, **args):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid, "args": args}
+
+
+def launch(corr, ts, tid=1):
+    return X("cuda_runtime", "cudaLaunchKernel", ts, 2, tid, correlation=corr)
+
+
+def kernel(corr, ts, dur):
+    return X("kernel", f"k{corr}", ts, dur, tid=7, correlation=corr)
+
+
+def one_step(t0: float) -> list[dict]:
+    """A 1000 us step: encoder [0,200), LLM [200,380), other forward to 400, backward on another
+    thread, optimizer [900,950); four kernels, each launched inside one aten op."""
+    ev = [X("user_annotation", "west:step", t0, 1000), X("user_annotation", "west:forward", t0, 400),
+          X("user_annotation", "west:forward/encoder", t0, 200), X("user_annotation", "west:forward/llm", t0 + 200, 180),
+          X("user_annotation", "west:optimizer", t0 + 900, 50),
+          X("cpu_op", "aten::mm", t0 + 5, 10), launch(1, t0 + 10), kernel(1, t0 + 20, 80),
+          X("cpu_op", "aten::linear", t0 + 240, 20), X("cpu_op", "aten::addmm", t0 + 245, 10),
+          launch(2, t0 + 250), kernel(2, t0 + 300, 50),
+          X("cpu_op", "aten::mul", t0 + 590, 15, tid=2), launch(3, t0 + 600, tid=2), kernel(3, t0 + 610, 190),
+          X("cpu_op", "aten::_fused_adamw_", t0 + 915, 10), launch(4, t0 + 920), kernel(4, t0 + 930, 10)]
+    return [{**e, "args": dict(e["args"], correlation=e["args"]["correlation"] + int(t0))} if "correlation" in e["args"]
+            else e for e in ev]
+
+
+def test_union_and_innermost():
+    assert union([(5, 7), (0, 2), (1, 3), (7, 9)]) == [(0, 3), (5, 9)]
+    rng = Innermost([(0, 100, "a"), (0, 8, "e"), (10, 50, "b"), (20, 30, "c"), (60, 70, "d")])
+    assert [rng.at(t) for t in (5, 9, 15, 25, 35, 65, 80, 200)] == ["e", "a", "b", "c", "b", "d", "a", None]
+
+
+@pytest.mark.parametrize("steps", [1, 2])
+def test_busy_phases_and_gaps_are_charged_to_the_launch_that_ended_them(steps):
+    events = [e for i in range(steps) for e in one_step(2000.0 * i)]
+    res = analyse(events)
+    assert res["steps"] == steps
+    if steps == 1:
+        assert res["gpu_busy_pct"] == pytest.approx(33.0)          # 80 + 50 + 190 + 10 of 1000 us
+    host = res["host_ms_per_step"]
+    assert host == pytest.approx({"forward/encoder": 0.2, "forward/llm": 0.18, FORWARD_OTHER: 0.02,
+                                  "optimizer": 0.05, REST: 0.55})
+    ph = res["phases"]
+    assert {k: v["gpu_ops_per_step"] for k, v in ph.items()} == {"forward/encoder": 1, "forward/llm": 1, REST: 1,
+                                                                   "optimizer": 1}
+    assert ph[REST]["gpu_ms_per_step"] == pytest.approx(0.19)
+    if steps == 1:
+        idle = {k: v["idle_ms_per_step"] for k, v in ph.items()}
+        # gaps [0,20) encoder, [100,300) llm, [350,610) backward, [800,930) optimizer, tail [940,1000)
+        assert idle == pytest.approx({"forward/encoder": 0.02, "forward/llm": 0.2, REST: 0.26 + 0.06,
+                                      "optimizer": 0.13})
+        by_op = {r["op"]: r["idle_ms_per_step"] for r in res["idle_by_op"]}
+        assert by_op == pytest.approx({"aten::mul": 0.26, "aten::addmm": 0.2, "aten::_fused_adamw_": 0.13,
+                                       "end of step (host)": 0.06, "aten::mm": 0.02})
+        assert sum(idle.values()) + res["gpu_busy_pct"] / 100 * res["step_ms"] == pytest.approx(res["step_ms"])
+    assert "| forward/llm |" in table(res) and "| aten::mul |" in table(res)
+
+
+def test_a_trace_without_steps_is_refused_and_one_without_gpu_events_gives_host_times():
+    with pytest.raises(ValueError, match="west:step"):
+        analyse([X("cpu_op", "aten::mm", 0, 10)])
+    res = analyse([e for e in one_step(0.0) if e["cat"] not in ("kernel", "cuda_runtime")])
+    assert res["gpu_busy_pct"] is None and res["phases"] == {} and res["host_ms_per_step"][REST] == pytest.approx(0.55)
+    assert "n/a (no GPU events)" in table(res)
+
+
+def test_profile_step_runs_the_production_step_on_the_cpu(tmp_path, corpus):
+    from helpers.e2e import bench_setup
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import profile_step
+    finally:
+        sys.path.pop(0)
+    llm, conf = bench_setup(tmp_path, corpus["texts"].values())
+    out = tmp_path / "profile.json"
+    rc = profile_step.main(["--config", str(conf), "--model.llm.path", str(llm), "--data", str(corpus["list"]),
+                            "--num_utts", str(len(corpus["texts"])), "--modes", "static,pack", "--batch_size", "4",
+                            "--pack_tokens", "1024", "--steps", "2", "--warmup_steps", "1", "--out", str(out),
+                            "--trace_dir", str(tmp_path / "traces")])
+    assert rc == 0
+    res = json.loads(out.read_text(encoding="utf-8"))
+    assert res["device"] == "cpu" and set(res["modes"]) == {"static", "pack"}
+    for mode, r in res["modes"].items():
+        assert r["steps"] == 2 and r["gpu_busy_pct"] is None
+        host = r["host_ms_per_step"]
+        assert {"forward/encoder", "forward/projector", "forward/llm", REST, "optimizer"} <= set(host)
+        assert sum(host.values()) == pytest.approx(r["step_ms"], rel=1e-2)   # phases tile the steps
+        assert host["forward/encoder"] > 0 and host[REST] > 0
+        assert (tmp_path / "traces" / f"{mode}.json").is_file()

@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Where a training step's GPU waits for the host, per batch mode (issue 23: GPU busy).
+
+Runs the production step (``west.train.step.train_step``) on each mode's batches of the same N
+utterances under torch.profiler, after warm-up steps, with named ranges around the step, the
+model's forward, its encoder, projector and LLM decoder, and the optimizer step. From the trace
+(west.bench.trace_gaps) it prints, per phase: host wall time, GPU operations launched, their GPU
+time, and the GPU idle time each phase caused (the gaps its launches ended); then the host
+operators behind the longest idle gaps. On a CPU the phases' host times alone. Not a test: a
+table, a JSON, and the Chrome trace if asked for.
+
+    python tools/profile_step.py --config recipes/aishell/conf/seed_gpu.yaml --model.llm.path exp/seed_llm \\
+        --data data/train/data.list --data.cmvn data/train/global_cmvn.json --modes pack,pack_encoder_padded \\
+        --steps 3 --out profile.json [--trace_dir traces]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+from west.bench.tool_setup import add_setup_args
+from west.bench.trace_gaps import PREFIX, STEP, analyse, load_events, table
+
+
+@contextlib.contextmanager
+def phase_ranges(model, optimizer) -> Iterator[None]:
+    """``west:`` profiler ranges around the model's forward and its parts and the optimizer step,
+    from hooks (the production step is unchanged). The encoder runs through ``forward_flat``, a
+    method, which fires no module hooks: it is wrapped on the instance for the block."""
+    from torch.profiler import record_function
+
+    open_ranges = []
+
+    def opener(name: str):
+        def hook(*args) -> None:
+            r = record_function(PREFIX + name)
+            r.__enter__()
+            open_ranges.append(r)
+        return hook
+
+    def closer(*args) -> None:
+        open_ranges.pop().__exit__(None, None, None)
+
+    parts = {"forward": model, "forward/projector": getattr(model, "projector", None),
+             "forward/llm": model._base_llm().get_decoder() if hasattr(model, "_base_llm") else None}
+    handles = []
+    for name, module in parts.items():
+        if module is not None:
+            handles += [module.register_forward_pre_hook(opener(name)),
+                        module.register_forward_hook(closer, always_call=True)]
+    handles += [optimizer.register_step_pre_hook(opener("optimizer")), optimizer.register_step_post_hook(closer)]
+    encoder = getattr(model, "encoder", None)
+    if encoder is not None:
+        inner = encoder.forward_flat
+
+        def forward_flat(*args, **kwargs):
+            with record_function(PREFIX + "forward/encoder"):
+                return inner(*args, **kwargs)
+        encoder.forward_flat = forward_flat
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        if encoder is not None:
+            del encoder.forward_flat
+
+
+def profile_mode(runner, batches, warmup: int, trace: Path) -> dict:
+    """Warm-up steps, then one profiled step per remaining batch; writes the Chrome trace to
+    ``trace`` and returns its analysis."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    opt, sched = runner.fresh(len(batches))
+    for b in batches[:warmup]:
+        runner.step(b, opt, sched)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if runner.device.type == "cuda" else [])
+    with phase_ranges(runner.model, opt), profile(activities=acts) as prof:
+        for b in batches[warmup:]:
+            with record_function(STEP):
+                runner.step(b, opt, sched)
+        if runner.device.type == "cuda":
+            torch.cuda.synchronize(runner.device)
+    prof.export_chrome_trace(str(trace))
+    runner.model.load_state_dict(runner.init)
+    return analyse(load_events(trace))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                epilog="Any config key can be overridden as --section.key VALUE, as in west-train.")
+    add_setup_args(p, modes="pack,pack_encoder_padded,static")
+    p.add_argument("--steps", type=int, default=3, help="profiled steps per mode")
+    p.add_argument("--warmup_steps", type=int, default=2)
+    p.add_argument("--out", default=None, help="JSON file for the analysis of every mode")
+    p.add_argument("--trace_dir", default=None, help="keep each mode's Chrome trace here (MODE.json)")
+    args, rest = p.parse_known_args(argv)
+
+    import torch
+
+    from west.bench.modes import model_overrides
+    from west.bench.tool_setup import tool_setup
+    from west.ranks import cuda_allocator_defaults
+
+    cuda_allocator_defaults()
+    work = Path(tempfile.mkdtemp())
+    setup = tool_setup(args, rest, work / "profile_data.list")
+    traces = Path(args.trace_dir) if args.trace_dir else work
+    traces.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for m in setup.modes:
+        need = args.warmup_steps + args.steps
+        batches = setup.batches(m, need)
+        if len(batches) < need:   # few batches (big packs, few utterances): the warm-up reuses them
+            print(f"[profile_step] {m.name}: {len(batches)} batches for {need} steps, taken in turn")
+            batches = [batches[i % len(batches)] for i in range(need)]
+        with model_overrides(setup.runner.model, m.model):
+            res = profile_mode(setup.runner, batches, args.warmup_steps, traces / f"{m.name}.json")
+        results[m.name] = res
+        print(f"\n### {m.name} ({m.configuration})\n\n{table(res)}", flush=True)
+    device = torch.cuda.get_device_name(setup.device) if setup.device.type == "cuda" else "cpu"
+    if args.out:
+        Path(args.out).write_text(json.dumps({"device": device, "torch": torch.__version__, "modes": results},
+                                             indent=1), encoding="utf-8")
+    def pct(r: dict) -> str:
+        return "n/a" if r["gpu_busy_pct"] is None else f"{r['gpu_busy_pct']:.0f} %"
+    busy = ", ".join(f"{k} {pct(r)} ({r['step_ms']:.0f} ms per step)" for k, r in results.items())
+    print(f"[profile_step] {device}: GPU busy {busy}")
+    return 0 if results else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,184 @@
+"""Where a GPU step waits for the host: busy time, and the phase and operator behind each idle gap.
+
+Reads the events of a torch.profiler Chrome trace (``prof.export_chrome_trace``). A host-bound
+step shows up as gaps between the GPU's kernels: the GPU has finished what it was given and
+waits for the next launch. Each gap is charged to the launch that ended it: the phase the host
+was in when it made that launch (the innermost ``west:`` range: ``tools/profile_step.py`` opens
+them around the step, the forward, its encoder, projector and LLM, and the optimizer), and the
+innermost aten operator around the launch on the launching thread. The time outside the forward
+and the optimizer but inside a step is the backward (with clipping and the step's figures):
+``REST``.
+
+Pure functions on event dicts, so they are tested on the CPU with synthetic traces; a CPU
+trace has no GPU events and yields phase times alone.
+"""
+from __future__ import annotations
+
+import bisect
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Iterable, Optional, Sequence
+
+PREFIX = "west:"
+STEP = PREFIX + "step"
+REST = "backward, clip, figures"   # in a step, outside the forward and optimizer ranges
+FORWARD_OTHER = "forward, other (embeddings, loss)"   # in the forward, outside encoder, projector, LLM
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
+
+
+def load_events(path: Path) -> list[dict]:
+    """The complete ("X") events of a Chrome trace file."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    return [e for e in events if e.get("ph") == "X" and "dur" in e]
+
+
+def union(spans: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Merged, sorted, disjoint intervals covering the same time."""
+    out: list[list[float]] = []
+    for s, e in sorted(spans):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
+def clip(spans: Sequence[tuple[float, float]], lo: float, hi: float) -> list[tuple[float, float]]:
+    return [(max(s, lo), min(e, hi)) for s, e in spans if e > lo and s < hi]
+
+
+class Innermost:
+    """The innermost of properly nested ranges containing a time: the latest-starting one
+    that still contains it (ranges on one thread nest; of two starting together, the shorter)."""
+
+    def __init__(self, ranges: Iterable[tuple[float, float, str]]):
+        self.ranges = sorted(ranges, key=lambda r: (r[0], -r[1]))
+        self.starts = [r[0] for r in self.ranges]
+
+    def at(self, t: float) -> Optional[str]:
+        i = bisect.bisect_right(self.starts, t) - 1
+        while i >= 0:
+            s, e, name = self.ranges[i]
+            if e >= t:
+                return name
+            i -= 1
+        return None
+
+
+def exclusive_ms(ann: Sequence[dict], phases: Innermost) -> dict[str, float]:
+    """Host wall time in which each phase is the innermost open range (they sum to the steps' time)."""
+    cuts = sorted({t for e in ann for t in (e["ts"], e["ts"] + e["dur"])})
+    out: dict[str, float] = defaultdict(float)
+    for a, b in zip(cuts, cuts[1:]):
+        name = phases.at((a + b) / 2)
+        if name is not None:
+            out[phase_name(name)] += (b - a) / 1e3
+    return dict(out)
+
+
+def phase_name(annotation: Optional[str]) -> str:
+    if annotation is None:
+        return "outside a step"
+    if annotation == STEP:
+        return REST
+    return FORWARD_OTHER if annotation == PREFIX + "forward" else annotation[len(PREFIX):]
+
+
+def analyse(events: Sequence[dict], top: int = 12) -> dict:
+    """Busy time, per-phase host and GPU time, and idle time by phase and operator, per step.
+
+    Phases are ``west:`` user annotations; the window is from the first ``west:step`` start to
+    the last one's end. GPU work (kernels, copies, memsets) is matched to the host launch of
+    the same ``correlation`` id."""
+    ann = [e for e in events if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith(PREFIX)]
+    steps = [e for e in ann if e["name"] == STEP]
+    if not steps:
+        raise ValueError(f"the trace has no {STEP!r} ranges: nothing to analyse")
+    n = len(steps)
+    lo = min(e["ts"] for e in steps)
+    hi = max(e["ts"] + e["dur"] for e in steps)
+    window = hi - lo
+    phases = Innermost((e["ts"], e["ts"] + e["dur"], e["name"]) for e in ann)
+
+    host_ms = exclusive_ms(ann, phases)
+
+    gpu = [e for e in events if e.get("cat") in GPU_CATS and e["ts"] < hi and e["ts"] + e["dur"] > lo]
+    result = {"steps": n, "window_ms": window / 1e3, "step_ms": window / 1e3 / n,
+              "host_ms_per_step": {k: v / n for k, v in host_ms.items()},
+              "gpu_ops_per_step": len(gpu) / n, "gpu_busy_pct": None, "phases": {}, "idle_by_op": []}
+    if not gpu:
+        return result
+
+    launches = {e["args"]["correlation"]: e for e in events
+                if e.get("cat") in LAUNCH_CATS and "correlation" in e.get("args", {})}
+    ops_by_tid: dict = defaultdict(list)
+    for e in events:
+        if e.get("cat") == "cpu_op":
+            ops_by_tid[e.get("tid")].append((e["ts"], e["ts"] + e["dur"], e["name"]))
+    ops = {tid: Innermost(r) for tid, r in ops_by_tid.items()}
+
+    def launched(e: dict) -> tuple[str, str]:
+        """(phase, aten op) of the host launch behind GPU event ``e``."""
+        launch = launches.get(e.get("args", {}).get("correlation"))
+        if launch is None:
+            return "unattributed", "unattributed"
+        op = ops[launch["tid"]].at(launch["ts"]) if launch.get("tid") in ops else None
+        return phase_name(phases.at(launch["ts"])), op or launch["name"]
+
+    per_phase: dict[str, dict] = defaultdict(lambda: {"gpu_ops": 0, "gpu_ms": 0.0, "idle_ms": 0.0})
+    for e in gpu:
+        p = per_phase[launched(e)[0]]
+        p["gpu_ops"] += 1
+        p["gpu_ms"] += e["dur"] / 1e3
+    busy = clip(union((e["ts"], e["ts"] + e["dur"]) for e in gpu), lo, hi)
+    busy_us = sum(e - s for s, e in busy)
+
+    # Each gap (and the idle start of the window) is charged to the GPU event that ended it.
+    first_at = sorted(gpu, key=lambda e: e["ts"])
+    starts = [e["ts"] for e in first_at]
+    idle_op: dict[str, list] = defaultdict(lambda: [0.0, 0])
+    edges = [lo] + [e for _, e in busy]
+    for gap_start, nxt in zip(edges, [s for s, _ in busy] + [hi]):
+        if nxt <= gap_start:
+            continue
+        i = bisect.bisect_left(starts, nxt)
+        if i >= len(first_at):     # idle tail after the last GPU event: the host's end of step
+            phase, op = REST, "end of step (host)"
+        else:
+            phase, op = launched(first_at[i])
+        per_phase[phase]["idle_ms"] += (nxt - gap_start) / 1e3
+        idle_op[op][0] += (nxt - gap_start) / 1e3
+        idle_op[op][1] += 1
+    result["gpu_busy_pct"] = 100.0 * busy_us / window
+    result["phases"] = {k: {"gpu_ops_per_step": v["gpu_ops"] / n, "gpu_ms_per_step": v["gpu_ms"] / n,
+                            "idle_ms_per_step": v["idle_ms"] / n} for k, v in per_phase.items()}
+    ranked = sorted(idle_op.items(), key=lambda kv: -kv[1][0])[:top]
+    result["idle_by_op"] = [{"op": k, "idle_ms_per_step": ms / n, "gaps_per_step": c / n} for k, (ms, c) in ranked]
+    return result
+
+
+PHASE_ORDER = ("forward/encoder", "forward/projector", "forward/llm", FORWARD_OTHER, REST, "optimizer")
+
+
+def table(res: dict) -> str:
+    """Markdown: per phase, host wall time, GPU ops, GPU time and the GPU's idle time it caused."""
+    busy = res["gpu_busy_pct"]
+    head = (f"{res['steps']} steps, {res['step_ms']:.1f} ms per step, GPU busy "
+            f"{'n/a (no GPU events)' if busy is None else f'{busy:.0f} %'}, "
+            f"{res['gpu_ops_per_step']:,.0f} GPU ops per step")
+    lines = [head, "", "| phase | host ms per step (innermost) | GPU ops | GPU ms | GPU idle ms (gaps it ended) |",
+             "|---|---|---|---|---|"]
+    names = [p for p in PHASE_ORDER if p in res["host_ms_per_step"] or p in res["phases"]]
+    names += sorted(set(res["phases"]) - set(names))
+    for p in names:
+        g = res["phases"].get(p, {})
+        host = res["host_ms_per_step"].get(p)
+        lines.append(f"| {p} | {'-' if host is None else f'{host:.1f}'} | {g.get('gpu_ops_per_step', 0):,.0f} | "
+                     f"{g.get('gpu_ms_per_step', 0.0):.1f} | {g.get('idle_ms_per_step', 0.0):.1f} |")
+    if res["idle_by_op"]:
+        lines += ["", "| host operator before an idle gap | idle ms per step | gaps per step |", "|---|---|---|"]
+        lines += [f"| {r['op']} | {r['idle_ms_per_step']:.2f} | {r['gaps_per_step']:.1f} |" for r in res["idle_by_op"]]
+    return "\n".join(lines)
