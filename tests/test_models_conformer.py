@@ -56,8 +56,10 @@ def test_packed_equals_alone_equals_padded(rate, bpo, pos_enc):
         assert (padded[i, : out_lens[i]] - a).abs().max() <= TOL
 
 
-def test_gradients_packed_alone_padded_agree():
-    enc, feats = _encoder(), _feats(LENS)
+@pytest.mark.parametrize("bpo,pos_enc", [(8, "relative"), (None, "relative"), (0, "relative"), (0, "wenet")])
+def test_gradients_packed_alone_padded_agree(bpo, pos_enc):
+    """Also what west.models.layout.gather_rows relies on: attention padding rows get no gradient."""
+    enc, feats = _encoder(bpo=bpo, pos_enc=pos_enc), _feats(LENS)
     g = torch.Generator().manual_seed(5)
     weights = [torch.randn(subsampled_frames(n, 4), 64, generator=g) for n in LENS]
     params = [p for p in enc.parameters()]

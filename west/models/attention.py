@@ -54,7 +54,11 @@ class SegmentGroup:
     length: int                   # padded length n of every segment in the group
     index: torch.Tensor           # (G, n) int64 rows into the flat tensor (pads repeat a real row)
     valid: Optional[torch.Tensor] # (G, n) bool, False on padding; None if no padding
-    select: Optional[torch.Tensor]  # (#real,) int64 rows of the (G*n) group output to keep; None = all
+    pad: Optional[torch.Tensor] = None  # ~valid, built with it (not once per layer); None if no padding
+
+    def __post_init__(self) -> None:
+        if self.valid is not None and self.pad is None:
+            self.pad = ~self.valid
 
 
 @dataclass
@@ -66,7 +70,9 @@ class SegmentPlan:
     lengths: list
     rows: int
     groups: list = field(default_factory=list)
-    inverse: Optional[torch.Tensor] = None  # rows of cat(group outputs) in flat order; None = identity
+    # for each flat row, its row in the concatenated (G*n)-row group outputs (padding included):
+    # one gather back for all groups; None = identity (no padding, one group in order)
+    inverse: Optional[torch.Tensor] = None
     gather: Optional[torch.Tensor] = None   # rows of every group, concatenated; None = every row in order
 
     @property
@@ -117,20 +123,22 @@ class SegmentPlan:
             valid = ar[None, :] < ln[:, None]
             index = st[:, None] + torch.where(valid, ar[None, :], torch.zeros_like(ar)[None, :])
             padded = not bool(valid.all())
-            groups.append(SegmentGroup(
-                length=n_pad,
-                index=to_device(index, device),
-                valid=to_device(valid, device) if padded else None,
-                select=to_device(valid.flatten().nonzero().squeeze(1), device) if padded else None,
-            ))
-            order.append(index[valid])
+            groups.append(SegmentGroup(length=n_pad, index=to_device(index, device),
+                                       valid=to_device(valid, device) if padded else None,
+                                       pad=to_device(~valid, device) if padded else None))
+            order.append((index[valid], valid.flatten().nonzero().squeeze(1)))
             flat_index.append(index.reshape(-1))
         plan = cls(lengths=lengths, rows=s, groups=groups)
         if order:
-            flat = torch.cat(order)
+            rows, offset, places = [], 0, []
+            for (real, kept), idx in zip(order, flat_index):
+                rows.append(real)
+                places.append(kept + offset)
+                offset += idx.numel()
+            flat, place = torch.cat(rows), torch.cat(places)
             inverse = torch.empty_like(flat)
-            inverse[flat] = torch.arange(flat.numel())
-            if not torch.equal(inverse, torch.arange(flat.numel())):
+            inverse[flat] = place
+            if not (offset == s and torch.equal(inverse, torch.arange(s))):
                 plan.inverse = to_device(inverse, device)
             gather = torch.cat(flat_index)
             if not (gather.numel() == s and torch.equal(gather, torch.arange(s))):
@@ -157,8 +165,9 @@ class SegmentPlan:
         ln = torch.tensor(lengths, dtype=torch.int64)
         valid = torch.arange(max_len)[None, :] < ln[:, None]
         index = torch.arange(len(lengths) * max_len).view(len(lengths), max_len)
-        group = SegmentGroup(max_len, to_device(index, device),
-                             None if bool(valid.all()) else to_device(valid, device), None)
+        full = bool(valid.all())
+        group = SegmentGroup(max_len, to_device(index, device), None if full else to_device(valid, device),
+                             None if full else to_device(~valid, device))
         return cls(lengths=lengths, rows=len(lengths) * max_len, groups=[group] if lengths else [])
 
 
@@ -197,8 +206,8 @@ def segment_sdpa(
         mask, is_causal = None, causal
         if bias_fn is not None:
             mask = bias_fn(qg, g).to(qg.dtype)
-            if g.valid is not None:
-                mask = mask.masked_fill(~g.valid[:, None, None, :], float("-inf"))
+            if g.pad is not None:
+                mask = mask.masked_fill(g.pad[:, None, None, :], float("-inf"))
             if causal:
                 tri = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
                 mask = mask.masked_fill(~tri, float("-inf"))
@@ -208,8 +217,7 @@ def segment_sdpa(
         og = F.scaled_dot_product_attention(
             qg, kg, vg, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=gqa
         )
-        og = og.transpose(1, 2).reshape(G * n, og.shape[1], og.shape[-1])
-        parts.append(og if g.select is None else og.index_select(0, g.select))
+        parts.append(og.transpose(1, 2).reshape(G * n, og.shape[1], og.shape[-1]))
     if not parts:
         return q.new_zeros(q.shape[0], q.shape[1], v.shape[-1])
     out = parts[0] if len(parts) == 1 else torch.cat(parts)

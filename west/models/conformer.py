@@ -27,7 +27,7 @@ from west.batch import to_device
 from west.models.attention import SegmentGroup, bucket_length, segment_sdpa
 from west.models.config import ConformerConfig
 from west.models.flex import rel_pos_attention
-from west.models.layout import FlatEncoder, FrameLayout
+from west.models.layout import FlatEncoder, FrameLayout, gather_rows
 from west.models.subsampling import Conv2dSubsampling
 from west.shapes import SpeechShape
 
@@ -72,8 +72,8 @@ class RelPositionAttention(nn.Module):
         flex = encoder_backend(self.backend, x.device, layout.packed, dropout) == "flex"
         plan = None if flex else layout.plan
         if plan is not None and layout.packed:   # packed rows into their attention groups, once
-            rows_index, plan = layout.grouped()
-            x = x.index_select(0, rows_index)
+            rows_index, place, plan = layout.grouped()
+            x = gather_rows(x, rows_index, place)
         rows = x.shape[0]
         q = self.linear_q(x).view(rows, self.h, self.dk)
         k = self.linear_k(x).view(rows, self.h, self.dk)
@@ -139,7 +139,7 @@ class ConvModule(nn.Module):
     @torch.compiler.disable   # inductor's convolution backward fixes the length: outside compiled graphs
     def _depthwise(self, y: torch.Tensor, layout: FrameLayout) -> torch.Tensor:
         """Per-utterance zero-padded depthwise convolution over the flat rows."""
-        return layout.conv_out(self.depthwise(layout.conv_in(y, self.pad)), self.pad)
+        return layout.convolve(y, self.depthwise)
 
 
 class FeedForward(nn.Module):

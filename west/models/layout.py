@@ -4,10 +4,10 @@ The Conformer keeps activations flat in both modes and asks the layout for the
 three operations that could mix utterances:
 
 * attention: a :class:`SegmentPlan` (per-segment groups, or one padded group);
-* convolution over time: :meth:`conv_in` / :meth:`conv_out` build a buffer in
-  which every utterance is surrounded by zeros (padded mode: pads zeroed +
-  conv padding; packed mode: a zero-gap layout with ``pad`` zeros between
-  utterances), so a kernel never reads a neighbour;
+* convolution over time: :meth:`convolve` runs it where every utterance is
+  surrounded by zeros (padded mode: pads zeroed, the kernel's own edge padding;
+  packed mode: a zero-gap buffer with ``pad`` zeros between utterances), so a
+  kernel never reads a neighbour;
 * output: :meth:`real_rows` picks each utterance's real frames in order.
 
 :class:`FlatEncoder` is the one tensor-level ``forward`` of every encoder built on it.
@@ -23,6 +23,27 @@ from torch import nn
 from west.batch import to_device
 from west.models.attention import SegmentPlan
 from west.models.flex import DocumentMask
+
+
+class _GatherRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, index: torch.Tensor, place: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(place)
+        return x.index_select(0, index)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (place,) = ctx.saved_tensors
+        return grad.index_select(0, place), None, None
+
+
+def gather_rows(x: torch.Tensor, index: torch.Tensor, place: torch.Tensor) -> torch.Tensor:
+    """``x.index_select(0, index)`` whose backward is one gather, ``grad.index_select(0, place)``,
+    instead of a zero fill and a scatter-add. Exact when row r of ``x`` sits at ``index[place[r]]``
+    and every other position of ``index`` gets a zero gradient: attention groups' padding rows,
+    which are masked as keys and whose query outputs are dropped (tests/test_models_conformer.py
+    checks the gradients)."""
+    return _GatherRows.apply(x, index, place)
 
 
 class FrameLayout:
@@ -47,7 +68,7 @@ class FrameLayout:
         self._doc_mask = None
         self._gap_cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._real: Optional[torch.Tensor] = None
-        self._valid: Optional[torch.Tensor] = None
+        self._pad: Optional[torch.Tensor] = None
 
     @property
     def num(self) -> int:
@@ -69,17 +90,17 @@ class FrameLayout:
             self._doc_mask = DocumentMask(self.lengths, self.device)
         return self._doc_mask
 
-    def grouped(self) -> tuple[torch.Tensor, SegmentPlan]:
-        """Packed mode: (the rows of every attention group, concatenated; the plan over rows
-        gathered that way). Attention gathers its input once with it instead of q, k and v. Always
-        a tensor (an identity when the groups are the rows in order), so a compiled block never
-        branches on the batch; built on first use and kept."""
+    def grouped(self) -> tuple[torch.Tensor, torch.Tensor, SegmentPlan]:
+        """Packed mode: (the rows of every attention group, concatenated; each row's place among
+        them; the plan over rows gathered that way). Attention gathers its input once with
+        :func:`gather_rows` instead of gathering q, k and v. Tensors always (identities when the
+        groups are the rows in order), so a compiled block never branches on the batch; built on
+        first use and kept."""
         if self._grouped is None:
             plan = self.plan
-            rows = plan.gather_index()
-            if rows is None:
-                rows = to_device(torch.arange(self.rows), self.device)
-            self._grouped = (rows, plan.gathered())
+            rows, place = plan.gather_index(), plan.inverse
+            ident = to_device(torch.arange(self.rows), self.device) if rows is None or place is None else None
+            self._grouped = (ident if rows is None else rows, ident if place is None else place, plan.gathered())
         return self._grouped
 
     def prepare(self, conv_pad: int, flex: bool) -> None:
@@ -94,7 +115,7 @@ class FrameLayout:
         if self.packed:
             self._gap_index(conv_pad)
         else:
-            self._valid_2d()
+            self._pad_2d()
 
     def cu_seqlens(self) -> torch.Tensor:
         cu = torch.zeros(self.num + 1, dtype=torch.int32)
@@ -105,16 +126,12 @@ class FrameLayout:
         """(N, T) bool on the host: True on real frames of a padded layout."""
         return torch.arange(self.padded_len)[None, :] < torch.tensor(self.lengths)[:, None]
 
-    def valid_rows(self) -> torch.Tensor:
-        """(rows,) bool: True on real frames."""
-        return self._valid_2d().reshape(-1)
-
-    def _valid_2d(self) -> torch.Tensor:
-        """(N, T) padded / (1, rows) packed; its shape, not Python ints, sizes the views of compiled blocks."""
-        if self._valid is None:
-            self._valid = (torch.ones(1, self.rows, dtype=torch.bool, device=self.device) if self.packed
-                           else to_device(self._host_valid(), self.device))
-        return self._valid
+    def _pad_2d(self) -> torch.Tensor:
+        """(N, T) bool, True on padding (padded layout): built once, not negated in every block; its
+        shape, not Python ints, sizes the views of compiled blocks."""
+        if self._pad is None:
+            self._pad = to_device(~self._host_valid(), self.device)
+        return self._pad
 
     def real_rows(self) -> Optional[torch.Tensor]:
         """Row indices of real frames in utterance order (None = all rows, packed)."""
@@ -126,37 +143,41 @@ class FrameLayout:
 
     # ---------------------------------------------------------------- convolution
     def _gap_index(self, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Packed mode, ``pad`` zeros leading and following each utterance: (for every frame, its row
-        in that buffer; for every buffer row, the frame it holds, or ``rows`` = a zero row). Both
-        are index tensors, so a compiled block sees the buffer's size as a shape, never as a
-        Python count of utterances to specialise on."""
+        """Packed mode, ``pad`` zeros leading and following each utterance: (for every frame, its
+        row in that buffer; for every frame, its row in the output of a kernel of size 2*pad+1
+        run over the buffer without padding, i.e. the first minus ``pad``). Index tensors, so a
+        compiled block sees the buffer's size as a shape, never as a Python count of utterances."""
         if pad not in self._gap_cache:
             seg = torch.repeat_interleave(torch.arange(self.num), torch.tensor(self.lengths))
             dst = torch.arange(self.rows) + pad * (seg + 1)
-            src = torch.full((self.rows + pad * (self.num + 1),), self.rows, dtype=torch.int64)
-            src[dst] = torch.arange(self.rows)
-            self._gap_cache[pad] = (to_device(dst, self.device), to_device(src, self.device))
+            self._gap_cache[pad] = (to_device(dst, self.device), to_device(dst - pad, self.device))
         return self._gap_cache[pad]
 
-    def conv_in(self, x: torch.Tensor, pad: int) -> torch.Tensor:
-        """(rows, C) -> (B', C, T') with >= ``pad`` zeros on both sides of every utterance.
-
-        A kernel of size 2*pad+1 with padding 0 over the result, then :meth:`conv_out`,
-        gives each frame exactly its per-utterance, zero-padded convolution."""
-        c = x.shape[-1]
+    def convolve(self, x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
+        """(rows, C) -> (rows, C): ``conv`` (odd kernel, no padding of its own) over each
+        utterance's frames alone, reading zeros beyond its edges. Packed: through the zero-gap
+        buffer of :meth:`conv_in`; padded: padding frames zeroed, the edges padded by the kernel."""
+        pad = (conv.kernel_size[0] - 1) // 2
         if self.packed:
-            src = self._gap_index(pad)[1]
-            buf = F.pad(x, (0, 0, 0, 1)).index_select(0, src)   # row ``rows``: the zero every gap reads
-            return buf.t().unsqueeze(0)
-        valid = self._valid_2d()
-        y = x.masked_fill(~valid.reshape(-1, 1), 0.0).view(valid.shape[0], valid.shape[1], c)
-        return F.pad(y.transpose(1, 2), (pad, pad))
+            return self.conv_out(conv(self.conv_in(x, pad)), pad)
+        pads = self._pad_2d()
+        y = x.masked_fill(pads.reshape(-1, 1), 0.0).view(*pads.shape, x.shape[-1]).transpose(1, 2)
+        y = F.conv1d(y, conv.weight, conv.bias, padding=pad, groups=conv.groups)
+        return y.transpose(1, 2).reshape(-1, y.shape[1])
+
+    def conv_in(self, x: torch.Tensor, pad: int) -> torch.Tensor:
+        """Packed (rows, C) -> (1, C, T') with ``pad`` zeros leading and following every utterance.
+
+        A kernel of size 2*pad+1 with padding 0 over the result, then :meth:`conv_out`, gives
+        each frame exactly its per-utterance, zero-padded convolution. The frames are copied into
+        a zeroed buffer (its backward is one gather of the frames' rows)."""
+        dst = self._gap_index(pad)[0]
+        buf = x.new_zeros(self.rows + pad * (self.num + 1), x.shape[-1]).index_copy_(0, dst, x)
+        return buf.t().unsqueeze(0)
 
     def conv_out(self, y: torch.Tensor, pad: int) -> torch.Tensor:
         """Inverse of :meth:`conv_in` for a same-length convolution output (padding 0)."""
-        if self.packed:
-            return y[0].t().index_select(0, self._gap_index(pad)[0] - pad)
-        return y.transpose(1, 2).reshape(-1, y.shape[1])
+        return y.squeeze(0).t().index_select(0, self._gap_index(pad)[1])
 
 
 class FlatEncoder(nn.Module):
