@@ -61,6 +61,10 @@ class LLMConfig:
     attn_backend: str = setting("auto", choices=BACKENDS)  # west_varlen's packed kernel
     dtype: str = setting("float32", choices=("float32", "bfloat16", "float16"))
     gradient_checkpointing: bool = False
+    # with gradient_checkpointing: recompute only the first N decoder layers (None = all): memory
+    # left under a budget buys back the rest's forward replay
+    checkpoint_layers: Optional[int] = setting(None, min=0, rule=(
+        lambda v, c: v is None or c.gradient_checkpointing, "needs model.llm.gradient_checkpointing true"))
 
 
 @section("model.lora")

@@ -197,9 +197,22 @@ def llm_fingerprint(path: str | os.PathLike) -> dict:
     return dict(_FINGERPRINTS[key])
 
 
-def hf_checkpointing(model: nn.Module, on: bool = True) -> None:
+def hf_checkpointing(model: nn.Module, on: bool = True, layers: Optional[int] = None) -> None:
     """Per-layer activation checkpointing of a transformers model (non-reentrant), through the
-    API the installed release names (``activation_checkpointing_*`` since 5.2x, else ``gradient_*``)."""
+    API the installed release names (``activation_checkpointing_*`` since 5.2x, else ``gradient_*``);
+    ``layers``: only the first that many decoder layers (None: all)."""
+    _hf_checkpointing(model, on)
+    if on and layers is not None:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+
+        blocks = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+        if layers > len(blocks):
+            raise ValueError(f"model.llm.checkpoint_layers {layers} > the LLM's {len(blocks)} decoder layers")
+        for i, block in enumerate(blocks):
+            block.gradient_checkpointing = i < layers
+
+
+def _hf_checkpointing(model: nn.Module, on: bool) -> None:
     if hasattr(model, "activation_checkpointing_enable"):
         if on:
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})

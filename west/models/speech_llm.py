@@ -69,7 +69,7 @@ class SpeechLLM(nn.Module):
         if cfg.freeze_llm or cfg.lora is not None:
             llm.requires_grad_(False)
         if cfg.llm.gradient_checkpointing:
-            hf_checkpointing(llm)
+            hf_checkpointing(llm, layers=cfg.llm.checkpoint_layers)
         self.llm = apply_lora(llm, cfg.lora) if cfg.lora is not None else llm
         self.ctc_head: Optional[nn.Linear] = None
         self.blank_embedding: Optional[nn.Parameter] = None
