@@ -63,3 +63,37 @@ def test_compiled_blocks_match_eager_and_stop_recompiling():
         assert want.keys() == got.keys()
         for n in want:
             torch.testing.assert_close(got[n], want[n], rtol=1e-3, atol=1e-5, msg=n)
+
+
+def test_decoder_layer_with_torch_varlen_compiles_whole(monkeypatch):
+    """On CUDA the LLM's packed attention is torch's varlen op: traced into the layer's graph
+    (no break at the attention; ``auto`` decided once, not traced), and new pack lengths stop
+    recompiling once dynamic. Traced here on the meta device, where the op has its fake kernel."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    import west.models.attention as attention
+    from west.models.hf_attention import ATTN_NAME, packed_kwargs, register
+    from west.models.varlen_kernels import _torch_varlen_kernel
+
+    if _torch_varlen_kernel() is None:
+        pytest.skip("torch.nn.attention.varlen is not in this torch build")
+    register()
+    monkeypatch.setattr(attention, "choose_backend", lambda device, dtype, dropout=False: "torch_varlen")
+    cfg = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=100, attn_implementation=ATTN_NAME)
+    with torch.device("meta"):
+        model = Qwen2ForCausalLM(cfg).to(torch.bfloat16).train()
+    torch._dynamo.reset()
+    graphs = torch._dynamo.utils.counters["stats"]
+    before = graphs["unique_graphs"]                      # counters outlive dynamo's reset
+    layer = torch.compile(model.model.layers[0].forward, fullgraph=True, backend="eager")   # a break raises
+    seen = []
+    for lens in ([20, 30], [10, 15, 25], [7, 60], [5, 5, 5, 41], [33], [12, 13, 14, 15, 16]):
+        x = torch.randn(1, sum(lens), 64, device="meta", dtype=torch.bfloat16, requires_grad=True)
+        pos = torch.cat([torch.arange(n) for n in lens])[None].to("meta")
+        host = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+        out = layer(x, attention_mask=None, position_ids=pos, position_embeddings=model.model.rotary_emb(x, pos),
+                    **packed_kwargs(host.to("meta"), max(lens), backend="auto", host_cu_seqlens=host))
+        (out[0] if isinstance(out, tuple) else out).sum().backward()
+        seen.append(graphs["unique_graphs"] - before)
+    assert seen[-1] <= 3 and seen[-1] == seen[-3]     # at most 3 graphs, none for the last 3 batches

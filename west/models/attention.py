@@ -246,7 +246,11 @@ class LazySegmentPlan:
         return self._masks[causal]
 
 
-@torch.compiler.disable   # kernels with host arguments (max_seqlen, plans): outside compiled graphs
+@torch.compiler.assume_constant_result   # decided once per (device, dtype, dropout), not traced
+def _auto_backend(device: torch.device, dtype: torch.dtype, dropout: bool) -> str:
+    return choose_backend(device, dtype, dropout=dropout)
+
+
 def varlen_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -259,11 +263,15 @@ def varlen_attention(
     backend: str = "auto",
     plan: Union[SegmentPlan, LazySegmentPlan, None] = None,
 ) -> torch.Tensor:
-    """Self-attention within each segment; q (rows, Hq, D), k/v (rows, Hkv, D)."""
+    """Self-attention within each segment; q (rows, Hq, D), k/v (rows, Hkv, D).
+
+    Under ``torch.compile`` the kernels that take ``cu_seqlens`` (torch's varlen op, flash-attn)
+    are traced into the caller's graph, so a decoder layer compiles whole; the paths built on
+    host plans (segment SDPA, FlexAttention's document mask) run outside compiled graphs."""
     if backend not in BACKENDS:
         raise ValueError(f"attention backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
-        backend = choose_backend(q.device, q.dtype, dropout=dropout_p > 0)
+        backend = _auto_backend(q.device, q.dtype, dropout_p > 0)
     if backend in ("flash", "torch_varlen") and q.is_cuda and q.dtype not in HALF:
         raise ValueError(f"{backend} needs fp16/bf16 inputs, got {q.dtype} (use bf16 precision or backend 'auto')")
     if backend == "flash":
@@ -273,6 +281,13 @@ def varlen_attention(
         raise NotImplementedError(f"{backend} backend: attention dropout is not supported (use auto)")
     if backend == "torch_varlen":
         return torch_varlen(q, k, v, cu_seqlens, max_seqlen, causal=causal, scale=scale)
+    return _planned_attention(q, k, v, cu_seqlens, causal, scale, dropout_p, backend, plan)
+
+
+@torch.compiler.disable   # host plans and Python loops over them: left out of compiled graphs
+def _planned_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, causal: bool,
+                       scale: Optional[float], dropout_p: float, backend: str,
+                       plan: Union[SegmentPlan, LazySegmentPlan, None]) -> torch.Tensor:
     if backend == "flex":
         mask = plan.doc_mask(q.device, causal) if isinstance(plan, LazySegmentPlan) else None
         return flex_document_attention(q, k, v, cu_seqlens, causal=causal, scale=scale, mask=mask)
