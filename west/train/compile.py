@@ -2,10 +2,11 @@
 
 Each Conformer block (or Whisper layer) and each LLM decoder layer has its ``forward``
 compiled in place, so identical blocks share one compiled graph, compile time stays that
-of one block, and state-dict names are unchanged (checkpoints load either way). The
-attention kernels stay outside the graphs (``torch.compiler.disable`` on segment SDPA and
-the varlen dispatch: their Python loops and host plans would specialise per batch);
-FlexAttention in the packed Conformer is traced into its block.
+of one block, and state-dict names are unchanged (checkpoints load either way). Kernels
+that take ``cu_seqlens`` (torch's varlen op, flash-attn) are traced into the graphs; attention
+on host plans stays outside (``torch.compiler.disable`` on segment SDPA and the planned paths
+of west.models.attention: their Python loops would specialise per batch); FlexAttention in the
+packed Conformer is traced into its block.
 
 Pack rows change length from batch to batch: after the first new shape dynamo marks the
 changing sizes dynamic (``dynamic=None``, torch's default), so a run compiles each block
