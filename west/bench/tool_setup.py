@@ -11,7 +11,13 @@ from typing import Optional
 import torch
 
 from west.batch import Batch
+from west.bench.benchmark import load_batches
 from west.bench.modes import Mode, select_utterances, standard_modes
+from west.bench.runner import PassRunner
+from west.config import load_config, split_overrides
+from west.models.llm import load_tokenizer
+from west.ranks import resolved_device
+from west.train.build import build_model
 
 
 def add_setup_args(p: argparse.ArgumentParser, modes: str = "static,dynamic,pack,pack_encoder_padded") -> None:
@@ -32,12 +38,10 @@ class ToolSetup:
     modes: list[Mode]
     subset: Path           # the N utterances every mode trains on
     tokenizer: object
-    runner: object         # west.bench.runner.PassRunner over the config's model
+    runner: PassRunner     # over the config's model
 
     def batches(self, mode: Mode, limit: Optional[int] = None) -> list[Batch]:
         """``mode``'s first ``limit`` batches of the subset, pinned on CUDA as the loader gives them."""
-        from west.bench.benchmark import load_batches
-
         conf = dataclasses.replace(self.cfg.data, **mode.data, num_workers=0)
         batches = load_batches(str(self.subset), self.tokenizer, conf, self.runner.model.cfg.speech_shape(),
                                self.runner.seed)[0][:limit]
@@ -47,12 +51,6 @@ class ToolSetup:
 def tool_setup(args: argparse.Namespace, overrides: list[str], subset: Path) -> ToolSetup:
     """Config (with ``--section.key VALUE`` overrides), device, modes, the utterance subset written
     to ``subset``, tokenizer and a PassRunner over the built model."""
-    from west.bench.runner import PassRunner
-    from west.config import load_config, split_overrides
-    from west.models.llm import load_tokenizer
-    from west.ranks import resolved_device
-    from west.train.build import build_model
-
     cfg = load_config(args.config, split_overrides(overrides))
     device = torch.device(resolved_device(cfg.train.device))
     modes = standard_modes([m for m in args.modes.split(",") if m], args.batch_size, args.max_tokens_in_batch,

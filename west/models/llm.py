@@ -203,7 +203,7 @@ def hf_checkpointing(model: nn.Module, on: bool = True, layers: Optional[int] = 
     ``layers``: only the first that many decoder layers (None: all)."""
     _hf_checkpointing(model, on)
     if on and layers is not None:
-        from transformers.modeling_layers import GradientCheckpointingLayer
+        from transformers.modeling_layers import GradientCheckpointingLayer  # heavy
 
         blocks = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
         if layers > len(blocks):
