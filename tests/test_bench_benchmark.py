@@ -188,3 +188,36 @@ def test_whisper_benchmark_adds_the_30s_padded_row(setup, tmp_path):
     assert "encoder compute removed by packing the encoder input" in (out / "benchmark.md").read_text(encoding="utf-8")
     conformer = cli.main(args(setup, tmp_path / "c", "--num_utts", "4", "--modes", "static,whisper_padded_30s"))
     assert conformer == 2   # the row needs a Whisper encoder: refused before any work
+
+
+@pytest.mark.parametrize("layers", [None, 1, "encoder"])
+def test_checkpointing_replay_is_counted_apart(layers):
+    """Executed FLOPs include activation checkpointing's replay; ``replay`` is exactly that share
+    (the checkpointed layers' forward), so executed less replay is the step without checkpointing:
+    what MFU counts as useful work."""
+    from west.bench.costs import count_flops
+    from west.models.speech_llm import SpeechLLM
+
+    from helpers.speech import packed_batch, samples, tiny_config
+
+    ss = samples()
+    batch = packed_batch(ss, sum(len(s.ids) for s in ss) + 4)
+    counts = []
+    for on in (False, True):
+        cfg = tiny_config()
+        if layers == "encoder":
+            cfg.encoder.gradient_checkpointing = on
+        else:
+            cfg.llm.gradient_checkpointing, cfg.llm.checkpoint_layers = on, layers if on else None
+        torch.manual_seed(0)
+        counts.append(count_flops(SpeechLLM(cfg), [batch], torch.device("cpu")))
+    plain, ckpt = counts
+    assert plain["replay"] == 0 and ckpt["replay"] > 0
+    assert ckpt["forward"] == plain["forward"]
+    assert ckpt["backward"] - ckpt["replay"] == plain["backward"]
+    assert ckpt["total"] - ckpt["replay"] == plain["total"]
+    if layers == 1:   # one of the two decoder layers: half of what all of them replay
+        cfg = tiny_config()
+        cfg.llm.gradient_checkpointing = True
+        torch.manual_seed(0)
+        assert 2 * ckpt["replay"] == count_flops(SpeechLLM(cfg), [batch], torch.device("cpu"))["replay"]

@@ -113,8 +113,11 @@ def sdpa_flops() -> dict:
 
 def count_flops(model: torch.nn.Module, batches: Sequence[Batch], device: torch.device,
                 precision: str = "fp32") -> dict:
-    """Forward+backward FLOPs over ``batches``: ``total``, ``forward``, ``backward`` and the
-    forward FLOPs of each top-level part (``fwd_<child>``; a child called through a method has
+    """Forward+backward FLOPs over ``batches``: ``total``, ``forward``, ``backward`` (executed:
+    activation checkpointing's replay included, counted whole; in training the replay stops after
+    the last tensor the backward needs, a little less), ``replay`` (that replay: the forward FLOPs
+    of the checkpointed blocks, so ``total - replay`` is the step's work without checkpointing)
+    and the forward FLOPs of each top-level part (``fwd_<child>``; a child called through a method has
     what the root's forward does outside its called children, else the LLM has it: the loss
     over its output embedding). Weights are not updated; this pass doubles
     as the warm-up that sees every batch shape once, in the training ``precision`` (its kernels
@@ -135,16 +138,32 @@ def count_flops(model: torch.nn.Module, batches: Sequence[Batch], device: torch.
             llm_cfg.attn_backend = backend
 
 
+def replayed_modules(model: torch.nn.Module) -> list[str]:
+    """Names of the blocks whose forward activation checkpointing runs again in the backward:
+    transformers' checkpointed decoder (and Whisper) layers, the Conformer's blocks when its
+    ``gradient_checkpointing`` is on."""
+    from transformers.modeling_layers import GradientCheckpointingLayer  # heavy
+
+    encoder = getattr(model, "encoder", None)
+    blocks = set(getattr(encoder, "blocks", ())) if getattr(encoder, "gradient_checkpointing", False) is True else set()
+    return [name for name, m in model.named_modules() if m in blocks
+            or (isinstance(m, GradientCheckpointingLayer) and getattr(m, "gradient_checkpointing", False))]
+
+
 def _count(model: torch.nn.Module, batches: Sequence[Batch], device: torch.device, precision: str) -> dict:
+    from torch.utils.checkpoint import set_checkpoint_early_stop  # heavy
     from torch.utils.flop_counter import FlopCounterMode  # heavy
 
     root = type(model).__name__
     children = [name for name, _ in model.named_children()]
-    out = {"total": 0, "forward": 0, "backward": 0, **{f"fwd_{c}": 0 for c in children}}
+    replayed = [f"{root}.{name}" for name in replayed_modules(model)]
+    out = {"total": 0, "forward": 0, "backward": 0, "replay": 0, **{f"fwd_{c}": 0 for c in children}}
     for b in batches:
         fwd = FlopCounterMode(display=False, custom_mapping=sdpa_flops())
         bwd = FlopCounterMode(display=False, custom_mapping=sdpa_flops())
-        with fwd, autocast(device, precision):
+        # checkpointed blocks replayed whole (no early stop, set when they run forward): ``replay``
+        # is then exactly their forward FLOPs, which the forward counter attributes by module
+        with fwd, autocast(device, precision), set_checkpoint_early_stop(False):
             loss = model(b.to(device))["loss_sum"]
         with bwd:
             loss.backward()
@@ -157,6 +176,7 @@ def _count(model: torch.nn.Module, batches: Sequence[Batch], device: torch.devic
             called += n
         out["forward"] += int(fwd.get_total_flops())
         out["backward"] += int(bwd.get_total_flops())
+        out["replay"] += sum(_subtree_flops(counts, name) for name in replayed)   # inside "backward"
         # a child the root calls through a method (not __call__) has no hook: its FLOPs are the rest;
         # else the rest is the root's own work, SpeechLLM's loss over the LLM's output embedding
         rest = int(sum(counts.get(root, {}).values())) - called
