@@ -52,11 +52,19 @@ def clip(spans: Sequence[tuple[float, float]], lo: float, hi: float) -> list[tup
 
 class Innermost:
     """The innermost of properly nested ranges containing a time: the latest-starting one
-    that still contains it (ranges on one thread nest; of two starting together, the shorter)."""
+    that still contains it (ranges on one thread nest; of two starting together, the shorter).
+    Each range keeps its enclosing one, so a query walks up the nesting, not back over siblings."""
 
     def __init__(self, ranges: Iterable[tuple[float, float, str]]):
         self.ranges = sorted(ranges, key=lambda r: (r[0], -r[1]))
         self.starts = [r[0] for r in self.ranges]
+        self.parent: list[int] = []
+        open_: list[int] = []
+        for i, (s, e, _) in enumerate(self.ranges):
+            while open_ and self.ranges[open_[-1]][1] < s:
+                open_.pop()
+            self.parent.append(open_[-1] if open_ else -1)
+            open_.append(i)
 
     def at(self, t: float) -> Optional[str]:
         i = bisect.bisect_right(self.starts, t) - 1
@@ -64,7 +72,7 @@ class Innermost:
             s, e, name = self.ranges[i]
             if e >= t:
                 return name
-            i -= 1
+            i = self.parent[i]
         return None
 
 
