@@ -31,3 +31,17 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
         ["suite.log", "suite.md", "attention.json", "encoder_attention.json", "benchmark.json", "benchmark.md",
          "profile.json"])
     assert Path(out).is_dir()
+
+
+def test_parts_past_the_budget_are_skipped_and_said(tmp_path):
+    """--budget: a part whose H100 estimate would end past it is logged as skipped, not started,
+    so a device call ends cleanly before its limit with what it finished."""
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        ["bash", str(ROOT / "tools" / "gpu_suite.sh"), str(out), "--tiny", "--device", "cpu", "--python",
+         sys.executable, "--work_dir", str(tmp_path / "work"), "--parts", "attention,train", "--budget", "50"],
+        env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    log = (out / "suite.log").read_text(encoding="utf-8")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + log[-2000:]
+    assert "attention skipped: about 90 s on an H100" in log and "train skipped" in log
+    assert "skipped: attention train" in log.splitlines()[-1]

@@ -9,6 +9,7 @@
 #        (parts run in the order given; a failed part is logged and the next one runs)
 #   bash tools/gpu_suite.sh OUT --parts build,big    # Whisper-large-v3 + Qwen2-7B shapes, LoRA (a second call)
 #        [--memory_budget 24GiB] [--python python3] [--work_dir /tmp/west_gpu] [--device cuda]
+#        [--budget SECONDS]   # skip a part whose H100 estimate would end past SECONDS (for a call's limit)
 #
 # On a machine without the data stack (the lent GPU machines), first run, where pip works:
 #   bash tools/gpu_wheels.sh            # -> .whl/ (wheels + a word list), carried with the call
@@ -26,20 +27,27 @@ python=python3
 work_dir=/tmp/west_gpu
 device=cuda
 tiny=false
+budget=0
 steps=40
 workers=4
 while [ $# -gt 0 ]; do
   case $1 in
-    --parts|--num_utts|--memory_budget|--python|--work_dir|--device|--steps|--num_train) declare "${1#--}=$2"; shift 2 ;;
+    --parts|--num_utts|--memory_budget|--python|--work_dir|--device|--steps|--num_train|--budget) declare "${1#--}=$2"; shift 2 ;;
     --tiny) tiny=true; shift ;;
     *) echo "gpu_suite.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
 has() { [[ ",$parts," == *",$1,"* ]]; }
-failed=()
+declare -A estimate=([build]=40 [train]=60 [bench]=330 [profile]=90 [compile]=120 [ckpt]=60 [syncs]=60
+                     [attention]=90 [big]=300)   # seconds on one H100: measured, or guessed for new parts
+failed=(); skipped=()
 part() {   # name: run part_<name> in a subshell; a failed part is logged and the next one runs
   has "$1" || return 0
   local t0; t0=$(date +%s)
+  local left=$(( budget - (t0 - t_start) ))
+  if [ "$budget" -gt 0 ] && [ "${estimate[$1]:-60}" -gt "$left" ]; then
+    log "$1 skipped: about ${estimate[$1]:-60} s on an H100, ${left} s of --budget left"; skipped+=("$1"); return 0
+  fi
   if ( set -euo pipefail; "part_$1" ); then log "$1 ok ($(( $(date +%s) - t0 )) s)"
   else log "$1 FAILED (rc $?, $(( $(date +%s) - t0 )) s): see suite.log"; failed+=("$1"); fi
 }
@@ -177,5 +185,5 @@ for name in "${order[@]}"; do
   part "$name"
 done
 { [ -f "$out/benchmark.md" ] && cat "$out/benchmark.md"; } >>"$out/suite.md" 2>/dev/null || true
-log "done in $(( $(date +%s) - t_start )) s; tables: $out/suite.md${failed[*]:+; FAILED: ${failed[*]}}"
+log "done in $(( $(date +%s) - t_start )) s; tables: $out/suite.md${failed[*]:+; FAILED: ${failed[*]}}${skipped[*]:+; skipped: ${skipped[*]}}"
 [ ${#failed[@]} -eq 0 ]
