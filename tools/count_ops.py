@@ -16,12 +16,13 @@ the torch version and the code.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from west.bench.tool_setup import add_setup_args
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,52 +30,31 @@ ROOT = Path(__file__).resolve().parent.parent
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 epilog="Any config key can be overridden as --section.key VALUE, as in west-train.")
-    p.add_argument("--config", required=True)
-    p.add_argument("--data", required=True, help="jsonl data list to draw the utterances from")
-    p.add_argument("--num_utts", type=int, required=True)
+    add_setup_args(p)
     p.add_argument("--out_dir", required=True)
-    p.add_argument("--modes", default="static,dynamic,pack,pack_encoder_padded")
-    p.add_argument("--batch_size", type=int, default=32)
-    p.add_argument("--max_tokens_in_batch", type=int, default=4096)
-    p.add_argument("--pack_tokens", type=int, default=8192)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch's default)")
     args, rest = p.parse_known_args(argv)
 
     import torch
 
-    from west.bench.benchmark import load_batches
-    from west.bench.modes import model_overrides, select_utterances, standard_modes
+    from west.bench.modes import model_overrides
     from west.bench.op_counter import count_encoder_ops, count_step_ops
     from west.bench.report import ops_table
-    from west.bench.runner import PassRunner
-    from west.config import load_config, split_overrides
+    from west.bench.tool_setup import tool_setup
     from west.host_memory import keep_freed_host_memory
-    from west.models.llm import load_tokenizer
-    from west.ranks import resolved_device
-    from west.train.build import build_model
 
-    cfg = load_config(args.config, split_overrides(rest))
-    modes = standard_modes([m for m in args.modes.split(",") if m], args.batch_size, args.max_tokens_in_batch,
-                           args.pack_tokens)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    subset = out / "ops_data.list"
-    select_utterances(args.data, args.num_utts, subset, args.seed)
-    device = torch.device(resolved_device(cfg.train.device))
+    setup = tool_setup(args, rest, out / "ops_data.list")
+    cfg, device, model, runner = setup.cfg, setup.device, setup.runner.model, setup.runner
     if device.type == "cpu":
         keep_freed_host_memory()
-    tokenizer = load_tokenizer(cfg.model.llm.path)
-    model = build_model(cfg.model, args.seed).to(device)
-    runner = PassRunner(model, cfg.train, device, args.seed)
-    shape = model.cfg.speech_shape()
     results = {}
-    for m in modes:
+    for m in setup.modes:
         t0 = time.perf_counter()
-        conf = dataclasses.replace(cfg.data, **m.data, num_workers=0)
-        batches, _, _ = load_batches(str(subset), tokenizer, conf, shape, args.seed)
+        batches = setup.batches(m)
         with model_overrides(model, m.model):
             ops = count_step_ops(runner, batches)
             enc = count_encoder_ops(model, batches, device, cfg.train.precision)

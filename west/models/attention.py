@@ -54,11 +54,10 @@ class SegmentGroup:
     length: int                   # padded length n of every segment in the group
     index: torch.Tensor           # (G, n) int64 rows into the flat tensor (pads repeat a real row)
     valid: Optional[torch.Tensor] # (G, n) bool, False on padding; None if no padding
-    pad: Optional[torch.Tensor] = None  # ~valid, built with it (not once per layer); None if no padding
+    pad: Optional[torch.Tensor] = field(init=False)  # ~valid, built once with the plan, not per layer
 
     def __post_init__(self) -> None:
-        if self.valid is not None and self.pad is None:
-            self.pad = ~self.valid
+        self.pad = None if self.valid is None else ~self.valid
 
 
 @dataclass
@@ -114,7 +113,7 @@ class SegmentPlan:
         for i, n in enumerate(lengths):
             if n > 0:
                 by_len.setdefault(bucket_length(n, buckets_per_octave, longest), []).append(i)
-        groups, order, flat_index = [], [], []
+        groups, rows, places, flat_index, offset = [], [], [], [], 0
         for n_pad in sorted(by_len):
             segs = by_len[n_pad]
             st = torch.tensor([starts[i] for i in segs], dtype=torch.int64)
@@ -124,20 +123,16 @@ class SegmentPlan:
             index = st[:, None] + torch.where(valid, ar[None, :], torch.zeros_like(ar)[None, :])
             padded = not bool(valid.all())
             groups.append(SegmentGroup(length=n_pad, index=to_device(index, device),
-                                       valid=to_device(valid, device) if padded else None,
-                                       pad=to_device(~valid, device) if padded else None))
-            order.append((index[valid], valid.flatten().nonzero().squeeze(1)))
+                                       valid=to_device(valid, device) if padded else None))
+            rows.append(index[valid])                                    # real rows, in group order
+            places.append(valid.flatten().nonzero().squeeze(1) + offset)  # their rows in the group outputs
             flat_index.append(index.reshape(-1))
+            offset += index.numel()
         plan = cls(lengths=lengths, rows=s, groups=groups)
-        if order:
-            rows, offset, places = [], 0, []
-            for (real, kept), idx in zip(order, flat_index):
-                rows.append(real)
-                places.append(kept + offset)
-                offset += idx.numel()
-            flat, place = torch.cat(rows), torch.cat(places)
+        if groups:
+            flat = torch.cat(rows)
             inverse = torch.empty_like(flat)
-            inverse[flat] = place
+            inverse[flat] = torch.cat(places)
             if not (offset == s and torch.equal(inverse, torch.arange(s))):
                 plan.inverse = to_device(inverse, device)
             gather = torch.cat(flat_index)
@@ -165,9 +160,7 @@ class SegmentPlan:
         ln = torch.tensor(lengths, dtype=torch.int64)
         valid = torch.arange(max_len)[None, :] < ln[:, None]
         index = torch.arange(len(lengths) * max_len).view(len(lengths), max_len)
-        full = bool(valid.all())
-        group = SegmentGroup(max_len, to_device(index, device), None if full else to_device(valid, device),
-                             None if full else to_device(~valid, device))
+        group = SegmentGroup(max_len, to_device(index, device), None if bool(valid.all()) else to_device(valid, device))
         return cls(lengths=lengths, rows=len(lengths) * max_len, groups=[group] if lengths else [])
 
 

@@ -85,7 +85,7 @@ class SpeechLLM(nn.Module):
     def gradient_checkpointing_enable(self) -> None:
         """Recompute activations in backward: encoder blocks and LLM layers (trainer hook)."""
         self.encoder.gradient_checkpointing = True
-        hf_checkpointing(self._base_llm())
+        hf_checkpointing(self._base_llm(), layers=self.cfg.llm.checkpoint_layers)
 
     def fsdp_units(self) -> list[nn.Module]:
         """Modules FSDP2 shards one by one: each encoder block and each LLM decoder layer.
