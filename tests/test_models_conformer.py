@@ -5,7 +5,7 @@ import torch
 
 from west.models.config import ConformerConfig
 from west.models.conformer import ConformerEncoder, relative_sinusoids
-from west.models.layout import FrameLayout
+from west.models.layout import FrameLayout, depthwise_conv1d
 from west.shapes import min_fbank_frames, subsampled_frames
 
 from helpers.e2e import tiny_encoder
@@ -124,11 +124,14 @@ def test_conv_layout_gap_is_per_utterance():
     layout = FrameLayout([3, 1, 4], "cpu")
     x = torch.arange(1, 9, dtype=torch.float32)[:, None]
     buf = layout.conv_in(x, pad=2)
-    assert buf.shape == (1, 1, 8 + 2 * 4)
-    assert buf[0, 0].tolist() == [0, 0, 1, 2, 3, 0, 0, 4, 0, 0, 5, 6, 7, 8, 0, 0]
+    assert buf.shape == (1, 1, 8 + 2 * 2)
+    assert buf[0, 0].tolist() == [1, 2, 3, 0, 0, 4, 0, 0, 5, 6, 7, 8]
     kernel = torch.ones(1, 1, 5)
-    y = layout.conv_out(torch.nn.functional.conv1d(buf, kernel), pad=2)
+    y = layout.conv_out(torch.nn.functional.conv1d(buf, kernel, padding=2), pad=2)
     assert y[:, 0].tolist() == [6, 6, 6, 4, 18, 26, 26, 21]
+    conv = torch.nn.Conv1d(1, 1, 5, bias=False)
+    conv.weight.data.fill_(1.0)
+    assert layout.convolve(x, conv)[:, 0].tolist() == [6, 6, 6, 4, 18, 26, 26, 21]
 
 
 def test_relative_sinusoids_centre_is_length_independent():
@@ -167,3 +170,20 @@ def test_chunked_subsampling_equals_whole_images(rate, chunk, packed):
     assert (sum(l0) if packed else max(l0)) > chunk    # really several chunks per image
     assert (y0 - y1).abs().max() <= 1e-5 and (g0 - g1).abs().max() <= 1e-5
     assert receptive_field(rate) == {4: 7, 6: 11, 8: 15}[rate]
+
+
+def test_depthwise_conv_as_shifted_products_equals_the_conv_kernel():
+    """What compiled blocks run instead of the convolution kernel: same values and gradients."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv1d(6, 6, 7, groups=6)
+    x = torch.randn(3, 6, 20, requires_grad=True)
+    want = torch.nn.functional.conv1d(x, conv.weight, conv.bias, padding=3, groups=6)
+    got = depthwise_conv1d(x, conv)
+    torch.testing.assert_close(got, want)
+    w = torch.randn_like(want)
+    g_want = torch.autograd.grad((want * w).sum(), [x, conv.weight, conv.bias])
+    g_got = torch.autograd.grad((got * w).sum(), [x, conv.weight, conv.bias])
+    for a, b in zip(g_got, g_want):
+        torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError, match="depthwise"):
+        depthwise_conv1d(torch.randn(1, 4, 10), torch.nn.Conv1d(4, 4, 3))

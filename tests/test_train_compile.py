@@ -97,3 +97,51 @@ def test_decoder_layer_with_torch_varlen_compiles_whole(monkeypatch):
         (out[0] if isinstance(out, tuple) else out).sum().backward()
         seen.append(graphs["unique_graphs"] - before)
     assert seen[-1] <= 3 and seen[-1] == seen[-3]     # at most 3 graphs, none for the last 3 batches
+
+
+def test_conformer_block_with_one_attention_group_compiles_whole():
+    """What ``auto`` runs on CUDA (one attention group): each Conformer block is one compiled graph
+    per layout (no break at the attention or the depthwise convolution, ``fullgraph=True``), with
+    eager's outputs and gradients, and packs or padded batches of new lengths and utterance counts
+    stop recompiling once the sizes are dynamic (inductor's convolution backward would specialise
+    the length: compiled blocks run the depthwise convolution as shifted products)."""
+    import itertools
+
+    from west.models.conformer import ConformerEncoder
+
+    from helpers.e2e import tiny_encoder
+
+    torch.manual_seed(0)
+    eager = ConformerEncoder(tiny_encoder(num_blocks=1, dropout=0.0, buckets_per_octave=0)).train()
+    compiled = copy.deepcopy(eager)
+    torch._dynamo.reset()
+    block = compiled.blocks[0]
+    # a graph break raises; sizes dynamic from the start (train.compile lets dynamo find them,
+    # one static compile earlier: test_compiled_blocks_match_eager_and_stop_recompiling)
+    block.forward = torch.compile(block.forward, fullgraph=True, dynamic=True)
+    g = torch.Generator().manual_seed(5)
+    before, seen = compilations(), []
+    for lens in ([90, 130, 61], [40, 200], "padded", [77, 78, 79, 80], [150, 33, 97, 120, 64], "padded", [300, 45]):
+        padded = lens == "padded"
+        lens = [int(n) for n in torch.randint(30, 250, (3,), generator=g)] if padded else lens
+        feats = torch.randn(sum(lens), 80, generator=g)
+        if padded:
+            rows = torch.zeros(len(lens), max(lens), 80)
+            for i, (start, n) in enumerate(zip(itertools.accumulate([0, *lens]), lens)):
+                rows[i, :n] = feats[start:start + n]
+            kw, feats = dict(lengths=torch.tensor(lens)), rows
+        else:
+            kw = dict(cu_seqlens=torch.tensor([0, *itertools.accumulate(lens)]))
+        grads, outs = [], []
+        for enc in (eager, compiled):
+            x, _ = enc.forward_flat(feats, **kw)
+            (x * torch.randn(x.shape, generator=torch.Generator().manual_seed(len(lens)))).sum().backward()
+            outs.append(x.detach())
+            grads.append({n: p.grad for n, p in enc.named_parameters()})
+            enc.zero_grad(set_to_none=True)
+        torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-5)
+        for n, want in grads[0].items():
+            if not n.endswith("linear_k.bias"):   # softmax is blind to it: its gradient is rounding noise
+                torch.testing.assert_close(grads[1][n], want, rtol=1e-3, atol=1e-4 * float(want.abs().max()), msg=n)
+        seen.append(compilations() - before)
+    assert seen[-1] == 2 and seen[-1] == seen[-4], f"graphs after each batch: {seen}"   # 1 per layout

@@ -16,10 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence, Union
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-from west.batch import to_device
+from west.batch import host_to_device
 from west.models.config import BACKENDS
 from west.models.flex import DocumentMask
 from west.models.varlen_kernels import (
@@ -73,6 +74,13 @@ class SegmentPlan:
     # one gather back for all groups; None = identity (no padding, one group in order)
     inverse: Optional[torch.Tensor] = None
     gather: Optional[torch.Tensor] = None   # rows of every group, concatenated; None = every row in order
+    # one group over rows already in its order (a padded batch, packed rows gathered into one
+    # group): segment SDPA is traced into compiled graphs. A bool, so dynamo guards on it, not on
+    # the number of groups.
+    one_group: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.one_group = len(self.groups) == 1 and self.gather is None
 
     @property
     def max_len(self) -> int:
@@ -104,41 +112,36 @@ class SegmentPlan:
         lengths = [int(n) for n in lengths]
         if any(n < 0 for n in lengths):
             raise ValueError(f"segment lengths must be >= 0, got {lengths}")
-        starts, s = [], 0
-        for n in lengths:
-            starts.append(s)
-            s += n
+        lens = np.array(lengths, dtype=np.int64)
+        starts = np.cumsum(lens) - lens
+        s = int(lens.sum())
         by_len: dict[int, list[int]] = {}
         longest = max(lengths, default=0)
         for i, n in enumerate(lengths):
             if n > 0:
                 by_len.setdefault(bucket_length(n, buckets_per_octave, longest), []).append(i)
         groups, rows, places, flat_index, offset = [], [], [], [], 0
-        for n_pad in sorted(by_len):
-            segs = by_len[n_pad]
-            st = torch.tensor([starts[i] for i in segs], dtype=torch.int64)
-            ln = torch.tensor([lengths[i] for i in segs], dtype=torch.int64)
-            ar = torch.arange(n_pad, dtype=torch.int64)
-            valid = ar[None, :] < ln[:, None]
-            index = st[:, None] + torch.where(valid, ar[None, :], torch.zeros_like(ar)[None, :])
-            padded = not bool(valid.all())
-            groups.append(SegmentGroup(length=n_pad, index=to_device(index, device),
-                                       valid=to_device(valid, device) if padded else None))
-            rows.append(index[valid])                                    # real rows, in group order
-            places.append(valid.flatten().nonzero().squeeze(1) + offset)  # their rows in the group outputs
+        for n_pad in sorted(by_len):    # index arithmetic in numpy: host work, no tensor ops
+            segs = np.array(by_len[n_pad])
+            ar = np.arange(n_pad)
+            valid = ar[None, :] < lens[segs][:, None]
+            index = starts[segs][:, None] + np.where(valid, ar[None, :], 0)
+            groups.append(SegmentGroup(length=n_pad, index=host_to_device(index, device),
+                                       valid=None if valid.all() else host_to_device(valid, device)))
+            rows.append(index[valid])                              # real rows, in group order
+            places.append(np.flatnonzero(valid) + offset)          # their rows in the group outputs
             flat_index.append(index.reshape(-1))
-            offset += index.numel()
-        plan = cls(lengths=lengths, rows=s, groups=groups)
+            offset += index.size
+        inverse_index = gather_index = None
         if groups:
-            flat = torch.cat(rows)
-            inverse = torch.empty_like(flat)
-            inverse[flat] = torch.cat(places)
-            if not (offset == s and torch.equal(inverse, torch.arange(s))):
-                plan.inverse = to_device(inverse, device)
-            gather = torch.cat(flat_index)
-            if not (gather.numel() == s and torch.equal(gather, torch.arange(s))):
-                plan.gather = to_device(gather, device)
-        return plan
+            inverse = np.empty(s, dtype=np.int64)
+            inverse[np.concatenate(rows)] = np.concatenate(places)
+            if not (offset == s and np.array_equal(inverse, np.arange(s))):
+                inverse_index = host_to_device(inverse, device)
+            gather = np.concatenate(flat_index)
+            if not (gather.size == s and np.array_equal(gather, np.arange(s))):
+                gather_index = host_to_device(gather, device)
+        return cls(lengths=lengths, rows=s, groups=groups, inverse=inverse_index, gather=gather_index)
 
     @classmethod
     def from_cu_seqlens(
@@ -157,10 +160,10 @@ class SegmentPlan:
         lengths = [int(n) for n in lengths]
         if any(n > max_len for n in lengths):
             raise ValueError(f"length > padded size {max_len}: {lengths}")
-        ln = torch.tensor(lengths, dtype=torch.int64)
-        valid = torch.arange(max_len)[None, :] < ln[:, None]
-        index = torch.arange(len(lengths) * max_len).view(len(lengths), max_len)
-        group = SegmentGroup(max_len, to_device(index, device), None if bool(valid.all()) else to_device(valid, device))
+        valid = np.arange(max_len)[None, :] < np.array(lengths, dtype=np.int64)[:, None]
+        index = np.arange(len(lengths) * max_len).reshape(len(lengths), max_len)
+        group = SegmentGroup(max_len, host_to_device(index, device),
+                             None if valid.all() else host_to_device(valid, device))
         return cls(lengths=lengths, rows=len(lengths) * max_len, groups=[group] if lengths else [])
 
 
@@ -168,7 +171,6 @@ class SegmentPlan:
 BiasFn = Callable[[torch.Tensor, SegmentGroup], torch.Tensor]
 
 
-@torch.compiler.disable   # Python loops over a host plan: left out of compiled graphs (train.compile)
 def segment_sdpa(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -183,10 +185,23 @@ def segment_sdpa(
 
     ``bias_fn(qg (G, Hq, n, D), group) -> (G, Hq, n, n)`` adds a score term (already
     scaled) per :class:`SegmentGroup` from its gathered queries, e.g. the Conformer's
-    relative-position term. Padding inside a group sits at the END of each segment: causal masking alone
-    hides it from real queries; without causality it is masked as keys. Padded query
-    rows are dropped."""
-    if q.shape[0] != plan.rows:
+    relative-position term (it reads n from ``qg``'s shape, not ``group.length``, so a compiled
+    caller does not specialise on it). Padding inside a group sits at the END of each segment:
+    causal masking alone hides it from real queries; without causality it is masked as keys.
+    Padded query rows are dropped.
+
+    Under ``torch.compile`` a plan of one group over rows already in group order (a padded
+    batch, or packed rows gathered into one group) is traced into the caller's graph: its
+    sizes come from tensor shapes, so they turn dynamic instead of recompiling. Plans of several
+    groups loop in Python over host lists and run outside compiled graphs."""
+    if plan.one_group:
+        return _segment_sdpa(q, k, v, plan, causal, scale, dropout_p, bias_fn)
+    return _segment_sdpa_eager(q, k, v, plan, causal, scale, dropout_p, bias_fn)
+
+
+def _segment_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: SegmentPlan, causal: bool,
+                  scale: Optional[float], dropout_p: float, bias_fn: Optional[BiasFn]) -> torch.Tensor:
+    if not torch.compiler.is_compiling() and q.shape[0] != plan.rows:   # a Python int: no guard on it
         raise ValueError(f"plan covers {plan.rows} rows, q has {q.shape[0]}")
     gqa = q.shape[1] != k.shape[1]
     index = plan.gather_index()
@@ -215,6 +230,9 @@ def segment_sdpa(
         return q.new_zeros(q.shape[0], q.shape[1], v.shape[-1])
     out = parts[0] if len(parts) == 1 else torch.cat(parts)
     return out if plan.inverse is None else out.index_select(0, plan.inverse)
+
+
+_segment_sdpa_eager = torch.compiler.disable(_segment_sdpa)   # loops over host lists: outside compiled graphs
 
 
 # --------------------------------------------------------------------------- dispatch

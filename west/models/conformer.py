@@ -83,16 +83,15 @@ class RelPositionAttention(nn.Module):
         scale = self.dk ** -0.5
 
         def rel_bias(q_u: torch.Tensor, group: SegmentGroup) -> torch.Tensor:
-            g, n = q_u.shape[0], group.length
+            g, n = q_u.shape[0], q_u.shape[2]
             qg = q_u + (self.pos_bias_v - self.pos_bias_u)[:, None, :]   # (G, h, n, dk): q + v
             if self.key_positions:   # row m-1-j of the table encodes +j: pe(0..n-1)
                 return torch.matmul(qg, p[m - n: m].flip(0).permute(1, 2, 0)) * scale
             pn = p[m - n: m + n - 1].permute(1, 2, 0)                  # (h, dk, 2n-1)
-            full = torch.matmul(qg, pn).contiguous()                   # (G, h, n, 2n-1)
+            full = torch.matmul(qg, pn).contiguous()   # (G, h, n, 2n-1), fresh: storage offset 0
             # out[i, j] = full[i, (n-1) - i + j]  (relative distance i - j): a strided view.
             w = 2 * n - 1
-            bd = full.as_strided((g, self.h, n, n), (self.h * n * w, n * w, w - 1, 1),
-                                 full.storage_offset() + n - 1)
+            bd = full.as_strided((g, self.h, n, n), (self.h * n * w, n * w, w - 1, 1), n - 1)
             return bd * scale
 
         if flex:
@@ -136,7 +135,6 @@ class ConvModule(nn.Module):
         y = self._depthwise(F.glu(self.pointwise1(x), dim=-1), layout)
         return self.dropout(self.pointwise2(F.silu(self.norm(y))))
 
-    @torch.compiler.disable   # inductor's convolution backward fixes the length: outside compiled graphs
     def _depthwise(self, y: torch.Tensor, layout: FrameLayout) -> torch.Tensor:
         """Per-utterance zero-padded depthwise convolution over the flat rows."""
         return layout.convolve(y, self.depthwise)

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from west.batch import to_device
+from west.batch import host_to_device, to_device
 from west.models.attention import SegmentPlan
 from west.models.flex import DocumentMask
 
@@ -44,6 +45,18 @@ def gather_rows(x: torch.Tensor, index: torch.Tensor, place: torch.Tensor) -> to
     which are masked as keys and whose query outputs are dropped (tests/test_models_conformer.py
     checks the gradients)."""
     return _GatherRows.apply(x, index, place)
+
+
+def depthwise_conv1d(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
+    """``conv`` (depthwise, odd kernel k) over (N, C, T) with (k-1)/2 zeros at both ends, as a sum
+    of shifted products: what compiled blocks run. Inductor fuses it into one kernel whose sizes
+    stay symbolic (its convolution's backward specialises the length, recompiling per batch)."""
+    k = conv.kernel_size[0]
+    if conv.groups != x.shape[1] or conv.out_channels != x.shape[1]:
+        raise ValueError(f"depthwise_conv1d needs a depthwise convolution, got {conv}")
+    windows = F.pad(x, ((k - 1) // 2, (k - 1) // 2)).unfold(2, k, 1)       # (N, C, T, k)
+    y = (windows * conv.weight[:, 0, None, :].to(x.dtype)).sum(-1)
+    return y if conv.bias is None else y + conv.bias[:, None].to(x.dtype)
 
 
 class FrameLayout:
@@ -99,7 +112,7 @@ class FrameLayout:
         if self._grouped is None:
             plan = self.plan
             rows, place = plan.gather_index(), plan.inverse
-            ident = to_device(torch.arange(self.rows), self.device) if rows is None or place is None else None
+            ident = host_to_device(np.arange(self.rows), self.device) if rows is None or place is None else None
             self._grouped = (ident if rows is None else rows, ident if place is None else place, plan.gathered())
         return self._grouped
 
@@ -118,19 +131,17 @@ class FrameLayout:
             self._pad_2d()
 
     def cu_seqlens(self) -> torch.Tensor:
-        cu = torch.zeros(self.num + 1, dtype=torch.int32)
-        cu[1:] = torch.tensor(self.lengths, dtype=torch.int64).cumsum(0)
-        return to_device(cu, self.device)
+        return host_to_device(np.cumsum([0, *self.lengths]).astype(np.int32), self.device)
 
-    def _host_valid(self) -> torch.Tensor:
+    def _host_valid(self) -> np.ndarray:
         """(N, T) bool on the host: True on real frames of a padded layout."""
-        return torch.arange(self.padded_len)[None, :] < torch.tensor(self.lengths)[:, None]
+        return np.arange(self.padded_len)[None, :] < np.array(self.lengths)[:, None]
 
     def _pad_2d(self) -> torch.Tensor:
         """(N, T) bool, True on padding (padded layout): built once, not negated in every block; its
         shape, not Python ints, sizes the views of compiled blocks."""
         if self._pad is None:
-            self._pad = to_device(~self._host_valid(), self.device)
+            self._pad = host_to_device(~self._host_valid(), self.device)
         return self._pad
 
     def real_rows(self) -> Optional[torch.Tensor]:
@@ -138,46 +149,53 @@ class FrameLayout:
         if self.packed:
             return None
         if self._real is None:
-            self._real = to_device(self._host_valid().flatten().nonzero().squeeze(1), self.device)
+            self._real = host_to_device(np.flatnonzero(self._host_valid()), self.device)
         return self._real
 
     # ---------------------------------------------------------------- convolution
     def _gap_index(self, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Packed mode, ``pad`` zeros leading and following each utterance: (for every frame, its
-        row in that buffer; for every frame, its row in the output of a kernel of size 2*pad+1
-        run over the buffer without padding, i.e. the first minus ``pad``). Index tensors, so a
-        compiled block sees the buffer's size as a shape, never as a Python count of utterances."""
+        """Packed mode, ``pad`` zeros between consecutive utterances: (for every frame, its row in
+        that buffer; an empty (buffer rows, 0) tensor). Tensors only, so a compiled block sees the
+        buffer's size as a shape (dynamic after the first new size), never as a Python count of
+        utterances it would recompile for."""
         if pad not in self._gap_cache:
-            seg = torch.repeat_interleave(torch.arange(self.num), torch.tensor(self.lengths))
-            dst = torch.arange(self.rows) + pad * (seg + 1)
-            self._gap_cache[pad] = (to_device(dst, self.device), to_device(dst - pad, self.device))
+            dst = np.arange(self.rows) + pad * np.repeat(np.arange(self.num), self.lengths)
+            size = torch.empty(self.rows + pad * (self.num - 1), 0, device=self.device)
+            self._gap_cache[pad] = (host_to_device(dst, self.device), size)
         return self._gap_cache[pad]
 
     def convolve(self, x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
-        """(rows, C) -> (rows, C): ``conv`` (odd kernel, no padding of its own) over each
-        utterance's frames alone, reading zeros beyond its edges. Packed: through the zero-gap
-        buffer of :meth:`conv_in`; padded: padding frames zeroed, the edges padded by the kernel."""
+        """(rows, C) -> (rows, C): ``conv`` (odd kernel; its own padding is ignored) over each
+        utterance's frames alone, reading zeros beyond its edges. Both layouts run one "same"
+        convolution (padding (k-1)/2 at the ends) over (N, C, T) frames with zeros between
+        utterances: packed, the zero-gap buffer of :meth:`conv_in`; padded, the batch with its
+        padding frames zeroed. The same length in and out keeps a compiled graph's sizes symbolic."""
         pad = (conv.kernel_size[0] - 1) // 2
         if self.packed:
-            return self.conv_out(conv(self.conv_in(x, pad)), pad)
-        pads = self._pad_2d()
-        y = x.masked_fill(pads.reshape(-1, 1), 0.0).view(*pads.shape, x.shape[-1]).transpose(1, 2)
-        y = F.conv1d(y, conv.weight, conv.bias, padding=pad, groups=conv.groups)
+            y = self.conv_in(x, pad)
+        else:
+            pads = self._pad_2d()
+            y = x.masked_fill(pads.reshape(-1, 1), 0.0).view(*pads.shape, x.shape[-1]).transpose(1, 2)
+        y = depthwise_conv1d(y, conv) if torch.compiler.is_compiling() else \
+            F.conv1d(y, conv.weight, conv.bias, padding=pad, groups=conv.groups)
+        if self.packed:
+            return self.conv_out(y, pad)
         return y.transpose(1, 2).reshape(-1, y.shape[1])
 
     def conv_in(self, x: torch.Tensor, pad: int) -> torch.Tensor:
-        """Packed (rows, C) -> (1, C, T') with ``pad`` zeros leading and following every utterance.
+        """Packed (rows, C) -> (1, C, T') with ``pad`` zeros between consecutive utterances.
 
-        A kernel of size 2*pad+1 with padding 0 over the result, then :meth:`conv_out`, gives
-        each frame exactly its per-utterance, zero-padded convolution. The frames are copied into
-        a zeroed buffer (its backward is one gather of the frames' rows)."""
-        dst = self._gap_index(pad)[0]
-        buf = x.new_zeros(self.rows + pad * (self.num + 1), x.shape[-1]).index_copy_(0, dst, x)
-        return buf.t().unsqueeze(0)
+        A kernel of size 2*pad+1 with padding ``pad`` over the result, then :meth:`conv_out`,
+        gives each frame exactly its per-utterance, zero-padded convolution. The frames are
+        copied into a zeroed buffer (its backward is one gather of the frames' rows)."""
+        dst, size = self._gap_index(pad)
+        # (C, T') contiguous, as the convolution wants it (no copy inside it, and under compile
+        # the strides it saves for its backward stay symbolic instead of specialising T')
+        return x.new_zeros(x.shape[-1], size.shape[0]).index_copy_(1, dst, x.t()).unsqueeze(0)
 
     def conv_out(self, y: torch.Tensor, pad: int) -> torch.Tensor:
-        """Inverse of :meth:`conv_in` for a same-length convolution output (padding 0)."""
-        return y.squeeze(0).t().index_select(0, self._gap_index(pad)[1])
+        """Inverse of :meth:`conv_in` for a same-length convolution output (padding ``pad``)."""
+        return y.squeeze(0).t().index_select(0, self._gap_index(pad)[0])
 
 
 class FlatEncoder(nn.Module):

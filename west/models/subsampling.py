@@ -20,11 +20,12 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from west.batch import to_device
+from west.batch import host_to_device
 from west.models.layout import FrameLayout
 from west.shapes import SUBSAMPLING_LAYERS, subsampled_frames
 
@@ -105,18 +106,16 @@ class Conv2dSubsampling(nn.Module):
             raise ValueError(f"feat_cu_seqlens cover {sum(lengths)} frames, feats have {feats.shape[0]}")
         out_lens = self._frames(lengths)
         s = self.stride
-        slots = [-(-n // s) * s for n in lengths]                # aligned room per utterance
-        offsets = torch.tensor([0] + slots[:-1]).cumsum(0)
-        seg = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
-        starts = torch.tensor([0] + lengths[:-1]).cumsum(0)
-        dst = to_device(torch.arange(feats.shape[0]) - starts[seg] + offsets[seg], feats.device)
-        buf = feats.new_zeros(sum(slots), feats.shape[1]).index_copy(0, dst, feats)
+        slots = -(-np.array(lengths) // s) * s                   # aligned room per utterance
+        # host index arithmetic in numpy: each utterance's frames, then its outputs, shifted
+        # from their packed start to their slot's
+        shift = np.cumsum(slots) - slots - (np.cumsum(lengths) - lengths)
+        dst = np.arange(feats.shape[0]) + np.repeat(shift, lengths)
+        buf = feats.new_zeros(int(slots.sum()), feats.shape[1]).index_copy(0, host_to_device(dst, feats.device), feats)
         y = self._conv_images(buf[None])[0]                      # (T'buf, C * F')
-        t = y.shape[0]
-        oseg = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(out_lens))
-        ostarts = torch.tensor([0] + out_lens[:-1]).cumsum(0)
-        keep = torch.arange(sum(out_lens)) - ostarts[oseg] + offsets[oseg] // s
-        if int(keep.max()) >= t:
+        oshift = (np.cumsum(slots) - slots) // s - (np.cumsum(out_lens) - out_lens)
+        keep = np.arange(sum(out_lens)) + np.repeat(oshift, out_lens)
+        if keep.max() >= y.shape[0]:
             raise AssertionError("aligned subsampling layout is inconsistent with west.shapes")
-        y = y.index_select(0, to_device(keep, feats.device))
+        y = y.index_select(0, host_to_device(keep, feats.device))
         return self._project(y), FrameLayout(out_lens, feats.device, buckets_per_octave=buckets_per_octave)

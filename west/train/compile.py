@@ -3,9 +3,10 @@
 Each Conformer block (or Whisper layer) and each LLM decoder layer has its ``forward``
 compiled in place, so identical blocks share one compiled graph, compile time stays that
 of one block, and state-dict names are unchanged (checkpoints load either way). Kernels
-that take ``cu_seqlens`` (torch's varlen op, flash-attn) are traced into the graphs; attention
-on host plans stays outside (``torch.compiler.disable`` on segment SDPA and the planned paths
-of west.models.attention: their Python loops would specialise per batch); FlexAttention in the
+that take ``cu_seqlens`` (torch's varlen op, flash-attn) are traced into the graphs, and so is
+segment SDPA over one group (a padded batch, or the packed Conformer under ``auto`` on CUDA),
+so such a Conformer block is one graph; segment SDPA over several length groups stays outside
+(``torch.compiler.disable``: its Python loops would specialise per batch); FlexAttention in the
 packed Conformer is traced into its block.
 
 Pack rows change length from batch to batch: after the first new shape dynamo marks the
@@ -32,7 +33,8 @@ def compile_regions(model: nn.Module) -> int:
 
 
 def compilations() -> int:
-    """Frames dynamo compiled in this process so far (each a graph; a recompilation counts again)."""
+    """Graphs dynamo captured in this process so far (a recompilation counts again; a frame split
+    by a graph break counts each part)."""
     from torch._dynamo.utils import counters  # heavy
 
-    return int(counters["frames"]["ok"])
+    return int(counters["stats"]["unique_graphs"])
