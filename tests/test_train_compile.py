@@ -44,8 +44,13 @@ def _run(model, batches):
 
 
 def test_compiled_blocks_match_eager_and_stop_recompiling():
+    """Several attention length groups in the Conformer (the CPU default), the first LLM layer
+    checkpointed and the second not (``model.llm.checkpoint_layers: 1``, as on a GPU)."""
+    from west.models.llm import hf_checkpointing
+
     torch.manual_seed(0)
-    eager = SpeechLLM(tiny_config()).eval()
+    eager = SpeechLLM(tiny_config()).train()
+    hf_checkpointing(eager.llm, True, layers=1)
     compiled = copy.deepcopy(eager)
     assert compile_regions(compiled) == len(eager.encoder.blocks) + len(eager.llm.model.layers)
     assert list(compiled.state_dict()) == list(eager.state_dict())   # checkpoints see the same names
@@ -101,7 +106,8 @@ def test_decoder_layer_with_torch_varlen_compiles_whole(monkeypatch):
 
 def test_conformer_block_with_one_attention_group_compiles_whole():
     """What ``auto`` runs on CUDA (one attention group): each Conformer block is one compiled graph
-    per layout (no break at the attention or the depthwise convolution, ``fullgraph=True``), with
+    per layout, one more for a group without padding (no break at the attention or the depthwise
+    convolution, ``fullgraph=True``), with
     eager's outputs and gradients, and packs or padded batches of new lengths and utterance counts
     stop recompiling once the sizes are dynamic (inductor's convolution backward would specialise
     the length: compiled blocks run the depthwise convolution as shifted products)."""
@@ -121,7 +127,9 @@ def test_conformer_block_with_one_attention_group_compiles_whole():
     block.forward = torch.compile(block.forward, fullgraph=True, dynamic=True)
     g = torch.Generator().manual_seed(5)
     before, seen = compilations(), []
-    for lens in ([90, 130, 61], [40, 200], "padded", [77, 78, 79, 80], [150, 33, 97, 120, 64], "padded", [300, 45]):
+    # [210]: a group without padding (no mask: a graph of its own), its gather and inverse identities
+    for lens in ([90, 130, 61], [40, 200], "padded", [210], [77, 78, 79, 80], [150, 33, 97, 120, 64], "padded",
+                 [300, 45]):
         padded = lens == "padded"
         lens = [int(n) for n in torch.randint(30, 250, (3,), generator=g)] if padded else lens
         feats = torch.randn(sum(lens), 80, generator=g)
@@ -144,4 +152,4 @@ def test_conformer_block_with_one_attention_group_compiles_whole():
             if not n.endswith("linear_k.bias"):   # softmax is blind to it: its gradient is rounding noise
                 torch.testing.assert_close(grads[1][n], want, rtol=1e-3, atol=1e-4 * float(want.abs().max()), msg=n)
         seen.append(compilations() - before)
-    assert seen[-1] == 2 and seen[-1] == seen[-4], f"graphs after each batch: {seen}"   # 1 per layout
+    assert seen[-1] == 3 and seen[-1] == seen[-4], f"graphs after each batch: {seen}"   # 1 per layout, 1 unpadded

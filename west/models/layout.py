@@ -107,13 +107,17 @@ class FrameLayout:
         """Packed mode: (the rows of every attention group, concatenated; each row's place among
         them; the plan over rows gathered that way). Attention gathers its input once with
         :func:`gather_rows` instead of gathering q, k and v. Tensors always (identities when the
-        groups are the rows in order), so a compiled block never branches on the batch; built on
-        first use and kept."""
+        groups are the rows in order), so a compiled block never branches on the batch; two
+        distinct tensors even when both are identities (dynamo does not trace an autograd
+        Function given the same tensor twice). Built on first use and kept."""
         if self._grouped is None:
             plan = self.plan
             rows, place = plan.gather_index(), plan.inverse
-            ident = host_to_device(np.arange(self.rows), self.device) if rows is None or place is None else None
-            self._grouped = (ident if rows is None else rows, ident if place is None else place, plan.gathered())
+            if rows is None:
+                rows = host_to_device(np.arange(self.rows), self.device)
+            if place is None:
+                place = host_to_device(np.arange(self.rows), self.device)
+            self._grouped = (rows, place, plan.gathered())
         return self._grouped
 
     def prepare(self, conv_pad: int, flex: bool) -> None:
