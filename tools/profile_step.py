@@ -7,7 +7,9 @@ model's forward, its encoder, projector and LLM decoder, and the optimizer step.
 (west.bench.trace_gaps) it prints, per phase: host wall time, GPU operations launched, their GPU
 time, and the GPU idle time each phase caused (the gaps its launches ended); then the host
 operators behind the longest idle gaps. On a CPU the phases' host times alone. Not a test: a
-table, a JSON, and the Chrome trace if asked for.
+table, a JSON, and the Chrome trace if asked for. ``--train.compile true`` profiles the step with
+the repeated blocks compiled (west.train.compile); give enough ``--warmup_steps`` (4) for the
+compilations to happen before the profiled steps.
 
     python tools/profile_step.py --config recipes/aishell/conf/seed_gpu.yaml --model.llm.path exp/seed_llm \\
         --data data/train/data.list --data.cmvn data/train/global_cmvn.json --modes pack,pack_encoder_padded \\
@@ -106,10 +108,13 @@ def main(argv=None) -> int:
     from west.bench.modes import model_overrides
     from west.bench.tool_setup import tool_setup
     from west.ranks import cuda_allocator_defaults
+    from west.train.compile import compilations, compile_regions
 
     cuda_allocator_defaults()
     work = Path(tempfile.mkdtemp())
     setup = tool_setup(args, rest, work / "profile_data.list")
+    if setup.cfg.train.compile:
+        print(f"[profile_step] train.compile: {compile_regions(setup.runner.model)} blocks compiled in place")
     traces = Path(args.trace_dir) if args.trace_dir else work
     traces.mkdir(parents=True, exist_ok=True)
     results = {}
@@ -122,7 +127,8 @@ def main(argv=None) -> int:
         with model_overrides(setup.runner.model, m.model):
             res = profile_mode(setup.runner, batches, args.warmup_steps, traces / f"{m.name}.json")
         results[m.name] = res
-        print(f"\n### {m.name} ({m.configuration})\n\n{table(res)}", flush=True)
+        graphs = f", {compilations()} graphs compiled so far" if setup.cfg.train.compile else ""
+        print(f"\n### {m.name} ({m.configuration}{graphs})\n\n{table(res)}", flush=True)
     device = torch.cuda.get_device_name(setup.device) if setup.device.type == "cuda" else "cpu"
     if args.out:
         Path(args.out).write_text(json.dumps({"device": device, "torch": torch.__version__, "modes": results},
