@@ -5,7 +5,7 @@
 # syncs, trains with train.compile and checks the attention kernels. Tables, JSON and logs go to
 # OUT (at most 8 files, for the device tool).
 #
-#   bash tools/gpu_suite.sh OUT [--parts build,train,bench,profile,compile,ckpt,syncs,attention] [--num_utts 700]
+#   bash tools/gpu_suite.sh OUT [--parts build,train,bench,compile,profile,ckpt,syncs,attention] [--num_utts 700]
 #        (parts run in the order given; a failed part is logged and the next one runs)
 #   bash tools/gpu_suite.sh OUT --parts build,big    # Whisper-large-v3 + Qwen2-7B shapes, LoRA (a second call)
 #        [--memory_budget 24GiB] [--python python3] [--work_dir /tmp/west_gpu] [--device cuda]
@@ -19,7 +19,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 [ $# -ge 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-parts=build,train,bench,profile,compile,ckpt,syncs,attention   # item 6's table first; levers next; measured before last
+parts=build,train,bench,compile,profile,ckpt,syncs,attention   # item 6's table first; levers next (compile: blocks now whole graphs); measured before last
 num_utts=700
 num_train=800
 memory_budget=24GiB
