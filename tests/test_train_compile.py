@@ -113,6 +113,8 @@ def test_conformer_block_with_one_attention_group_compiles_whole():
     the length: compiled blocks run the depthwise convolution as shifted products)."""
     import itertools
 
+    from torch.nn.utils.rnn import pad_sequence
+
     from west.models.conformer import ConformerEncoder
 
     from helpers.e2e import tiny_encoder
@@ -132,14 +134,11 @@ def test_conformer_block_with_one_attention_group_compiles_whole():
                  [300, 45]):
         padded = lens == "padded"
         lens = [int(n) for n in torch.randint(30, 250, (3,), generator=g)] if padded else lens
-        feats = torch.randn(sum(lens), 80, generator=g)
+        utts = [torch.randn(n, 80, generator=g) for n in lens]
         if padded:
-            rows = torch.zeros(len(lens), max(lens), 80)
-            for i, (start, n) in enumerate(zip(itertools.accumulate([0, *lens]), lens)):
-                rows[i, :n] = feats[start:start + n]
-            kw, feats = dict(lengths=torch.tensor(lens)), rows
+            feats, kw = pad_sequence(utts, batch_first=True), dict(lengths=torch.tensor(lens))
         else:
-            kw = dict(cu_seqlens=torch.tensor([0, *itertools.accumulate(lens)]))
+            feats, kw = torch.cat(utts), dict(cu_seqlens=torch.tensor([0, *itertools.accumulate(lens)]))
         grads, outs = [], []
         for enc in (eager, compiled):
             x, _ = enc.forward_flat(feats, **kw)

@@ -47,6 +47,14 @@ def gather_rows(x: torch.Tensor, index: torch.Tensor, place: torch.Tensor) -> to
     return _GatherRows.apply(x, index, place)
 
 
+def same_conv1d(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
+    """``conv`` (odd kernel k) over (N, C, T) with (k-1)/2 zeros at both ends, output length T:
+    the convolution kernel in eager mode, :func:`depthwise_conv1d` inside a compiled graph."""
+    if torch.compiler.is_compiling():
+        return depthwise_conv1d(x, conv)
+    return F.conv1d(x, conv.weight, conv.bias, padding=(conv.kernel_size[0] - 1) // 2, groups=conv.groups)
+
+
 def depthwise_conv1d(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
     """``conv`` (depthwise, odd kernel k) over (N, C, T) with (k-1)/2 zeros at both ends, as a sum
     of shifted products: what compiled blocks run. Inductor fuses it into one kernel whose sizes
@@ -176,14 +184,10 @@ class FrameLayout:
         padding frames zeroed. The same length in and out keeps a compiled graph's sizes symbolic."""
         pad = (conv.kernel_size[0] - 1) // 2
         if self.packed:
-            y = self.conv_in(x, pad)
-        else:
-            pads = self._pad_2d()
-            y = x.masked_fill(pads.reshape(-1, 1), 0.0).view(*pads.shape, x.shape[-1]).transpose(1, 2)
-        y = depthwise_conv1d(y, conv) if torch.compiler.is_compiling() else \
-            F.conv1d(y, conv.weight, conv.bias, padding=pad, groups=conv.groups)
-        if self.packed:
-            return self.conv_out(y, pad)
+            return self.conv_out(same_conv1d(self.conv_in(x, pad), conv), pad)
+        pads = self._pad_2d()
+        y = x.masked_fill(pads.reshape(-1, 1), 0.0).view(*pads.shape, x.shape[-1]).transpose(1, 2)
+        y = same_conv1d(y, conv)
         return y.transpose(1, 2).reshape(-1, y.shape[1])
 
     def conv_in(self, x: torch.Tensor, pad: int) -> torch.Tensor:
