@@ -221,3 +221,24 @@ def test_checkpointing_replay_is_counted_apart(layers):
         cfg.llm.gradient_checkpointing = True
         torch.manual_seed(0)
         assert 2 * ckpt["replay"] == count_flops(SpeechLLM(cfg), [batch], torch.device("cpu"))["replay"]
+
+
+def test_flops_of_the_conformers_varlen_route_are_counted_as_segment_sdpa():
+    """The flop counter cannot see into cu_seqlens kernels: a Conformer whose attention runs one
+    (pos_enc wenet) is counted on segment SDPA, as packed LLM attention is, and keeps its backend."""
+    from west.bench.costs import count_flops
+    from west.models.speech_llm import SpeechLLM
+
+    from helpers.speech import packed_batch, samples, tiny_config
+
+    ss = samples()
+    batch = packed_batch(ss, sum(len(s.ids) for s in ss) + 4)
+    counts = {}
+    for backend in ("varlen", "sdpa_segments"):
+        cfg = tiny_config()
+        cfg.encoder.pos_enc, cfg.encoder.attn_backend = "wenet", backend
+        torch.manual_seed(0)
+        model = SpeechLLM(cfg)
+        counts[backend] = count_flops(model, [batch], torch.device("cpu"))
+        assert {b.attn.backend for b in model.encoder.blocks} == {backend}
+    assert counts["varlen"] == counts["sdpa_segments"]

@@ -38,12 +38,14 @@ def _pad(feats, extra=0):
     return out
 
 
-@pytest.mark.parametrize("rate,bpo,pos_enc", [(4, 8, "relative"), (6, None, "relative"), (8, 2, "relative"),
-                                              (4, 8, "wenet"), (6, None, "wenet"),
-                                              (4, 0, "relative"), (4, 0, "wenet")])   # 0: CUDA's auto grouping
-def test_packed_equals_alone_equals_padded(rate, bpo, pos_enc):
+@pytest.mark.parametrize("rate,bpo,pos_enc,backend", [
+    (4, 8, "relative", "auto"), (6, None, "relative", "auto"), (8, 2, "relative", "auto"),
+    (4, 8, "wenet", "auto"), (6, None, "wenet", "auto"),
+    (4, 0, "relative", "auto"), (4, 0, "wenet", "auto"),   # 0: CUDA's auto grouping
+    (4, 8, "wenet", "varlen")])                            # packed rows through flash-attn's signature
+def test_packed_equals_alone_equals_padded(rate, bpo, pos_enc, backend):
     lens = [n for n in LENS if n >= min_fbank_frames(rate)]
-    enc, feats = _encoder(rate, bpo, pos_enc=pos_enc), _feats(lens)
+    enc, feats = _encoder(rate, bpo, pos_enc=pos_enc, attn_backend=backend), _feats(lens)
     with torch.no_grad():
         alone = [enc(f[None], lengths=torch.tensor([len(f)]))[0][0] for f in feats]
         packed, cu = enc(torch.cat(feats), cu_seqlens=_cu(lens))
@@ -56,10 +58,11 @@ def test_packed_equals_alone_equals_padded(rate, bpo, pos_enc):
         assert (padded[i, : out_lens[i]] - a).abs().max() <= TOL
 
 
-@pytest.mark.parametrize("bpo,pos_enc", [(8, "relative"), (None, "relative"), (0, "relative"), (0, "wenet")])
-def test_gradients_packed_alone_padded_agree(bpo, pos_enc):
+@pytest.mark.parametrize("bpo,pos_enc,backend", [(8, "relative", "auto"), (None, "relative", "auto"),
+                                             (0, "relative", "auto"), (0, "wenet", "auto"), (8, "wenet", "varlen")])
+def test_gradients_packed_alone_padded_agree(bpo, pos_enc, backend):
     """Also what west.models.layout.gather_rows relies on: attention padding rows get no gradient."""
-    enc, feats = _encoder(bpo=bpo, pos_enc=pos_enc), _feats(LENS)
+    enc, feats = _encoder(bpo=bpo, pos_enc=pos_enc, attn_backend=backend), _feats(LENS)
     g = torch.Generator().manual_seed(5)
     weights = [torch.randn(subsampled_frames(n, 4), 64, generator=g) for n in LENS]
     params = [p for p in enc.parameters()]

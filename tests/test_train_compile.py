@@ -104,13 +104,16 @@ def test_decoder_layer_with_torch_varlen_compiles_whole(monkeypatch):
     assert seen[-1] <= 3 and seen[-1] == seen[-3]     # at most 3 graphs, none for the last 3 batches
 
 
-def test_conformer_block_with_one_attention_group_compiles_whole():
+@pytest.mark.parametrize("pos_enc,backend", [("relative", "inductor"),
+                                             ("wenet", "aot_eager")])   # its positional term in q and k
+def test_conformer_block_with_one_attention_group_compiles_whole(pos_enc, backend):
     """What ``auto`` runs on CUDA (one attention group): each Conformer block is one compiled graph
     per layout, one more for a group without padding (no break at the attention or the depthwise
     convolution, ``fullgraph=True``), with
     eager's outputs and gradients, and packs or padded batches of new lengths and utterance counts
     stop recompiling once the sizes are dynamic (inductor's convolution backward would specialise
-    the length: compiled blocks run the depthwise convolution as shifted products)."""
+    the length: compiled blocks run the depthwise convolution as shifted products). ``wenet``
+    checks dynamo's side only (aot_eager: breaks and recompilations, no inductor: CI time)."""
     import itertools
 
     from torch.nn.utils.rnn import pad_sequence
@@ -120,13 +123,13 @@ def test_conformer_block_with_one_attention_group_compiles_whole():
     from helpers.e2e import tiny_encoder
 
     torch.manual_seed(0)
-    eager = ConformerEncoder(tiny_encoder(num_blocks=1, dropout=0.0, buckets_per_octave=0)).train()
+    eager = ConformerEncoder(tiny_encoder(num_blocks=1, dropout=0.0, buckets_per_octave=0, pos_enc=pos_enc)).train()
     compiled = copy.deepcopy(eager)
     torch._dynamo.reset()
     block = compiled.blocks[0]
     # a graph break raises; sizes dynamic from the start (train.compile lets dynamo find them,
     # one static compile earlier: test_compiled_blocks_match_eager_and_stop_recompiling)
-    block.forward = torch.compile(block.forward, fullgraph=True, dynamic=True)
+    block.forward = torch.compile(block.forward, fullgraph=True, dynamic=True, backend=backend)
     g = torch.Generator().manual_seed(5)
     before, seen = compilations(), []
     # [210]: a group without padding (no mask: a graph of its own), its gather and inverse identities

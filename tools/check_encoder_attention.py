@@ -6,7 +6,9 @@ variants) over packed utterances of AIShell-like encoder lengths: relative error
 output and of the gradients (input rows, ``pos_bias_u/v``, ``linear_pos``: the last three
 reach FlexAttention through its ``score_mod``) against the same module in float64 with
 exact-length segment SDPA; then forward + backward time and the number of GPU kernels per
-call (torch.profiler) for: flex, segment SDPA with 8 buckets per octave, and with one group.
+call (torch.profiler) for: flex, segment SDPA with 8 buckets per octave, and with one group;
+for ``wenet`` also its positional term folded into q and k through the cu_seqlens kernel ``auto``
+picks on CUDA (flash-attn, else torch's; off CUDA flash-attn's torch reference).
 On a CPU it checks the forward only for flex (torch has no CPU backward for it).
 Not a test: a table and a JSON.
 
@@ -28,7 +30,8 @@ from west.models.conformer import RelPositionAttention, relative_sinusoids
 from west.models.layout import FrameLayout
 
 VARIANTS = {"flex": ("flex", 8), "sdpa_segments (8/octave)": ("sdpa_segments", 8),
-            "sdpa_segments (one group)": ("sdpa_segments", 0)}
+            "sdpa_segments (one group)": ("sdpa_segments", 0),
+            "varlen (wenet: pos in q, k)": ("varlen", 0)}   # pos_enc wenet only: a cu_seqlens kernel
 
 
 def lengths(total: int, lo: int, hi: int, gen: torch.Generator) -> list[int]:
@@ -49,7 +52,7 @@ def run(module: RelPositionAttention, x: torch.Tensor, lens: list[int], buckets)
     layout = FrameLayout(lens, x.device, buckets_per_octave=buckets)
     longest = bucket_length(max(lens), buckets, max(lens))   # as ConformerEncoder.encode sizes its table
     table = relative_sinusoids(longest, x.shape[-1]).to(x.device, x.dtype)
-    return module(x, layout, table)
+    return module(x, layout, module.positional(layout, table, module.route(x, layout)))
 
 
 def check(module, variant: str, lens, dtype, device, seed: int, train: bool) -> dict:
@@ -134,6 +137,8 @@ def main(argv=None) -> int:
         cfg = ConformerConfig(d_model=a.d_model, num_heads=a.heads, pos_enc=pos_enc)
         module = RelPositionAttention(cfg.d_model, cfg.num_heads, 0.0, pos_enc)
         for variant in VARIANTS:
+            if VARIANTS[variant][0] == "varlen" and pos_enc != "wenet":
+                continue
             row = {"pos_enc": pos_enc, "variant": variant}
             try:
                 row["checks"] = [check(module, variant, lengths(a.check_rows, lo, hi, gen), dtype, device, s,

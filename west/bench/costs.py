@@ -13,6 +13,7 @@ import torch
 
 from west.batch import IGNORE_INDEX, Batch
 from west.models.attention import SegmentPlan
+from west.models.conformer import RelPositionAttention
 from west.shapes import SpeechShape
 from west.train.step import autocast
 
@@ -124,18 +125,24 @@ def count_flops(model: torch.nn.Module, batches: Sequence[Batch], device: torch.
     and its activation memory). (Per-module numbers come from forward
     hooks only: torch's attribution of backward ops to modules is approximate.) Packed LLM
     attention is counted as segment SDPA runs it (segments padded to their bucket), an upper
-    bound of what a varlen kernel computes."""
+    bound of what a varlen kernel computes; so is the Conformer's (``pos_enc: wenet``)."""
 
     model.train()
     llm_cfg = getattr(getattr(model, "cfg", None), "llm", None)
     backend = getattr(llm_cfg, "attn_backend", None)
     if backend is not None:   # count packed LLM attention as segment SDPA on every device: the
         llm_cfg.attn_backend = "sdpa_segments"  # flop counter cannot see into varlen kernels' custom ops
+    varlen = [m for m in model.modules() if isinstance(m, RelPositionAttention) and m.backend in ("auto", "varlen")]
+    saved = [m.backend for m in varlen]
+    for m in varlen:   # the same for the Conformer's (pos_enc wenet under auto on CUDA)
+        m.backend = "sdpa_segments"
     try:
         return _count(model, batches, device, precision)
     finally:
         if backend is not None:
             llm_cfg.attn_backend = backend
+        for m, b in zip(varlen, saved):
+            m.backend = b
 
 
 def replayed_modules(model: torch.nn.Module) -> list[str]:

@@ -258,7 +258,7 @@ class LazySegmentPlan:
 
 
 @torch.compiler.assume_constant_result   # decided once per (device, dtype, dropout), not traced
-def _auto_backend(device: torch.device, dtype: torch.dtype, dropout: bool) -> str:
+def auto_backend(device: torch.device, dtype: torch.dtype, dropout: bool) -> str:
     return choose_backend(device, dtype, dropout=dropout)
 
 
@@ -282,7 +282,7 @@ def varlen_attention(
     if backend not in BACKENDS:
         raise ValueError(f"attention backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
-        backend = _auto_backend(q.device, q.dtype, dropout_p > 0)
+        backend = auto_backend(q.device, q.dtype, dropout_p > 0)
     if backend in ("flash", "torch_varlen") and q.is_cuda and q.dtype not in HALF:
         raise ValueError(f"{backend} needs fp16/bf16 inputs, got {q.dtype} (use bf16 precision or backend 'auto')")
     if backend == "flash":

@@ -12,7 +12,7 @@ from west.shapes import SUBSAMPLING_LAYERS, SpeechShape
 POSTERIOR_TYPES = ("ctc_posterior", "ctc_compact")  # read the CTC head's posteriors
 BACKENDS = ("auto", "sdpa_segments", "flash", "torch_varlen", "flex")  # west_varlen's kernels (models.attention)
 LOSS_IMPLS = ("auto", "chunked", "plain", "liger", "cce")  # west.models.loss.linear_cross_entropy
-ENCODER_BACKENDS = ("auto", "sdpa_segments", "flex")   # the Conformer's packed attention (models.conformer)
+ENCODER_BACKENDS = ("auto", "sdpa_segments", "flex", "varlen")   # the Conformer's packed attention (models.conformer)
 
 
 @section("model.encoder")
@@ -34,7 +34,10 @@ class ConformerConfig:
     dropout: float = setting(0.1, min=0)
     attn_dropout: float = setting(0.0, min=0)
     buckets_per_octave: Optional[int] = setting(8, min=0)  # packed attention grouping (None = exact lengths, 0 = one group)
-    attn_backend: str = setting("auto", choices=ENCODER_BACKENDS)  # auto: segment SDPA, one group on CUDA
+    # auto: segment SDPA (one group on CUDA), or with pos_enc wenet on CUDA a cu_seqlens kernel
+    attn_backend: str = setting("auto", choices=ENCODER_BACKENDS, rule=(
+        lambda v, c: v != "varlen" or c.pos_enc == "wenet",
+        "varlen needs model.encoder.pos_enc wenet (its positional term folds into q and k; relative's does not)"))
     gradient_checkpointing: bool = False
     pos_enc: str = setting("relative", choices=("relative", "wenet"))  # wenet: as WeNet's rel_pos computes it
     init: Optional[str] = setting(None, rule=(  # west-named safetensors loaded before training (not on resume)

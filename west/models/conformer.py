@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from west.batch import to_device
-from west.models.attention import SegmentGroup, bucket_length, segment_sdpa
+from west.models.attention import SegmentGroup, auto_backend, bucket_length, segment_sdpa, varlen_attention
 from west.models.config import ConformerConfig
 from west.models.flex import rel_pos_attention
 from west.models.layout import FlatEncoder, FrameLayout, gather_rows
@@ -67,10 +67,28 @@ class RelPositionAttention(nn.Module):
         nn.init.xavier_uniform_(self.pos_bias_v)
         self.attn_dropout = attn_dropout
 
-    def forward(self, x: torch.Tensor, layout: FrameLayout, pos_table: torch.Tensor) -> torch.Tensor:
+    def route(self, x: torch.Tensor, layout: FrameLayout) -> str:
+        """The attention this batch runs (:func:`encoder_backend`), for ``x`` in this mode and precision:
+        what the layout was prepared for (once per batch, outside compiled blocks), else decided here."""
+        if layout.attention is not None:
+            return layout.attention
         dropout = self.attn_dropout if self.training else 0.0
-        flex = encoder_backend(self.backend, x.device, layout.packed, dropout) == "flex"
-        plan = None if flex else layout.plan
+        return encoder_backend(self.backend, x.device, layout.packed, dropout, self.key_positions, compute_dtype(x))
+
+    def positional(self, layout: FrameLayout, table: torch.Tensor, route: str) -> torch.Tensor:
+        """What :meth:`forward` reads as ``pos`` for this batch: the relative table
+        (:func:`relative_sinusoids`), or, for key positions outside flex, the sinusoid of each
+        attention row's position in its utterance (rows of the table), built once per batch."""
+        if not self.key_positions or route == "flex":
+            return table
+        m = (table.shape[0] + 1) // 2
+        positions = layout.positions(grouped=route == "sdpa_segments")
+        return table.index_select(0, (m - 1) - positions)   # row m-1-j of the table encodes +j
+
+    def forward(self, x: torch.Tensor, layout: FrameLayout, pos: torch.Tensor) -> torch.Tensor:
+        dropout = self.attn_dropout if self.training else 0.0
+        route = self.route(x, layout)
+        plan = layout.plan if route == "sdpa_segments" else None
         if plan is not None and layout.packed:   # packed rows into their attention groups, once
             rows_index, place, plan = layout.grouped()
             x = gather_rows(x, rows_index, place)
@@ -78,15 +96,41 @@ class RelPositionAttention(nn.Module):
         q = self.linear_q(x).view(rows, self.h, self.dk)
         k = self.linear_k(x).view(rows, self.h, self.dk)
         v = self.linear_v(x).view(rows, self.h, self.dk)
+        scale = self.dk ** -0.5
+        if self.key_positions and route != "flex":
+            out = self._key_position_attention(q, k, v, pos, layout, plan, route, dropout, scale)
+        else:
+            out = self._relative_attention(q, k, v, pos, layout, plan, route == "flex", dropout, scale)
+        return self.linear_out(out.flatten(1))   # no Python row count: one compiled graph for all lengths
+
+    def _key_position_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
+                                layout: FrameLayout, plan, route: str, dropout: float, scale: float) -> torch.Tensor:
+        """WeNet's term (q+v)·W_pos·pe(j) depends on the key alone, so the scores are one dot product
+        over 2·dk, [q+u, q+v]·[k, W_pos·pe(j)], with no bias: ``pos`` holds each row's pe(j). Any
+        kernel then runs it: segment SDPA, or one that takes cu_seqlens over the packed rows (no
+        gather, no padding). v gets dk zeros (kernels want one head size), dropped after."""
+        dt = k.dtype   # autocast's: the linear layers' output
+        pk = self.linear_pos(pos).view(-1, self.h, self.dk).to(dt)
+        qa = torch.cat([q + self.pos_bias_u.to(dt), q + self.pos_bias_v.to(dt)], dim=-1)
+        ka = torch.cat([k, pk], dim=-1)
+        va = F.pad(v, (0, self.dk))
+        if route == "sdpa_segments":
+            out = segment_sdpa(qa, ka, va, plan, causal=False, scale=scale, dropout_p=dropout)
+        else:
+            out = varlen_attention(qa, ka, va, layout.cu_seqlens(), layout.max_len, causal=False, scale=scale,
+                                   dropout_p=dropout, backend=route)
+        return out[..., : self.dk]
+
+    def _relative_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos_table: torch.Tensor,
+                            layout: FrameLayout, plan, flex: bool, dropout: float, scale: float) -> torch.Tensor:
+        """Transformer-XL's term (q+v)·W_pos·pe(i−j) (or WeNet's under flex) as a score bias: segment
+        SDPA adds it per group, FlexAttention's score_mod reads it from the projected table."""
         m = (pos_table.shape[0] + 1) // 2
         p = self.linear_pos(pos_table).view(-1, self.h, self.dk)     # (2m-1, h, dk)
-        scale = self.dk ** -0.5
 
         def rel_bias(q_u: torch.Tensor, group: SegmentGroup) -> torch.Tensor:
             g, n = q_u.shape[0], q_u.shape[2]
             qg = q_u + (self.pos_bias_v - self.pos_bias_u)[:, None, :]   # (G, h, n, dk): q + v
-            if self.key_positions:   # row m-1-j of the table encodes +j: pe(0..n-1)
-                return torch.matmul(qg, p[m - n: m].flip(0).permute(1, 2, 0)) * scale
             pn = p[m - n: m + n - 1].permute(1, 2, 0)                  # (h, dk, 2n-1)
             full = torch.matmul(qg, pn).contiguous()   # (G, h, n, 2n-1), fresh: storage offset 0
             # out[i, j] = full[i, (n-1) - i + j]  (relative distance i - j): a strided view.
@@ -95,23 +139,45 @@ class RelPositionAttention(nn.Module):
             return bd * scale
 
         if flex:
-            out = rel_pos_attention(q + self.pos_bias_u, k, v, q + self.pos_bias_v, p, layout.doc_mask(), scale,
-                                    key_positions=self.key_positions)
-        else:
-            out = segment_sdpa(q + self.pos_bias_u, k, v, plan, causal=False, scale=scale,
-                               dropout_p=dropout, bias_fn=rel_bias)
-        return self.linear_out(out.flatten(1))   # no Python row count: one compiled graph for all lengths
+            return rel_pos_attention(q + self.pos_bias_u, k, v, q + self.pos_bias_v, p, layout.doc_mask(), scale,
+                                     key_positions=self.key_positions)
+        return segment_sdpa(q + self.pos_bias_u, k, v, plan, causal=False, scale=scale, dropout_p=dropout,
+                            bias_fn=rel_bias)
 
 
-def encoder_backend(requested: str, device: torch.device, packed: bool, dropout: float = 0.0) -> str:
-    """What the Conformer's attention runs: segment SDPA (``auto``, ``sdpa_segments``; a padded
-    batch is one group), or FlexAttention for packed rows where asked for (``flex``: on CUDA, or a
-    forward without gradients on the CPU; never with dropout). ``auto`` is segment SDPA on every
-    device: on one H100 at the seed's sizes, one group ran the layer's attention 2x faster than
-    flex with its rel-pos ``score_mod`` (docs/benchmarks.md, tools/check_encoder_attention.py)."""
-    if requested != "flex" or not packed or dropout > 0:
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype matrix products run in for ``x``: autocast's where it is on, else ``x``'s."""
+    kind = x.device.type
+    if torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
+        return torch.get_autocast_dtype(kind)
+    return x.dtype
+
+
+def encoder_backend(requested: str, device: torch.device, packed: bool, dropout: float = 0.0,
+                    key_positions: bool = False, dtype: torch.dtype = torch.float32) -> str:
+    """What the Conformer's attention runs:
+
+    * ``sdpa_segments``: segment SDPA (a padded batch is one group); ``auto``'s choice, except:
+    * ``flash`` / ``torch_varlen``: packed rows with ``pos_enc: wenet`` under ``auto`` where a
+      cu_seqlens kernel runs (CUDA, fp16/bf16: flash-attn, else torch's; the LLM's choice,
+      west.models.varlen_kernels.choose_backend): WeNet's term folds into q and k
+      (:meth:`RelPositionAttention._key_position_attention`), so one kernel per layer, no gather,
+      no padding. ``varlen`` asks for it anywhere (flash-attn, or its torch reference off CUDA);
+    * ``flex``: FlexAttention for packed rows where asked for (on CUDA, or a forward without
+      gradients on the CPU; never with dropout). Not ``auto``'s: on one H100 at the seed's
+      sizes, one group ran the layer's attention 2x faster than flex with its rel-pos
+      ``score_mod`` (docs/benchmarks.md, tools/check_encoder_attention.py)."""
+    if requested == "flex":
+        if packed and not dropout and (device.type == "cuda" or not torch.is_grad_enabled()):
+            return "flex"
         return "sdpa_segments"
-    return "flex" if device.type == "cuda" or not torch.is_grad_enabled() else "sdpa_segments"
+    if key_positions and packed and requested in ("auto", "varlen"):
+        kernel = auto_backend(device, dtype, dropout > 0)
+        if kernel in ("flash", "torch_varlen"):
+            return kernel
+        if requested == "varlen":
+            return "flash"
+    return "sdpa_segments"
 
 
 def attention_grouping(cfg: ConformerConfig, device: torch.device) -> Optional[int]:
@@ -161,9 +227,9 @@ class ConformerBlock(nn.Module):
             nn.LayerNorm(d) for _ in range(5))
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, layout: FrameLayout, pos_table: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, layout: FrameLayout, pos: torch.Tensor) -> torch.Tensor:
         x = x + 0.5 * self.dropout(self.ff1(self.norm_ff1(x)))
-        x = x + self.dropout(self.attn(self.norm_attn(x), layout, pos_table))
+        x = x + self.dropout(self.attn(self.norm_attn(x), layout, pos))
         x = x + self.dropout(self.conv(self.norm_conv(x), layout))
         x = x + 0.5 * self.dropout(self.ff2(self.norm_ff2(x)))
         return self.norm_out(x)
@@ -233,9 +299,10 @@ class ConformerEncoder(FlatEncoder):
                    else layout.padded_len)   # the longest group segment SDPA forms (flex needs <= this)
         pos = self._pos_table(longest, x)
         if self.blocks:   # plans built once here, outside any compiled block, then shared by all blocks
-            layout.prepare(self.blocks[0].conv.pad, encoder_backend(
-                self.blocks[0].attn.backend, x.device, layout.packed, self.cfg.attn_dropout if self.training else 0.0)
-                == "flex")
+            attn = self.blocks[0].attn
+            route = attn.route(x, layout)
+            layout.prepare(self.blocks[0].conv.pad, route)
+            pos = attn.positional(layout, pos, route)
         for block in self.blocks:
             if self.gradient_checkpointing and self.training:
                 x = checkpoint(block, x, layout, pos, use_reentrant=False)

@@ -90,10 +90,17 @@ class FrameLayout:
         self._gap_cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._real: Optional[torch.Tensor] = None
         self._pad: Optional[torch.Tensor] = None
+        self._cu: Optional[torch.Tensor] = None
+        self.attention: Optional[str] = None   # the attention route, once prepare() has decided it
+        self._positions: dict[bool, torch.Tensor] = {}
 
     @property
     def num(self) -> int:
         return len(self.lengths)
+
+    @property
+    def max_len(self) -> int:
+        return max(self.lengths)
 
     @property
     def plan(self) -> SegmentPlan:
@@ -128,11 +135,15 @@ class FrameLayout:
             self._grouped = (rows, place, plan.gathered())
         return self._grouped
 
-    def prepare(self, conv_pad: int, flex: bool) -> None:
-        """Build now what the blocks will ask for (attention plan or document mask, convolution
-        indices), so it is made once per batch and never inside a compiled block."""
-        if flex:
+    def prepare(self, conv_pad: int, attention: str) -> None:
+        """Build now what the blocks will ask for (the ``attention`` route's plan, document mask or
+        boundaries; the convolution's indices), so it is made once per batch and never inside a
+        compiled block."""
+        self.attention = attention
+        if attention == "flex":
             self.doc_mask().block_mask()
+        elif attention != "sdpa_segments":   # a kernel that takes cu_seqlens
+            self.cu_seqlens()
         elif self.packed:
             self.grouped()
         else:
@@ -143,7 +154,26 @@ class FrameLayout:
             self._pad_2d()
 
     def cu_seqlens(self) -> torch.Tensor:
-        return host_to_device(np.cumsum([0, *self.lengths]).astype(np.int32), self.device)
+        """int32 boundaries of the utterances (packed rows), built once."""
+        if self._cu is None:
+            self._cu = host_to_device(np.cumsum([0, *self.lengths]).astype(np.int32), self.device)
+        return self._cu
+
+    def positions(self, grouped: bool) -> torch.Tensor:
+        """Each attention row's frame index inside its utterance (int64): the packed rows as they
+        are, or gathered into attention groups (``grouped``, :meth:`grouped`), or a padded layout's
+        rows. A group's padding rows are numbered on past the utterance's end. Built once."""
+        grouped = grouped and self.packed
+        if grouped not in self._positions:
+            if grouped:
+                groups = self.grouped()[2].groups
+                pos = np.concatenate([np.tile(np.arange(g.length), g.index.shape[0]) for g in groups])
+            elif self.packed:
+                pos = np.arange(self.rows) - np.repeat(np.cumsum(self.lengths) - self.lengths, self.lengths)
+            else:
+                pos = np.tile(np.arange(self.padded_len), self.num)
+            self._positions[grouped] = host_to_device(pos, self.device)
+        return self._positions[grouped]
 
     def _host_valid(self) -> np.ndarray:
         """(N, T) bool on the host: True on real frames of a padded layout."""

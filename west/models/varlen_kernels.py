@@ -4,7 +4,8 @@ Layout: q (rows, Hq, D), k/v (rows, Hkv, D), int32 ``cu_seqlens``; every segment
 only to itself. Kernels:
 
 * ``flash``: flash-attn's ``flash_attn_varlen_func`` (optional package, CUDA). Elsewhere a
-  pure-torch reference with the same signature runs, so CPU tests exercise the call.
+  pure-torch reference with the same signature runs (west.models.flash_reference: one custom
+  operator forward and backward, as the kernel dispatches), so CPU tests exercise the call.
 * ``torch_varlen``: torch's own ``torch.nn.attention.varlen.varlen_attn`` (CUDA, fp16/bf16),
   for GPU machines without flash-attn. Its keyword set changed across torch releases
   (``is_causal`` vs ``window_size``, ``scale``, ``enable_gqa``); :func:`torch_varlen` adapts.
@@ -21,51 +22,13 @@ from typing import Callable, Optional
 
 import torch
 
+from west.models.flash_reference import check_cu as _check_cu
+from west.models.flash_reference import flash_attn_varlen_reference
 from west.models.flex import DocumentMask, flex_attention
 
 log = logging.getLogger(__name__)
 
 # --------------------------------------------------------------------------- flash-attn
-def flash_attn_varlen_reference(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    dropout_p: float = 0.0,
-    softmax_scale: Optional[float] = None,
-    causal: bool = False,
-) -> torch.Tensor:
-    """Pure-torch stand-in with ``flash_attn.flash_attn_varlen_func``'s signature and
-    semantics (GQA by head groups, causal mask aligned bottom-right). Slow; CPU tests."""
-    if dropout_p:
-        raise NotImplementedError("the reference implementation has no dropout")
-    _check_cu(cu_seqlens_q, q.shape[0], "cu_seqlens_q")
-    _check_cu(cu_seqlens_k, k.shape[0], "cu_seqlens_k")
-    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
-    rep = q.shape[1] // k.shape[1]
-    out = q.new_zeros(q.shape[0], q.shape[1], v.shape[-1])
-    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
-    if max(b - a for a, b in zip(cq, cq[1:])) > max_seqlen_q or max(b - a for a, b in zip(ck, ck[1:])) > max_seqlen_k:
-        raise ValueError("a segment is longer than max_seqlen")
-    for (qa, qb), (ka, kb) in zip(zip(cq, cq[1:]), zip(ck, ck[1:])):
-        if qb == qa:
-            continue
-        qs = q[qa:qb].transpose(0, 1).float()
-        ks = k[ka:kb].repeat_interleave(rep, dim=1).transpose(0, 1).float()
-        vs = v[ka:kb].repeat_interleave(rep, dim=1).transpose(0, 1).float()
-        s = qs @ ks.transpose(1, 2) * scale
-        if causal:
-            lq, lk = qb - qa, kb - ka
-            keep = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq)
-            s = s.masked_fill(~keep, float("-inf"))
-        p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # rows with no key -> 0, like flash
-        out[qa:qb] = (p @ vs).transpose(0, 1).to(q.dtype)
-    return out
-
-
 @lru_cache(maxsize=1)
 def _flash_kernel():
     try:
@@ -185,14 +148,3 @@ def _sm80(device: torch.device) -> bool:
         return torch.cuda.get_device_capability(device) >= (8, 0)
     except Exception:
         return False
-
-
-def _check_cu(cu: torch.Tensor, total: int, name: str) -> None:
-    """dtype always; the end only on a host tensor: reading a device one back would stall every layer
-    (SpeechLLM checks the batch's host copy once per batch instead)."""
-    if cu.dtype != torch.int32:
-        raise TypeError(f"{name} must be int32 (flash-attn convention), got {cu.dtype}")
-    if cu.device.type == "cpu" and int(cu[-1]) != total:
-        raise ValueError(f"{name}[-1]={int(cu[-1])} but the tensor has {total} rows")
-
-
