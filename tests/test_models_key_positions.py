@@ -71,6 +71,7 @@ def test_auto_gives_packed_wenet_rows_to_a_cu_seqlens_kernel(monkeypatch):
     assert encoder_backend("auto", cuda, packed=True, dropout=0.1, key_positions=True, dtype=bf16) == "sdpa_segments"
     assert encoder_backend("sdpa_segments", cuda, packed=True, key_positions=True, dtype=bf16) == "sdpa_segments"
     assert encoder_backend("varlen", cpu, packed=True, key_positions=True) == "flash"   # asked for: the reference
+    assert encoder_backend("varlen", cpu, packed=True, dropout=0.1, key_positions=True) == "sdpa_segments"
 
 
 def test_route_follows_autocast(monkeypatch):

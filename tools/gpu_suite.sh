@@ -40,13 +40,16 @@ done
 has() { [[ ",$parts," == *",$1,"* ]]; }
 declare -A estimate=([build]=40 [train]=60 [bench]=330 [profile]=90 [compile]=120 [ckpt]=60 [syncs]=60
                      [attention]=90 [big]=300)   # seconds on one H100: measured, or guessed for new parts
-failed=(); skipped=()
+failed=(); skipped=(); fallback=
 part() {   # name: run part_<name> in a subshell; a failed part is logged and the next one runs
   has "$1" || return 0
   local t0; t0=$(date +%s)
   local left=$(( budget - (t0 - t_start) ))
   if [ "$budget" -gt 0 ] && [ "${estimate[$1]:-60}" -gt "$left" ]; then
     log "$1 skipped: about ${estimate[$1]:-60} s on an H100, ${left} s of --budget left"; skipped+=("$1"); return 0
+  fi
+  if [ -f "$work_dir/encoder_fallback" ] && [ -z "$fallback" ]; then   # build's encoder preflight failed
+    fallback=1; common+=(--model.encoder.pos_enc relative)
   fi
   if ( set -euo pipefail; "part_$1" ); then log "$1 ok ($(( $(date +%s) - t0 )) s)"
   else log "$1 FAILED (rc $?, $(( $(date +%s) - t0 )) s): see suite.log"; failed+=("$1"); fi
@@ -85,6 +88,7 @@ fi
 common=(--model.llm.path "$llm" --train.device "$device")
 
 part_build() {
+  rm -f "$work_dir/encoder_fallback"
   log "build: corpus ($num_train train utterances), lists, CMVN, tokenizer, random $shape LLM"
   words=()
   [ -f "$repo/.whl/jieba_dict.txt" ] && words=(--synth_opts "--dict $repo/.whl/jieba_dict.txt")
@@ -93,6 +97,28 @@ part_build() {
     --llm_pretrain_steps 0 "${words[@]}" >>"$out/suite.log" 2>&1
   [ -f "$llm/config.json" ] || "$python" "$repo/tools/make_seed_llm.py" "$llm" --tokenizer "$exp/tiny_llm" \
     --shape "$shape" --device "$device" >>"$out/suite.log" 2>&1
+  # the config's Conformer on this device, one packed forward + backward on its own attention route:
+  # if that fails (a route new since the last GPU run), later parts run pos_enc relative and say so
+  if ! "$python" - "$conf" "$device" <<'EOF' 2>&1 | tee -a "$out/suite.log"; then
+import sys, torch, yaml
+from west.models.config import ConformerConfig
+from west.models.conformer import ConformerEncoder
+cfg = ConformerConfig.from_dict(yaml.safe_load(open(sys.argv[1]))["model"]["encoder"])
+device = torch.device(sys.argv[2])
+enc = ConformerEncoder(cfg).to(device).train()
+lens = [100, 1400, 37, 640, 900]
+feats = torch.randn(sum(lens), cfg.input_dim, device=device)
+cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+with torch.autocast(device.type, dtype=torch.bfloat16):
+    x, layout = enc.forward_flat(feats, cu_seqlens=cu)
+x.float().square().mean().backward()
+grads = [p.grad for p in enc.parameters() if p.grad is not None]
+assert torch.isfinite(x).all() and grads and all(torch.isfinite(g).all() for g in grads)
+print(f"[gpu_suite] encoder preflight: pos_enc {cfg.pos_enc}, packed attention {layout.attention}: ok")
+EOF
+    log "encoder preflight FAILED: the parts after build run --model.encoder.pos_enc relative"
+    touch "$work_dir/encoder_fallback"
+  fi
 }
 
 part_attention() {

@@ -162,7 +162,8 @@ def encoder_backend(requested: str, device: torch.device, packed: bool, dropout:
       cu_seqlens kernel runs (CUDA, fp16/bf16: flash-attn, else torch's; the LLM's choice,
       west.models.varlen_kernels.choose_backend): WeNet's term folds into q and k
       (:meth:`RelPositionAttention._key_position_attention`), so one kernel per layer, no gather,
-      no padding. ``varlen`` asks for it anywhere (flash-attn, or its torch reference off CUDA);
+      no padding. ``varlen`` asks for it anywhere (flash-attn, or its torch reference off CUDA;
+      with attention dropout only where flash-attn runs);
     * ``flex``: FlexAttention for packed rows where asked for (on CUDA, or a forward without
       gradients on the CPU; never with dropout). Not ``auto``'s: on one H100 at the seed's
       sizes, one group ran the layer's attention 2x faster than flex with its rel-pos
@@ -175,7 +176,7 @@ def encoder_backend(requested: str, device: torch.device, packed: bool, dropout:
         kernel = auto_backend(device, dtype, dropout > 0)
         if kernel in ("flash", "torch_varlen"):
             return kernel
-        if requested == "varlen":
+        if requested == "varlen" and not dropout:   # its torch reference off CUDA has no dropout
             return "flash"
     return "sdpa_segments"
 
