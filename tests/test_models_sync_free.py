@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import west.models.conformer as conformer
 import west.models.varlen_kernels as kernels
 from west.models.attention import SegmentPlan
 from west.models.speech_llm import SpeechLLM
@@ -43,12 +44,15 @@ class HostCopies(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def meta_model(depth: int, llm_backend: str, monkeypatch) -> SpeechLLM:
+def meta_model(depth: int, llm_backend: str, monkeypatch, pos_enc: str = "relative") -> SpeechLLM:
     monkeypatch.setattr(kernels, "_torch_varlen_kernel", lambda: varlen_stub)
+    # what auto picks on CUDA in bf16 without flash-attn: pos_enc wenet's packed rows take the kernel too
+    monkeypatch.setattr(conformer, "auto_backend", lambda device, dtype, dropout: "torch_varlen")
     cfg = tiny_config()
     cfg.llm.config["num_hidden_layers"] = depth
     cfg.llm.attn_backend = llm_backend
     cfg.encoder.num_blocks = depth
+    cfg.encoder.pos_enc = pos_enc
     with torch.device("meta"):
         return SpeechLLM(cfg)
 
@@ -60,14 +64,15 @@ def batches():
             "padded": padded_batch(ss)}
 
 
-@pytest.mark.parametrize("llm_backend", ["torch_varlen", "sdpa_segments"])
+@pytest.mark.parametrize("llm_backend,pos_enc", [("torch_varlen", "relative"), ("sdpa_segments", "relative"),
+                                                 ("torch_varlen", "wenet")])   # packed Conformer on the kernel
 @pytest.mark.parametrize("mode", ["pack", "pack_encoder_padded", "padded"])
-def test_forward_and_backward_read_nothing_back(mode, llm_backend, monkeypatch):
+def test_forward_and_backward_read_nothing_back(mode, llm_backend, pos_enc, monkeypatch):
     """Completes on meta (no read), and the host-built index tensors are made once per batch:
     their copies do not grow with the number of layers."""
     copies = []
     for depth in (2, 4):
-        model = meta_model(depth, llm_backend, monkeypatch)
+        model = meta_model(depth, llm_backend, monkeypatch, pos_enc)
         with HostCopies() as seen:
             out = model(batches()[mode].to("meta"))
             out["loss_sum"].backward()
