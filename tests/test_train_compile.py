@@ -104,16 +104,20 @@ def test_decoder_layer_with_torch_varlen_compiles_whole(monkeypatch):
     assert seen[-1] <= 3 and seen[-1] == seen[-3]     # at most 3 graphs, none for the last 3 batches
 
 
-@pytest.mark.parametrize("pos_enc,backend", [("relative", "inductor"),
-                                             ("wenet", "aot_eager")])   # its positional term in q and k
-def test_conformer_block_with_one_attention_group_compiles_whole(pos_enc, backend):
+@pytest.mark.parametrize("pos_enc,attention,backend,graphs", [
+    ("relative", "auto", "inductor", 3),
+    ("wenet", "auto", "aot_eager", 3),     # its positional term in q and k, segment SDPA in one group
+    ("wenet", "varlen", "aot_eager", 2)])  # packed rows through a cu_seqlens kernel (CUDA's auto; no padding)
+def test_conformer_block_with_one_attention_group_compiles_whole(pos_enc, attention, backend, graphs):
     """What ``auto`` runs on CUDA (one attention group): each Conformer block is one compiled graph
     per layout, one more for a group without padding (no break at the attention or the depthwise
     convolution, ``fullgraph=True``), with
     eager's outputs and gradients, and packs or padded batches of new lengths and utterance counts
     stop recompiling once the sizes are dynamic (inductor's convolution backward would specialise
     the length: compiled blocks run the depthwise convolution as shifted products). ``wenet``
-    checks dynamo's side only (aot_eager: breaks and recompilations, no inductor: CI time)."""
+    checks dynamo's side only (aot_eager: breaks and recompilations, no inductor: CI time); on the
+    kernel route (flash-attn's CPU reference: one custom op, as the CUDA kernels) every pack shares
+    one graph, the padded batches another."""
     import itertools
 
     from torch.nn.utils.rnn import pad_sequence
@@ -123,7 +127,8 @@ def test_conformer_block_with_one_attention_group_compiles_whole(pos_enc, backen
     from helpers.e2e import tiny_encoder
 
     torch.manual_seed(0)
-    eager = ConformerEncoder(tiny_encoder(num_blocks=1, dropout=0.0, buckets_per_octave=0, pos_enc=pos_enc)).train()
+    eager = ConformerEncoder(tiny_encoder(num_blocks=1, dropout=0.0, buckets_per_octave=0, pos_enc=pos_enc,
+                                           attn_backend=attention)).train()
     compiled = copy.deepcopy(eager)
     torch._dynamo.reset()
     block = compiled.blocks[0]
@@ -154,4 +159,4 @@ def test_conformer_block_with_one_attention_group_compiles_whole(pos_enc, backen
             if not n.endswith("linear_k.bias"):   # softmax is blind to it: its gradient is rounding noise
                 torch.testing.assert_close(grads[1][n], want, rtol=1e-3, atol=1e-4 * float(want.abs().max()), msg=n)
         seen.append(compilations() - before)
-    assert seen[-1] == 3 and seen[-1] == seen[-4], f"graphs after each batch: {seen}"   # 1 per layout, 1 unpadded
+    assert seen[-1] == graphs and seen[-1] == seen[-4], f"graphs after each batch: {seen}"   # per layout, unpadded

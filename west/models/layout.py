@@ -84,6 +84,8 @@ class FrameLayout:
         self.padded_len = padded_len
         self.buckets_per_octave = buckets_per_octave
         self.rows = sum(self.lengths) if self.packed else len(self.lengths) * padded_len
+        # an int attribute, not max() over the list: a compiled block then guards on no list length
+        self.max_len = max(self.lengths, default=0)
         self._plan: Optional[SegmentPlan] = None
         self._grouped: Optional[tuple[torch.Tensor, SegmentPlan]] = None
         self._doc_mask = None
@@ -97,10 +99,6 @@ class FrameLayout:
     @property
     def num(self) -> int:
         return len(self.lengths)
-
-    @property
-    def max_len(self) -> int:
-        return max(self.lengths)
 
     @property
     def plan(self) -> SegmentPlan:
