@@ -77,13 +77,12 @@ class Innermost:
 
 
 def exclusive_ms(ann: Sequence[dict], phases: Innermost) -> dict[str, float]:
-    """Host wall time in which each phase is the innermost open range (they sum to the steps' time)."""
+    """Host wall time in which each phase is the innermost open range, and the time between steps
+    as "outside a step": they sum to the window from the first step's start to the last one's end."""
     cuts = sorted({t for e in ann for t in (e["ts"], e["ts"] + e["dur"])})
     out: dict[str, float] = defaultdict(float)
     for a, b in zip(cuts, cuts[1:]):
-        name = phases.at((a + b) / 2)
-        if name is not None:
-            out[phase_name(name)] += (b - a) / 1e3
+        out[phase_name(phases.at((a + b) / 2))] += (b - a) / 1e3
     return dict(out)
 
 
@@ -168,7 +167,8 @@ def analyse(events: Sequence[dict], top: int = 12) -> dict:
     return result
 
 
-PHASE_ORDER = ("forward/encoder", "forward/projector", "forward/llm", FORWARD_OTHER, REST, "optimizer")
+PHASE_ORDER = ("forward/encoder", "forward/projector", "forward/llm", FORWARD_OTHER, REST, "optimizer",
+               phase_name(None))
 
 
 def table(res: dict) -> str:
@@ -180,7 +180,7 @@ def table(res: dict) -> str:
     lines = [head, "", "| phase | host ms per step (innermost) | GPU ops | GPU ms | GPU idle ms (gaps it ended) |",
              "|---|---|---|---|---|"]
     names = [p for p in PHASE_ORDER if p in res["host_ms_per_step"] or p in res["phases"]]
-    names += sorted(set(res["phases"]) - set(names))
+    names += sorted((set(res["phases"]) | set(res["host_ms_per_step"])) - set(names))
     for p in names:
         g = res["phases"].get(p, {})
         host = res["host_ms_per_step"].get(p)
