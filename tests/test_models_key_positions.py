@@ -1,4 +1,4 @@
-"""``pos_enc: wenet`` computes its positional term as two more head dimensions of q and k
+"""``pos_enc: wenet`` computes its positional term inside q and k, each head twice as wide
 (RelPositionAttention._key_position_attention): on every route it meets the dense float64
 reference of the bias form it replaces (west.models.flex.rel_pos_reference), values and gradients,
 and ``auto`` hands packed rows to a cu_seqlens kernel where one runs."""
