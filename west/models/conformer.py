@@ -28,6 +28,7 @@ from west.models.attention import SegmentGroup, auto_backend, bucket_length, seg
 from west.models.config import ConformerConfig
 from west.models.flex import rel_pos_attention
 from west.models.layout import FlatEncoder, FrameLayout, gather_rows
+from west.models.precision import autocast_dtype
 from west.models.subsampling import Conv2dSubsampling
 from west.shapes import SpeechShape
 
@@ -73,7 +74,8 @@ class RelPositionAttention(nn.Module):
         if layout.attention is not None:
             return layout.attention
         dropout = self.attn_dropout if self.training else 0.0
-        return encoder_backend(self.backend, x.device, layout.packed, dropout, self.key_positions, compute_dtype(x))
+        return encoder_backend(self.backend, x.device, layout.packed, dropout, self.key_positions,
+                               autocast_dtype(x) or x.dtype)
 
     def positional(self, layout: FrameLayout, table: torch.Tensor, route: str) -> torch.Tensor:
         """What :meth:`forward` reads as ``pos`` for this batch: the relative table
@@ -143,14 +145,6 @@ class RelPositionAttention(nn.Module):
                                      key_positions=self.key_positions)
         return segment_sdpa(q + self.pos_bias_u, k, v, plan, causal=False, scale=scale, dropout_p=dropout,
                             bias_fn=rel_bias)
-
-
-def compute_dtype(x: torch.Tensor) -> torch.dtype:
-    """The dtype matrix products run in for ``x``: autocast's where it is on, else ``x``'s."""
-    kind = x.device.type
-    if torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
-        return torch.get_autocast_dtype(kind)
-    return x.dtype
 
 
 def encoder_backend(requested: str, device: torch.device, packed: bool, dropout: float = 0.0,

@@ -5,13 +5,15 @@ semantics (GQA by head groups, causal mask aligned bottom-right, rows without a 
 It runs as one custom operator forward and one backward (an exact, analytic backward), as
 flash-attn's kernel and torch's ``varlen_attn`` dispatch on CUDA: an operator count taken on the
 CPU sees what the GPU route dispatches, and ``torch.compile`` traces it as one opaque call.
-It computes in float32, or float64 for float64 inputs. Slow: a Python loop over segments.
+It computes in float32, or float64 for float64 inputs (west.models.precision). Slow: a Python loop over segments.
 """
 from __future__ import annotations
 
 from typing import Iterator, Optional
 
 import torch
+
+from west.models.precision import accumulation_dtype
 
 
 def check_cu(cu: torch.Tensor, total: int, name: str) -> None:
@@ -54,7 +56,7 @@ def _segments(q, k, v, cu_q, cu_k, causal: bool) -> Iterator[tuple]:
     """Per non-empty query segment: (query rows, key rows, q, k, v as (H, len, D) in the compute
     dtype with k/v heads repeated for GQA, the causal keep-mask or None)."""
     rep = q.shape[1] // k.shape[1]
-    dt = torch.promote_types(q.dtype, torch.float32)
+    dt = accumulation_dtype(q.dtype)
     cq, ck = cu_q.tolist(), cu_k.tolist()
     for (qa, qb), (ka, kb) in zip(zip(cq, cq[1:]), zip(ck, ck[1:])):
         if qb == qa:

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from west.models.config import LOSS_IMPLS
+from west.models.precision import accumulation_dtype, autocast_dtype, autocast_on
 
 MIN_VOCAB_BLOCK = 1024   # narrowest logits tile (columns) the chunked path makes, for GEMM efficiency
 CCE_IMPL = "cce"   # cut-cross-entropy's own default (gradient filtering below bf16 precision)
@@ -99,28 +100,18 @@ def _checked_target(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Te
 def _compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
     """The dtype ``F.linear(hidden, weight)`` computes in here: the autocast dtype when autocast
     is on for the device (float64 is never autocast), else the tensors' own dtype."""
-    dev = hidden.device.type
-    if _autocast_on(dev) and torch.float64 not in (hidden.dtype, weight.dtype):
-        return torch.get_autocast_dtype(dev)
+    cast = autocast_dtype(hidden, weight)
+    if cast is not None:
+        return cast
     if hidden.dtype != weight.dtype:
         raise ValueError(f"hidden is {hidden.dtype} but weight is {weight.dtype} (outside autocast they must match)")
     return hidden.dtype
 
 
-def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Softmax / accumulation dtype: float32, or float64 for float64 inputs."""
-    return torch.promote_types(dtype, torch.float32)
-
-
-def _autocast_on(device_type: str) -> bool:
-    """Autocast is on for this device type (devices without autocast, e.g. meta: never)."""
-    return torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
-
-
 def _no_autocast(t: torch.Tensor):
     """Run with the dtypes chosen here (autocast would re-cast inside the Function)."""
     dev = t.device.type
-    return torch.autocast(dev, enabled=False) if _autocast_on(dev) else nullcontext()
+    return torch.autocast(dev, enabled=False) if autocast_on(dev) else nullcontext()
 
 
 def _empty(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
@@ -128,7 +119,7 @@ def _empty(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     loss = hidden.sum() + weight[:0].sum()
     if bias is not None:
         loss = loss + bias[:0].sum()
-    dtype = _acc_dtype(torch.promote_types(hidden.dtype, weight.dtype))
+    dtype = accumulation_dtype(torch.promote_types(hidden.dtype, weight.dtype))
     return loss.to(dtype), torch.zeros((), dtype=torch.int64, device=hidden.device)
 
 
@@ -138,7 +129,7 @@ def _plain(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
     """The reference: every label row's logits at once."""
     _compute_dtype(hidden, weight)   # same dtype rule (and error) as the other paths
     logits = F.linear(hidden, weight, bias)
-    logits = logits.to(_acc_dtype(logits.dtype))
+    logits = logits.to(accumulation_dtype(logits.dtype))
     loss = F.cross_entropy(logits, target, reduction="sum")
     return loss, (logits.detach().argmax(-1) == target).sum()
 
@@ -162,7 +153,7 @@ class _ChunkedLinearCE(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, target, chunk_rows: int, cd: torch.dtype):
-        acc = _acc_dtype(cd)
+        acc = accumulation_dtype(cd)
         (n, _), v = hidden.shape, weight.shape[0]
         rows, cols = _tiles(n, v, chunk_rows)
         lse = torch.empty(n, dtype=acc, device=hidden.device)
@@ -204,9 +195,9 @@ class _ChunkedLinearCE(torch.autograd.Function):
         (n, _), v = hidden.shape, weight.shape[0]
         rows, cols = _tiles(n, v, ctx.chunk_rows)
         dev = hidden.device
-        grad_h = torch.zeros(hidden.shape, dtype=_acc_dtype(hidden.dtype), device=dev) if need_h else None
-        grad_w = torch.empty(weight.shape, dtype=_acc_dtype(weight.dtype), device=dev) if need_w else None
-        grad_b = torch.empty(bias.shape, dtype=_acc_dtype(bias.dtype), device=dev) if need_b else None
+        grad_h = torch.zeros(hidden.shape, dtype=accumulation_dtype(hidden.dtype), device=dev) if need_h else None
+        grad_w = torch.empty(weight.shape, dtype=accumulation_dtype(weight.dtype), device=dev) if need_w else None
+        grad_b = torch.empty(bias.shape, dtype=accumulation_dtype(bias.dtype), device=dev) if need_b else None
         go = grad_loss.to(acc)
         with _no_autocast(hidden):
             h_all = hidden.to(cd)
