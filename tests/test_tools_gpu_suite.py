@@ -13,7 +13,7 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(
         ["bash", str(ROOT / "tools" / "gpu_suite.sh"), str(out), "--tiny", "--device", "cpu", "--python",
-         sys.executable, "--work_dir", str(tmp_path / "work"), "--parts", "build,attention,bench,train,profile,ckpt"],
+         sys.executable, "--work_dir", str(tmp_path / "work"), "--parts", "build,attention,bench,train,headroom,profile,ckpt"],
         env=subprocess_env(), capture_output=True, text=True, timeout=900)
     log = (out / "suite.log").read_text(encoding="utf-8") if (out / "suite.log").exists() else ""
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + log[-3000:]
@@ -21,6 +21,9 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert "| train_eager |" in suite and "time on training 10,000 utts (extrapolated from" in suite
     assert "### pack " in suite and "| forward/llm |" in suite          # the profile part's tables
     assert "| train_ckpt1 |" in suite                                    # one LLM layer of the 6 replayed
+    assert "x the benchmark's" in suite                                  # headroom: west-train vs the benchmark
+    headroom = (out / "benchmark_headroom.md").read_text(encoding="utf-8")
+    assert "| sequence pack |" in headroom and "MFU" in headroom
     bench = json.loads((out / "benchmark.json").read_text(encoding="utf-8"))
     assert {"static", "dynamic", "pack", "pack_encoder_padded"} <= set(bench["modes"])
     assert all(r["ops"]["per_step"]["total"] > 0 for r in bench["modes"].values())
@@ -29,7 +32,7 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert max(r["worst"] for r in rows) < 1e-4            # float32 on the CPU
     assert sorted(p.name for p in out.iterdir()) == sorted(
         ["suite.log", "suite.md", "attention.json", "encoder_attention.json", "benchmark.json", "benchmark.md",
-         "profile.json"])
+         "benchmark_headroom.md", "profile.json"])
     assert Path(out).is_dir()
 
 
@@ -39,7 +42,7 @@ def test_parts_past_the_budget_are_skipped_and_said(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(
         ["bash", str(ROOT / "tools" / "gpu_suite.sh"), str(out), "--tiny", "--device", "cpu", "--python",
-         sys.executable, "--work_dir", str(tmp_path / "work"), "--parts", "attention,train", "--budget", "50"],
+         sys.executable, "--work_dir", str(tmp_path / "work"), "--parts", "attention,train", "--budget", "30"],
         env=subprocess_env(), capture_output=True, text=True, timeout=300)
     log = (out / "suite.log").read_text(encoding="utf-8")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + log[-2000:]

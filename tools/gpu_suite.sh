@@ -5,7 +5,7 @@
 # syncs, trains with train.compile and checks the attention kernels. Tables, JSON and logs go to
 # OUT (at most 8 files, for the device tool).
 #
-#   bash tools/gpu_suite.sh OUT [--parts build,train,bench,compile,profile,ckpt,syncs,attention] [--num_utts 700]
+#   bash tools/gpu_suite.sh OUT [--parts build,train,compile,headroom,ckpt,profile,attention,syncs,bench] [--num_utts 700]
 #        (parts run in the order given; a failed part is logged and the next one runs)
 #   bash tools/gpu_suite.sh OUT --parts build,big    # Whisper-large-v3 + Qwen2-7B shapes, LoRA (a second call)
 #        [--memory_budget 24GiB] [--python python3] [--work_dir /tmp/west_gpu] [--device cuda]
@@ -19,7 +19,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 [ $# -ge 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-parts=build,train,bench,compile,profile,ckpt,syncs,attention   # item 6's table first; levers next (compile: blocks now whole graphs); measured before last
+parts=build,train,compile,headroom,ckpt,profile,attention,syncs,bench   # unmeasured levers first; bench (H200, 2026-11-26) last
 num_utts=700
 num_train=800
 memory_budget=24GiB
@@ -38,8 +38,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 has() { [[ ",$parts," == *",$1,"* ]]; }
-declare -A estimate=([build]=40 [train]=60 [bench]=330 [profile]=90 [compile]=120 [ckpt]=60 [syncs]=60
-                     [attention]=90 [big]=300)   # seconds on one H100: measured, or guessed for new parts
+declare -A estimate=([build]=55 [train]=40 [bench]=430 [profile]=65 [compile]=120 [ckpt]=50 [syncs]=50
+                     [attention]=90 [headroom]=150 [big]=300)   # seconds on one H100/H200: measured, or guessed for new parts
 failed=(); skipped=(); fallback=
 part() {   # name: run part_<name> in a subshell; a failed part is logged and the next one runs
   has "$1" || return 0
@@ -180,6 +180,33 @@ part_profile() {
     --modes pack,pack_encoder_padded,static --pack_tokens "$pack" --batch_size "$batch" \
     --max_tokens_in_batch "$max_tokens" --out "$out/profile.json" 2>&1 | tee -a "$out/suite.log" \
     | sed -n '/^### /,$p' | tee -a "$out/suite.md"
+}
+part_headroom() {   # item 6's two open comparisons: the benchmark's step at west-train's size, and MFU
+  # without the LLM's checkpoint replay (31 % of the FLOPs under 24 GiB) at the largest pack the card holds
+  log "headroom: west-benchmark pack at $pack (west-train's size); pack, LLM checkpointing off, largest under the card"
+  local gran=4096 card=card; $tiny && { gran=256; card=2GiB; }
+  "$python" -m west.bin.benchmark --config "$conf" "${common[@]}" --data "$data/train/data.list" \
+    --data.cmvn "$data/train/global_cmvn.json" --num_utts "$num_utts" --out_dir "$exp/bench_fixed" \
+    --modes pack --pack_tokens "$pack" --repeats 2 --profile never --no-count_ops >>"$out/suite.log" 2>&1
+  "$python" - "$exp/bench_fixed/benchmark.json" "$exp/$([ -d "$exp/train_eager" ] && echo train_eager)" <<'EOF2' | tee -a "$out/suite.md"
+import json, sys
+from pathlib import Path
+r = json.load(open(sys.argv[1]))["modes"]["pack"]
+step = r["time_s"] / len(r["batches"])
+print(f"- benchmark, {r['configuration']}: {step:.3f} s per step ({len(r['batches'])} batches, median of 2 passes)")
+log = Path(sys.argv[2]) / "train_log.jsonl"
+if log.is_file():
+    times = [json.loads(line)["step_time_s"] for line in log.open() if '"step_time_s"' in line]
+    times = sorted(times[5:] if len(times) > 10 else times)   # as the train part's summary: warm-up left out
+    med = times[len(times) // 2]
+    print(f"- west-train at the same size: {med:.3f} s per step (median of {len(times)}): {med / step:.2f}x the benchmark's")
+EOF2
+  "$python" -m west.bin.benchmark --config "$conf" "${common[@]}" --data "$data/train/data.list" \
+    --data.cmvn "$data/train/global_cmvn.json" --num_utts "$num_utts" --out_dir "$exp/bench_headroom" \
+    --modes pack --pack_tokens "$pack" --repeats 2 --profile never --memory_budget "$card" \
+    --search_granularity "$gran" --model.llm.gradient_checkpointing false >>"$out/suite.log" 2>&1
+  cp "$exp/bench_headroom/benchmark.md" "$out/benchmark_headroom.md"
+  head -n 4 "$out/benchmark_headroom.md" | tee -a "$out/suite.md"
 }
 part_compile() {
   log "compile: the same with train.compile true"
