@@ -190,11 +190,11 @@ def test_whisper_benchmark_adds_the_30s_padded_row(setup, tmp_path):
     assert conformer == 2   # the row needs a Whisper encoder: refused before any work
 
 
-@pytest.mark.parametrize("layers", [None, 1, "encoder"])
+@pytest.mark.parametrize("layers", [None, 1, "encoder", "mlp"])
 def test_checkpointing_replay_is_counted_apart(layers):
     """Executed FLOPs include activation checkpointing's replay; ``replay`` is exactly that share
-    (the checkpointed layers' forward), so executed less replay is the step without checkpointing:
-    what MFU counts as useful work."""
+    (the checkpointed layers' forward; under checkpoint_scope mlp the frozen MLPs' gate and up
+    products), so executed less replay is the step without checkpointing: what MFU counts as useful work."""
     from west.bench.costs import count_flops
     from west.models.speech_llm import SpeechLLM
 
@@ -207,6 +207,8 @@ def test_checkpointing_replay_is_counted_apart(layers):
         cfg = tiny_config()
         if layers == "encoder":
             cfg.encoder.gradient_checkpointing = on
+        elif layers == "mlp":
+            cfg.freeze_llm, cfg.llm.gradient_checkpointing, cfg.llm.checkpoint_scope = True, on, "mlp"
         else:
             cfg.llm.gradient_checkpointing, cfg.llm.checkpoint_layers = on, layers if on else None
         torch.manual_seed(0)
@@ -216,6 +218,12 @@ def test_checkpointing_replay_is_counted_apart(layers):
     assert ckpt["forward"] == plain["forward"]
     assert ckpt["backward"] - ckpt["replay"] == plain["backward"]
     assert ckpt["total"] - ckpt["replay"] == plain["total"]
+    if layers == "mlp":   # two of each MLP's three products: 2 x (one product's FLOPs) per layer
+        from transformers import Qwen2Config
+
+        c = Qwen2Config(**tiny_config().llm.config)
+        rows = batch.input_ids.numel()
+        assert ckpt["replay"] == c.num_hidden_layers * 2 * (2 * rows * c.hidden_size * c.intermediate_size)
     if layers == 1:   # one of the two decoder layers: half of what all of them replay
         cfg = tiny_config()
         cfg.llm.gradient_checkpointing = True

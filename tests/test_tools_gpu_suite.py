@@ -20,7 +20,7 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     suite = (out / "suite.md").read_text(encoding="utf-8")
     assert "| train_eager |" in suite and "time on training 10,000 utts (extrapolated from" in suite
     assert "### pack " in suite and "| forward/llm |" in suite          # the profile part's tables
-    assert "| train_ckpt1 |" in suite                                    # one LLM layer of the 6 replayed
+    assert "| train_scope_layer |" in suite                              # whole LLM layers replayed
     assert "x the benchmark's" in suite                                  # headroom: west-train vs the benchmark
     headroom = (out / "benchmark_headroom.md").read_text(encoding="utf-8")
     assert "| sequence pack |" in headroom and "MFU" in headroom

@@ -151,6 +151,8 @@ def _rank_setup(rank: int, world: int, port: int, env: dict):
 def _worker(rank: int, world: int, port: int, env: dict) -> None:
     from torch.distributed.tensor import DTensor
 
+    from west.models.llm import decoder_layers
+    from west.models.mlp_checkpoint import checkpoint_mlps
     from west.models.speech_llm import SpeechLLM
     from west.train.distributed import wrap_model
 
@@ -183,9 +185,11 @@ def _worker(rank: int, world: int, port: int, env: dict) -> None:
     probe = UnitProbe(bf16)
     res["fsdp_bf16"] = {**_steps(bf16, batches, world, "bf16"), "fwd_dtypes": sorted(probe.dtypes)}
     res["ddp_bf16"] = _steps(wrap_model(model(), info), batches, world, "bf16")
-    for name, fsdp_on in (("frozen_fsdp", True), ("frozen_ddp", False)):  # seed_gpu.yaml's case
+    for name, fsdp_on in (("frozen_fsdp", True), ("frozen_ddp", False), ("frozen_fsdp_mlp", True)):  # seed_gpu.yaml's
         m = model()
         m.llm.requires_grad_(False)
+        if name.endswith("_mlp"):   # model.llm.checkpoint_scope mlp: the MLPs keep their input only
+            checkpoint_mlps(decoder_layers(m.llm))
         m = wrap_model(m, info, fsdp=fsdp_on)
         res[name] = _steps(m, batches, world)
         llm = [p for n, p in m.named_parameters() if ".llm." in f".{n}"]
@@ -284,14 +288,16 @@ def test_bf16_policy_gathers_bf16_keeps_fp32_master_weights(results):
         assert got["losses"] != r["fsdp"]["losses"]  # really computed in bf16
 
 
-def test_frozen_llm_stays_sharded_and_matches_ddp(results):
+@pytest.mark.parametrize("name", ["frozen_fsdp", "frozen_fsdp_mlp"])
+def test_frozen_llm_stays_sharded_and_matches_ddp(results, name):
+    """frozen_fsdp_mlp: the same under checkpoint_scope mlp (its backward reads the gathered weights)."""
     for r in results["ranks"]:
-        got, ref = r["frozen_fsdp"], r["frozen_ddp"]
+        got, ref = r[name], r["frozen_ddp"]
         assert got["n_llm"] > 20 and got["llm_shards"] == got["n_llm"] and got["llm_grads"] == 0
         assert got["losses"] == pytest.approx(ref["losses"], rel=1e-5)
         assert got["losses"] != r["fsdp"]["losses"]  # the LLM really stayed frozen
     r0 = results["ranks"][0]
-    _assert_params_close(r0["frozen_fsdp"]["params"], r0["frozen_ddp"]["params"], 1e-5, "frozen")
+    _assert_params_close(r0[name]["params"], r0["frozen_ddp"]["params"], 1e-5, "frozen")
 
 
 def test_activation_checkpointing_composes_with_fsdp(results):

@@ -161,10 +161,9 @@ part_train() {
   log "train: west-train, pack $pack, $steps steps, the real loader ($workers workers, pinned memory on CUDA)"
   train_run train_eager
 }
-part_ckpt() {   # 18 of 28 layers replayed: 10 kept x ~0.65 GB, predicted +6.5 GiB peak, under 20 GiB
-  layers=18; $tiny && layers=1
-  log "ckpt: the same with only the first $layers LLM decoder layers checkpointed (model.llm.checkpoint_layers)"
-  train_run "train_ckpt$layers" --model.llm.gradient_checkpointing true --model.llm.checkpoint_layers "$layers"
+part_ckpt() {   # the seed config's checkpoint_scope mlp (part train) against whole layers replayed, same call
+  log "ckpt: the same with model.llm.checkpoint_scope layer (whole decoder layers replayed)"
+  train_run train_scope_layer --model.llm.gradient_checkpointing true --model.llm.checkpoint_scope layer
 }
 part_syncs() {
   [ "$device" = cuda ] || { log "syncs: skipped (torch's sync debug mode needs CUDA)"; return 0; }

@@ -14,6 +14,7 @@ import torch
 from west.batch import IGNORE_INDEX, Batch
 from west.models.attention import SegmentPlan
 from west.models.conformer import RelPositionAttention
+from west.models.mlp_checkpoint import RECOMPUTED_SHARE, recomputes
 from west.shapes import SpeechShape
 from west.train.step import autocast
 
@@ -145,16 +146,22 @@ def count_flops(model: torch.nn.Module, batches: Sequence[Batch], device: torch.
             m.backend = b
 
 
-def replayed_modules(model: torch.nn.Module) -> list[str]:
-    """Names of the blocks whose forward activation checkpointing runs again in the backward:
-    transformers' checkpointed decoder (and Whisper) layers, the Conformer's blocks when its
-    ``gradient_checkpointing`` is on."""
+def replayed_modules(model: torch.nn.Module) -> dict[str, tuple[int, int]]:
+    """{name: the share (numerator, denominator) of its forward FLOPs the backward runs again}:
+    transformers' checkpointed decoder (and Whisper) layers and the Conformer's blocks when its
+    ``gradient_checkpointing`` is on, whole; a frozen MLP under ``checkpoint_scope: mlp``, its
+    gate and up products (``west.models.mlp_checkpoint.RECOMPUTED_SHARE``)."""
     from transformers.modeling_layers import GradientCheckpointingLayer  # heavy
 
     encoder = getattr(model, "encoder", None)
     blocks = set(getattr(encoder, "blocks", ())) if getattr(encoder, "gradient_checkpointing", False) is True else set()
-    return [name for name, m in model.named_modules() if m in blocks
-            or (isinstance(m, GradientCheckpointingLayer) and getattr(m, "gradient_checkpointing", False))]
+    out = {}
+    for name, m in model.named_modules():
+        if m in blocks or (isinstance(m, GradientCheckpointingLayer) and getattr(m, "gradient_checkpointing", False)):
+            out[name] = (1, 1)
+        elif recomputes(m):
+            out[name] = RECOMPUTED_SHARE
+    return out
 
 
 def _count(model: torch.nn.Module, batches: Sequence[Batch], device: torch.device, precision: str) -> dict:
@@ -163,7 +170,7 @@ def _count(model: torch.nn.Module, batches: Sequence[Batch], device: torch.devic
 
     root = type(model).__name__
     children = [name for name, _ in model.named_children()]
-    replayed = [f"{root}.{name}" for name in replayed_modules(model)]
+    replayed = {f"{root}.{name}": share for name, share in replayed_modules(model).items()}
     out = {"total": 0, "forward": 0, "backward": 0, "replay": 0, **{f"fwd_{c}": 0 for c in children}}
     for b in batches:
         fwd = FlopCounterMode(display=False, custom_mapping=sdpa_flops())
@@ -183,7 +190,8 @@ def _count(model: torch.nn.Module, batches: Sequence[Batch], device: torch.devic
             called += n
         out["forward"] += int(fwd.get_total_flops())
         out["backward"] += int(bwd.get_total_flops())
-        out["replay"] += sum(_subtree_flops(counts, name) for name in replayed)   # inside "backward"
+        out["replay"] += sum(_subtree_flops(counts, name) * num // den   # inside "backward"
+                             for name, (num, den) in replayed.items())
         # a child the root calls through a method (not __call__) has no hook: its FLOPs are the rest;
         # else the rest is the root's own work, SpeechLLM's loss over the LLM's output embedding
         rest = int(sum(counts.get(root, {}).values())) - called

@@ -13,6 +13,7 @@ POSTERIOR_TYPES = ("ctc_posterior", "ctc_compact")  # read the CTC head's poster
 BACKENDS = ("auto", "sdpa_segments", "flash", "torch_varlen", "flex")  # west_varlen's kernels (models.attention)
 LOSS_IMPLS = ("auto", "chunked", "plain", "liger", "cce")  # west.models.loss.linear_cross_entropy
 ENCODER_BACKENDS = ("auto", "sdpa_segments", "flex", "varlen")   # the Conformer's packed attention (models.conformer)
+MLP_TARGETS = {"gate_proj", "up_proj", "down_proj", "all-linear"}   # LoRA targets that adapt a SwiGLU MLP
 
 
 @section("model.encoder")
@@ -68,6 +69,11 @@ class LLMConfig:
     # left under a budget buys back the rest's forward replay
     checkpoint_layers: Optional[int] = setting(None, min=0, rule=(
         lambda v, c: v is None or c.gradient_checkpointing, "needs model.llm.gradient_checkpointing true"))
+    # layer: replay each checkpointed decoder layer whole; mlp: keep each frozen SwiGLU MLP's input
+    # only and recompute its gate/up products (west.models.mlp_checkpoint: ~70 % of a layer's
+    # activations for two products, and no layer replay on a host-bound GPU)
+    checkpoint_scope: str = setting("layer", choices=("layer", "mlp"), rule=(
+        lambda v, c: v == "layer" or c.gradient_checkpointing, "needs model.llm.gradient_checkpointing true"))
 
 
 @section("model.lora")
@@ -93,8 +99,12 @@ class SpeechLLMConfig:
     freeze_encoder_blocks: int = setting(0, min=0, rule=(  # a pretrained encoder's: checked in west.config
         lambda v, m: not encoder_type(m.encoder.type).conformer_keys or v <= m.encoder.num_blocks,
         "must be <= model.encoder.num_blocks"))
-    freeze_llm: bool = True
-    lora: Optional[LoraSettings] = None
+    freeze_llm: bool = setting(True, rule=(
+        lambda v, m: v or m.lora is not None or m.llm.checkpoint_scope == "layer",
+        "trains the LLM's MLPs: model.llm.checkpoint_scope mlp recomputes frozen ones only (use layer)"))
+    lora: Optional[LoraSettings] = setting(None, rule=(
+        lambda v, m: m.llm.checkpoint_scope == "layer" or not set(v.target_modules) & MLP_TARGETS,
+        "target_modules adapt the LLM's MLP: model.llm.checkpoint_scope mlp recomputes frozen MLPs only (use layer)"))
     ctc_weight: float = setting(0.0, min=0, rule=(  # loss = CE + ctc_weight * CTC; 0 = no CTC head
         lambda v, m: v > 0 or m.projector.type not in POSTERIOR_TYPES,
         "must be > 0 with model.projector.type ctc_posterior or ctc_compact (the CTC loss trains their head)"))

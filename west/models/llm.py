@@ -17,6 +17,7 @@ from torch import nn
 from west.models.config import LLMConfig, LoraSettings
 from west.models.encoders import RELEASE_TYPES
 from west.models.hf_attention import ATTN_NAME, register
+from west.models.mlp_checkpoint import checkpoint_mlps
 from west.schema import ConfigError
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -210,6 +211,24 @@ def hf_checkpointing(model: nn.Module, on: bool = True, layers: Optional[int] = 
             raise ValueError(f"model.llm.checkpoint_layers {layers} > the LLM's {len(blocks)} decoder layers")
         for i, block in enumerate(blocks):
             block.gradient_checkpointing = i < layers
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The decoder layers of a transformers causal LM (``.model.layers``), in order."""
+    layers = getattr(getattr(model, "model", model), "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__}: no decoder layer list at .model.layers")
+    return list(layers)
+
+
+def llm_checkpointing(model: nn.Module, cfg: LLMConfig) -> None:
+    """``model.llm.gradient_checkpointing`` as ``checkpoint_scope`` says: whole decoder layers
+    replayed (``layer``), or only each frozen SwiGLU MLP's products recomputed (``mlp``,
+    west.models.mlp_checkpoint); the first ``checkpoint_layers`` layers (None: all)."""
+    if cfg.checkpoint_scope == "mlp":
+        checkpoint_mlps(decoder_layers(model), cfg.checkpoint_layers)
+    else:
+        hf_checkpointing(model, layers=cfg.checkpoint_layers)
 
 
 def _hf_checkpointing(model: nn.Module, on: bool) -> None:

@@ -29,7 +29,7 @@ from west.models.config import POSTERIOR_TYPES, ConformerConfig, SpeechLLMConfig
 from west.models.ctc import segment_ctc
 from west.models.encoders import encoder_class
 from west.models.hf_attention import ATTN_NAME, packed_kwargs
-from west.models.llm import apply_lora, hf_checkpointing, load_llm
+from west.models.llm import apply_lora, decoder_layers, llm_checkpointing, load_llm
 from west.models.loss import linear_cross_entropy
 from west.models.projector import CompactPosteriorProjector, LinearProjector, PosteriorProjector, Projector
 
@@ -69,7 +69,7 @@ class SpeechLLM(nn.Module):
         if cfg.freeze_llm or cfg.lora is not None:
             llm.requires_grad_(False)
         if cfg.llm.gradient_checkpointing:
-            hf_checkpointing(llm, layers=cfg.llm.checkpoint_layers)
+            llm_checkpointing(llm, cfg.llm)
         self.llm = apply_lora(llm, cfg.lora) if cfg.lora is not None else llm
         self.ctc_head: Optional[nn.Linear] = None
         self.blank_embedding: Optional[nn.Parameter] = None
@@ -85,19 +85,14 @@ class SpeechLLM(nn.Module):
     def gradient_checkpointing_enable(self) -> None:
         """Recompute activations in backward: encoder blocks and LLM layers (trainer hook)."""
         self.encoder.gradient_checkpointing = True
-        hf_checkpointing(self._base_llm(), layers=self.cfg.llm.checkpoint_layers)
+        llm_checkpointing(self._base_llm(), self.cfg.llm)
 
     def fsdp_units(self) -> list[nn.Module]:
         """Modules FSDP2 shards one by one: each encoder block and each LLM decoder layer.
 
         Embeddings, head, projector and norms stay in the root unit (tied input/output
         embeddings must share one unit), so peak memory is one layer's full weights."""
-        blocks = self.encoder.fsdp_units()
-        base = self._base_llm()
-        layers = getattr(getattr(base, "model", base), "layers", None)
-        if layers is None:
-            raise ValueError(f"{type(base).__name__}: no decoder layer list at .model.layers to shard")
-        return [*blocks, *layers]
+        return [*self.encoder.fsdp_units(), *decoder_layers(self._base_llm())]
 
     # ------------------------------------------------------------------ shapes
     def num_speech_tokens(self, n_frames: int) -> int:
