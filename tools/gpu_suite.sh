@@ -183,16 +183,16 @@ part_profile() {
 part_headroom() {   # item 6's two open comparisons: the benchmark's step at west-train's size, and MFU
   # without the LLM's checkpoint replay (31 % of the FLOPs under 24 GiB) at the largest pack the card holds
   log "headroom: west-benchmark pack at $pack (west-train's size); pack, LLM checkpointing off, largest under the card"
-  local gran=4096 card=card; $tiny && { gran=256; card=2GiB; }
+  local gran=4096 card=card reps=2; $tiny && { gran=256; card=2GiB; reps=1; }
   "$python" -m west.bin.benchmark --config "$conf" "${common[@]}" --data "$data/train/data.list" \
     --data.cmvn "$data/train/global_cmvn.json" --num_utts "$num_utts" --out_dir "$exp/bench_fixed" \
-    --modes pack --pack_tokens "$pack" --repeats 2 --profile never --no-count_ops >>"$out/suite.log" 2>&1
+    --modes pack --pack_tokens "$pack" --repeats "$reps" --profile never --no-count_ops >>"$out/suite.log" 2>&1
   "$python" - "$exp/bench_fixed/benchmark.json" "$exp/$([ -d "$exp/train_eager" ] && echo train_eager)" <<'EOF2' | tee -a "$out/suite.md"
 import json, sys
 from pathlib import Path
 r = json.load(open(sys.argv[1]))["modes"]["pack"]
 step = r["time_s"] / len(r["batches"])
-print(f"- benchmark, {r['configuration']}: {step:.3f} s per step ({len(r['batches'])} batches, median of 2 passes)")
+print(f"- benchmark, {r['configuration']}: {step:.3f} s per step ({len(r['batches'])} batches, median of the timed passes)")
 log = Path(sys.argv[2]) / "train_log.jsonl"
 if log.is_file():
     times = [json.loads(line)["step_time_s"] for line in log.open() if '"step_time_s"' in line]
@@ -202,7 +202,7 @@ if log.is_file():
 EOF2
   "$python" -m west.bin.benchmark --config "$conf" "${common[@]}" --data "$data/train/data.list" \
     --data.cmvn "$data/train/global_cmvn.json" --num_utts "$num_utts" --out_dir "$exp/bench_headroom" \
-    --modes pack --pack_tokens "$pack" --repeats 2 --profile never --memory_budget "$card" \
+    --modes pack --pack_tokens "$pack" --repeats "$reps" --profile never --memory_budget "$card" --no-count_ops \
     --search_granularity "$gran" --model.llm.gradient_checkpointing false >>"$out/suite.log" 2>&1
   cp "$exp/bench_headroom/benchmark.md" "$out/benchmark_headroom.md"
   head -n 4 "$out/benchmark_headroom.md" | tee -a "$out/suite.md"
