@@ -44,7 +44,8 @@ class HostCopies(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def meta_model(depth: int, llm_backend: str, monkeypatch, pos_enc: str = "relative") -> SpeechLLM:
+def meta_model(depth: int, llm_backend: str, monkeypatch, pos_enc: str = "relative",
+               checkpoint_scope: str | None = None) -> SpeechLLM:
     monkeypatch.setattr(kernels, "_torch_varlen_kernel", lambda: varlen_stub)
     # what auto picks on CUDA in bf16 without flash-attn: pos_enc wenet's packed rows take the kernel too
     monkeypatch.setattr(conformer, "auto_backend", lambda device, dtype, dropout: "torch_varlen")
@@ -53,6 +54,8 @@ def meta_model(depth: int, llm_backend: str, monkeypatch, pos_enc: str = "relati
     cfg.llm.attn_backend = llm_backend
     cfg.encoder.num_blocks = depth
     cfg.encoder.pos_enc = pos_enc
+    if checkpoint_scope is not None:   # seed_gpu.yaml's frozen LLM, checkpointed
+        cfg.freeze_llm, cfg.llm.gradient_checkpointing, cfg.llm.checkpoint_scope = True, True, checkpoint_scope
     with torch.device("meta"):
         return SpeechLLM(cfg)
 
@@ -81,6 +84,16 @@ def test_forward_and_backward_read_nothing_back(mode, llm_backend, pos_enc, monk
         assert all(p.grad is not None for p in model.encoder.parameters() if p.requires_grad)
         copies.append(seen.count)
     assert copies[0] == copies[1], f"host->device copies grow with depth: {copies}"
+
+
+@pytest.mark.parametrize("scope", ["layer", "mlp"])
+def test_checkpointed_frozen_llm_reads_nothing_back(scope, monkeypatch):
+    """seed_gpu.yaml's LLM: frozen, its MLPs (or whole layers) recomputed in the backward."""
+    model = meta_model(2, "torch_varlen", monkeypatch, "wenet", checkpoint_scope=scope)
+    out = model(batches()["pack"].to("meta"))
+    out["loss_sum"].backward()
+    assert all(p.grad is not None for p in model.encoder.parameters())
+    assert all(p.grad is None for p in model.llm.parameters())
 
 
 def test_queue_step_reads_nothing_back(monkeypatch):

@@ -16,6 +16,7 @@ exact).
 """
 from __future__ import annotations
 
+import contextlib
 import types
 from typing import Optional
 
@@ -33,15 +34,17 @@ class FrozenSwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, gate_w: torch.Tensor, up_w: torch.Tensor, down_w: torch.Tensor) -> torch.Tensor:
         kind = x.device.type
-        ctx.autocast = (torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind))
+        on = torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind)   # meta has none
+        ctx.autocast = torch.get_autocast_dtype(kind) if on else None
         ctx.save_for_backward(x, gate_w, up_w, down_w)
         return F.linear(F.silu(F.linear(x, gate_w)) * F.linear(x, up_w), down_w)
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         x, gate_w, up_w, down_w = ctx.saved_tensors
-        enabled, dtype = ctx.autocast
-        with torch.autocast(x.device.type, dtype=dtype, enabled=enabled):   # the forward's products again
+        dtype = ctx.autocast
+        recast = torch.autocast(x.device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+        with recast:                                                        # the forward's products again
             g = F.linear(x, gate_w)
             u = F.linear(x, up_w)
         wg, wu, wd = (w.to(g.dtype) for w in (gate_w, up_w, down_w))        # as autocast cast them
