@@ -3,8 +3,8 @@
 Per-layer checkpointing (scope ``layer``) replays a whole decoder layer in the backward: about 40
 operators each (norms with their casts, rotary, attention, MLP), plus the checkpoint framework's
 own detaches and hooks. A GPU at the seed's shapes is paced by those host launches, not by their
-arithmetic (docs/benchmarks.md, the H200 profile). But of the ~74 KB per token a frozen Qwen2-1.5B
-layer keeps for its backward, ~54 KB are the MLP's three intermediate tensors (gate, up, silu(gate)
+arithmetic (docs/benchmarks.md, the H200 profile). But of the ~74 KiB per token a frozen Qwen2-1.5B
+layer keeps for its backward, ~54 KiB are the MLP's three intermediate tensors (gate, up, silu(gate)
 at 8960 wide); the attention half is small. So this keeps each MLP's input only and, in the
 backward, recomputes gate and up (two matrix products) and then runs the same gradient
 operators autograd would: no other replay, no checkpoint framework.
