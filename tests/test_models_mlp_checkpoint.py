@@ -119,6 +119,14 @@ def test_gradcheck():
     assert torch.autograd.gradcheck(lambda t: FrozenSwiGLU.apply(t, *ws), (x,))
 
 
+def test_a_trainable_mlp_is_refused_when_routed():
+    """train.grad_checkpointing reaches checkpoint_mlps without the config's rule: it refuses too."""
+    layer = _llm(torch.float32).model.layers[0]
+    layer.mlp.down_proj.weight.requires_grad_(True)
+    with pytest.raises(ValueError, match="checkpoint_scope mlp: decoder layer 0's MLP trains"):
+        checkpoint_mlps([layer])
+
+
 def test_a_non_swiglu_block_is_refused():
     layer = _llm(torch.float32).model.layers[0]
     layer.mlp.act_fn = torch.nn.GELU()
@@ -149,15 +157,17 @@ def test_config_rules(tmp_path):
     from west.config import load_config
     from west.schema import ConfigError
 
-    with pytest.raises(ConfigError, match="model.llm.checkpoint_scope.*gradient_checkpointing true"):
-        load_config(None, [("model.llm.checkpoint_scope", "mlp")])
+    _llm(torch.float32).save_pretrained(tmp_path)
+    path = ("model.llm.path", str(tmp_path))
+    # with checkpointing off the scope is not read: seed_gpu.yaml's scope plus a command-line "false"
+    off = load_config(None, [("model.llm.checkpoint_scope", "mlp"), ("model.freeze_llm", "false"), path])
+    assert not off.model.llm.recomputes_mlps()
     on = [("model.llm.gradient_checkpointing", "true"), ("model.llm.checkpoint_scope", "mlp")]
     with pytest.raises(ConfigError, match="model.freeze_llm.*checkpoint_scope mlp"):
         load_config(None, [*on, ("model.freeze_llm", "false")])
     with pytest.raises(ConfigError, match="model.lora.*checkpoint_scope mlp"):
         load_config(None, [*on, ("model.lora.target_modules", "[q_proj, up_proj]")])
-    _llm(torch.float32).save_pretrained(tmp_path)
-    cfg = load_config(None, [*on, ("model.lora.target_modules", "[q_proj, v_proj]"), ("model.llm.path", str(tmp_path))])
+    cfg = load_config(None, [*on, ("model.lora.target_modules", "[q_proj, v_proj]"), path])
     assert cfg.model.llm.checkpoint_scope == "mlp"
 
 

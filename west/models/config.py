@@ -69,11 +69,13 @@ class LLMConfig:
     # left under a budget buys back the rest's forward replay
     checkpoint_layers: Optional[int] = setting(None, min=0, rule=(
         lambda v, c: v is None or c.gradient_checkpointing, "needs model.llm.gradient_checkpointing true"))
-    # layer: replay each checkpointed decoder layer whole; mlp: keep each frozen SwiGLU MLP's input
-    # only and recompute its gate/up products (west.models.mlp_checkpoint: ~70 % of a layer's
-    # activations for two products, and no layer replay on a host-bound GPU)
-    checkpoint_scope: str = setting("layer", choices=("layer", "mlp"), rule=(
-        lambda v, c: v == "layer" or c.gradient_checkpointing, "needs model.llm.gradient_checkpointing true"))
+    # what gradient_checkpointing recomputes (read only when it is on): layer, each checkpointed
+    # decoder layer whole; mlp, only each frozen SwiGLU MLP's gate/up products from its kept input
+    # (west.models.mlp_checkpoint: ~70 % of a layer's activations, and no layer replay)
+    checkpoint_scope: str = setting("layer", choices=("layer", "mlp"))
+
+    def recomputes_mlps(self) -> bool:
+        return self.gradient_checkpointing and self.checkpoint_scope == "mlp"
 
 
 @section("model.lora")
@@ -100,10 +102,10 @@ class SpeechLLMConfig:
         lambda v, m: not encoder_type(m.encoder.type).conformer_keys or v <= m.encoder.num_blocks,
         "must be <= model.encoder.num_blocks"))
     freeze_llm: bool = setting(True, rule=(
-        lambda v, m: v or m.lora is not None or m.llm.checkpoint_scope == "layer",
+        lambda v, m: v or m.lora is not None or not m.llm.recomputes_mlps(),
         "trains the LLM's MLPs: model.llm.checkpoint_scope mlp recomputes frozen ones only (use layer)"))
     lora: Optional[LoraSettings] = setting(None, rule=(
-        lambda v, m: m.llm.checkpoint_scope == "layer" or not set(v.target_modules) & MLP_TARGETS,
+        lambda v, m: not m.llm.recomputes_mlps() or not set(v.target_modules) & MLP_TARGETS,
         "target_modules adapt the LLM's MLP: model.llm.checkpoint_scope mlp recomputes frozen MLPs only (use layer)"))
     ctc_weight: float = setting(0.0, min=0, rule=(  # loss = CE + ctc_weight * CTC; 0 = no CTC head
         lambda v, m: v > 0 or m.projector.type not in POSTERIOR_TYPES,

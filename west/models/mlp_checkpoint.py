@@ -82,12 +82,16 @@ def recomputes(mlp: nn.Module) -> bool:
 
 def checkpoint_mlps(blocks: list[nn.Module], layers: Optional[int] = None) -> int:
     """Route the MLP of the first ``layers`` decoder blocks (None: all) through :class:`FrozenSwiGLU`;
-    returns how many. A block without a SwiGLU ``mlp`` is refused, naming the config key."""
+    returns how many. A block without a SwiGLU ``mlp``, or whose MLP trains, is refused, naming the config key."""
     layers = len(blocks) if layers is None else layers
     if layers > len(blocks):
         raise ValueError(f"model.llm.checkpoint_layers {layers} > the LLM's {len(blocks)} decoder layers")
-    for block in blocks[:layers]:
+    for i, block in enumerate(blocks[:layers]):
         mlp = getattr(block, "mlp", None)
+        if mlp is not None and any(p.requires_grad for p in mlp.parameters()):
+            raise ValueError(f"model.llm.checkpoint_scope mlp: decoder layer {i}'s MLP trains (model.freeze_llm "
+                             "false, or model.lora on its projections); only frozen MLPs are recomputed: use "
+                             "checkpoint_scope layer")
         if mlp is None or not is_swiglu(mlp):
             raise ValueError(f"model.llm.checkpoint_scope mlp: {type(block).__name__} has no SwiGLU mlp "
                              "(gate_proj, up_proj, down_proj without bias, SiLU); use checkpoint_scope layer")
