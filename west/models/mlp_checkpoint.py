@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from west.models.precision import autocast_on
+
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 RECOMPUTED_SHARE = (2, 3)   # of the MLP's forward FLOPs: gate and up, two of its three equal products
 
@@ -34,8 +36,7 @@ class FrozenSwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, gate_w: torch.Tensor, up_w: torch.Tensor, down_w: torch.Tensor) -> torch.Tensor:
         kind = x.device.type
-        on = torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind)   # meta has none
-        ctx.autocast = torch.get_autocast_dtype(kind) if on else None
+        ctx.autocast = torch.get_autocast_dtype(kind) if autocast_on(kind) else None
         ctx.save_for_backward(x, gate_w, up_w, down_w)
         return F.linear(F.silu(F.linear(x, gate_w)) * F.linear(x, up_w), down_w)
 
