@@ -52,6 +52,11 @@ def test_outputs_written(result):
         assert f"| {r['method']} | {r['configuration']} |" in md
     assert res["num_utts"] == N and len((out / "bench_data.list").read_text().splitlines()) == N
     assert res["env"]["device"] == "cpu" and res["command"].startswith("python -m west.bin.benchmark")
+    for name, r in res["modes"].items():   # the host's split of a step: queueing it, then the update
+        h = r["host_per_step_s"]
+        assert h["launch_s"] > 0 and h["update_s"] > 0 and h["sync_wait_s"] >= 0, name
+        assert h["launch_s"] + h["sync_wait_s"] + h["update_s"] <= r["time_s"] / len(r["batches"]) * 1.01, name
+    assert "- host ms per step, queueing forward+backward+clip" in md
 
 
 def test_same_utterances_and_real_work_in_every_mode(result):

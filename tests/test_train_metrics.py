@@ -31,6 +31,11 @@ def test_step_record_fields_and_rates():
             "peak_mem_mb", "cpu_util_pct", *COUNTER_NAMES} <= set(rec)
     assert rec["utts_per_s"] == 3.0 and rec["tokens_per_s"] == 150.0
     assert rec["llm_fill"] == 0.75 and rec["enc_fill"] == 0.9 and rec["acc"] == 0.2
+    assert "launch_s" not in rec   # not measured (an empty step): left out, not written as null
+    timed = StepResult("ok", 2.0, 100.0, 50, 10, 1.5, 1e-3, dict(COUNTS), launch_s=0.25, sync_wait_s=0.01,
+                       update_s=0.02)
+    rec = step_record(3, 1, timed, wall_s=2.0, peak_mem_mb=123.0)
+    assert (rec["launch_s"], rec["sync_wait_s"], rec["update_s"]) == (0.25, 0.01, 0.02)
 
 
 def test_logger_files_tensorboard_audit_and_truncation(tmp_path):

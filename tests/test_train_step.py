@@ -77,3 +77,30 @@ def test_loss_scale():
     plan = StepPlan(local_tokens=10, global_tokens=40, global_real_batches=3)
     assert plan.loss_scale(world_size=2) == pytest.approx(2 / 40)
     assert math.isfinite(StepPlan(0, 0, 1).loss_scale(4))
+
+
+def test_host_split_attributes_the_step_to_its_phases():
+    """launch_s covers forward/backward (a slow forward shows there), update_s the optimizer
+    (a slow update shows there, not in launch_s): the split a host-bound GPU step is read by."""
+    import time
+
+    from west.train.step import plan_step, train_step
+
+    class SlowForward(TokenModel):
+        def forward(self, batch):
+            time.sleep(0.02)
+            return super().forward(batch)
+
+    class SlowSGD(torch.optim.SGD):
+        def step(self, closure=None):
+            time.sleep(0.2)
+            return super().step(closure)
+
+    model = SlowForward()
+    batches = micro_batches(SAMPLES, 1, "pack")
+    opt = SlowSGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    res = train_step(model, batches, plan_step(batches, 1), opt, sched, device=torch.device("cpu"), world_size=1)
+    assert res.status == "ok"
+    assert 0.02 <= res.launch_s < 0.2 <= res.update_s
+    assert 0.0 <= res.sync_wait_s < 0.2

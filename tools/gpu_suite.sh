@@ -192,13 +192,17 @@ import json, sys
 from pathlib import Path
 r = json.load(open(sys.argv[1]))["modes"]["pack"]
 step = r["time_s"] / len(r["batches"])
-print(f"- benchmark, {r['configuration']}: {step:.3f} s per step ({len(r['batches'])} batches, median of the timed passes)")
+h = r.get("host_per_step_s", {})
+split = lambda launch, wait: f"host queueing {launch:.3f} s, blocked in the read-back {wait:.3f} s"
+print(f"- benchmark, {r['configuration']}: {step:.3f} s per step ({len(r['batches'])} batches, median of the "
+      f"timed passes; {split(h.get('launch_s', float('nan')), h.get('sync_wait_s', float('nan')))})")
 log = Path(sys.argv[2]) / "train_log.jsonl"
 if log.is_file():
-    times = [json.loads(line)["step_time_s"] for line in log.open() if '"step_time_s"' in line]
-    times = sorted(times[5:] if len(times) > 10 else times)   # as the train part's summary: warm-up left out
-    med = times[len(times) // 2]
-    print(f"- west-train at the same size: {med:.3f} s per step (median of {len(times)}): {med / step:.2f}x the benchmark's")
+    recs = [json.loads(line) for line in log.open() if '"step_time_s"' in line]
+    recs = recs[5:] if len(recs) > 10 else recs   # as the train part's summary: warm-up left out
+    med = lambda key: sorted(x.get(key, float("nan")) for x in recs)[len(recs) // 2]
+    print(f"- west-train at the same size: {med('step_time_s'):.3f} s per step (median of {len(recs)}; "
+          f"{split(med('launch_s'), med('sync_wait_s'))}): {med('step_time_s') / step:.2f}x the benchmark's")
 EOF2
   "$python" -m west.bin.benchmark --config "$conf" "${common[@]}" --data "$data/train/data.list" \
     --data.cmvn "$data/train/global_cmvn.json" --num_utts "$num_utts" --out_dir "$exp/bench_headroom" \

@@ -3,7 +3,9 @@
 
 Reads DIR/train_log.jsonl, drops the first ``--skip`` steps (warm-up, compilation) and prints
 the medians: step time, utterances and real LLM tokens per second, loader wait, GPU busy and
-SM % (NVML, when sampled), peak allocated memory. Not a test.
+SM % (NVML, when sampled), peak allocated memory, and the host's split of the step (queueing
+forward/backward/clip, then blocked in the step's one read-back: near 0 on a GPU when the host
+paces the step). Not a test.
 
     python tools/step_summary.py exp/run/train_log.jsonl --name pack --skip 5
 """
@@ -17,7 +19,8 @@ from pathlib import Path
 COLUMNS = (("step_time_s", "step s", "{:.3f}"), ("utts_per_s", "utts/s", "{:.0f}"),
            ("tokens_per_s", "LLM tokens/s", "{:,.0f}"), ("data_wait_s", "loader wait s", "{:.4f}"),
            ("gpu_busy_pct", "GPU busy %", "{:.0f}"), ("gpu_sm_pct", "SM %", "{:.0f}"),
-           ("peak_mem_mb", "peak GiB", "{:.1f}"))
+           ("peak_mem_mb", "peak GiB", "{:.1f}"), ("launch_s", "host launch s", "{:.3f}"),
+           ("sync_wait_s", "sync wait s", "{:.3f}"))
 
 
 def summarize(path: Path, skip: int) -> dict:

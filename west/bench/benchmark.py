@@ -32,6 +32,7 @@ west.bench.report; this module loads each mode's batches and runs the comparison
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import time
 from typing import Optional, Sequence
@@ -43,7 +44,7 @@ from west.bench.costs import batch_shapes, count_flops, summarize
 from west.bench.memory import cap_lifted
 from west.bench.modes import WHISPER_PADDED, Mode, model_overrides
 from west.bench.op_counter import count_encoder_ops, count_step_ops
-from west.bench.runner import PassRunner
+from west.bench.runner import HOST_SPLIT, PassRunner
 from west.data.config import DataConfig
 from west.data.dataset import build_dataloader
 from west.host_memory import keep_freed_host_memory
@@ -165,6 +166,8 @@ def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, trai
         r["peak_mem_gib"] = max(x["peak_mem_gib"] for x in r["runs"])
         sm = [x["sm_pct"] for x in r["runs"] if x.get("sm_pct") is not None]
         r["sm_pct"] = statistics.median(sm) if sm else None
+        r["host_per_step_s"] = {k: statistics.fmean(x.get(k, math.nan) for x in r["runs"]) / len(r["batches"])
+                                for k in HOST_SPLIT}
         r["gflops_per_s"] = r["flops"]["total"] / 1e9 / r["time_s"]
     ref = "static" if "static" in results else modes[0].name
     compare(results, ref)

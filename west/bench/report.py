@@ -154,6 +154,12 @@ def notes(res: dict) -> str:
         out.append(f"- {c['fast']} over {c['slow']}: measured {c['measured']:.2f}x, FLOPs predict "
                    f"{c['predicted']:.2f}x -> {100 * c['ratio']:.0f}% ({verdict}); by CPU time "
                    f"{c['measured_cpu_time']:.2f}x")
+    split = [f"{name} {1e3 * h['launch_s']:.0f} / {1e3 * h['sync_wait_s']:.0f} / {1e3 * h['update_s']:.0f}"
+             for name, r in res["modes"].items() if (h := r.get("host_per_step_s"))]
+    if split:
+        out.append("- host ms per step, queueing forward+backward+clip / blocked in the step's one read-back / "
+                   "queueing the update (a read-back wait near 0 on a GPU: the host paces the step): "
+                   + "; ".join(split))
     env = res["env"]
     out.append(f"- time = median of {res['repeats']} passes (forward + backward + clip + AdamW, batches "
                f"collated beforehand, {res['warmup_steps']} warm-up step(s) untimed, same initial weights); "

@@ -15,6 +15,10 @@ from west.train.gpu_monitor import build_monitor
 from west.train.schedule import build_optimizer, build_scheduler
 from west.train.step import plan_step, train_step
 
+# StepResult's host seconds, summed over a pass: queueing forward/backward/clip, blocked in the
+# step's read-back, queueing the update
+HOST_SPLIT = ("launch_s", "sync_wait_s", "update_s")
+
 
 class PassRunner:
     """Timed training passes from one fixed initial state. The initial weights are kept in host
@@ -53,12 +57,15 @@ class PassRunner:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         t0, c0 = time.perf_counter(), time.process_time()
-        steps, losses = [], []
+        steps, losses, host = [], [], {k: 0.0 for k in HOST_SPLIT}
         for b in batches:
             ts = time.perf_counter()
-            losses.append(self.step(b, opt, sched).loss)
+            res = self.step(b, opt, sched)
             self._sync()
             steps.append(time.perf_counter() - ts)
+            losses.append(res.loss)
+            for k in HOST_SPLIT:
+                host[k] += getattr(res, k)
         total, cpu = time.perf_counter() - t0, time.process_time() - c0
         hw = monitor.read()
         monitor.stop()
@@ -67,7 +74,7 @@ class PassRunner:
             util = hw.get("cpu_util_pct", float("nan")) / max(hw.get("cpu_count", 1.0), 1.0)
         return {"time_s": total, "cpu_s": cpu, "step_s": steps, "util_pct": util,
                 "mean_loss": statistics.fmean(losses), "peak_mem_gib": self._peak_gib(),
-                "sm_pct": hw.get("gpu_sm_pct")}
+                "sm_pct": hw.get("gpu_sm_pct"), **host}
 
     def _peak_gib(self) -> float:
         """CUDA: peak allocated by this pass. CPU: the process's peak RSS so far (never reset)."""

@@ -57,6 +57,10 @@ def step_record(step: int, epoch: int, result: Any, wall_s: float, peak_mem_mb: 
         "peak_mem_mb": peak_mem_mb,
         "time": time.time(),
     }
+    for key in ("launch_s", "sync_wait_s", "update_s"):   # where the host spent the step
+        value = getattr(result, key, math.nan)
+        if math.isfinite(value):
+            rec[key] = value
     aux = getattr(result, "aux", None) or {}
     if aux.get("ctc_utts"):   # hybrid CTC training: the two parts of the loss
         rec["ce"] = aux["ce_sum"] / result.n_tokens if result.n_tokens else math.nan

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -100,6 +101,11 @@ class StepResult:
     lr: float                # the lr this step used
     counters: dict = field(default_factory=dict)  # COUNTER_NAMES summed over micro-batches and ranks
     aux: dict = field(default_factory=dict)       # AUX_KEYS summed over micro-batches and ranks
+    # host seconds: queueing forward/backward/clip, blocked in the step's one read-back, queueing the
+    # update. On CUDA a read-back wait near 0 means the GPU was done first: the host paces the step.
+    launch_s: float = math.nan
+    sync_wait_s: float = math.nan
+    update_s: float = math.nan
 
     @property
     def applied(self) -> bool:
@@ -185,8 +191,12 @@ def train_step(model: nn.Module, micro_batches: Sequence[Batch], plan: StepPlan,
         counters = all_reduce_sum(_sum_counters(micro_batches))
         return StepResult("empty", math.nan, 0.0, 0, 0, math.nan, lr,
                           dict(zip(COUNTER_NAMES, map(int, counters))))
-    values = queue_step(model, micro_batches, plan, device=device, world_size=world_size,
-                        grad_clip=grad_clip, precision=precision).tolist()   # the sync
+    t0 = time.perf_counter()
+    queued = queue_step(model, micro_batches, plan, device=device, world_size=world_size,
+                        grad_clip=grad_clip, precision=precision)
+    t1 = time.perf_counter()
+    values = queued.tolist()   # the sync
+    t2 = time.perf_counter()
     n = len(_SUMS)
     g_loss, g_correct = values[0], int(values[1])
     g_aux = dict(zip(AUX_KEYS, values[2:n]))
@@ -199,7 +209,8 @@ def train_step(model: nn.Module, micro_batches: Sequence[Batch], plan: StepPlan,
     mean = g_loss / plan.global_tokens
 
     def result(status: str, norm: float) -> StepResult:
-        return StepResult(status, mean, g_loss, plan.global_tokens, g_correct, norm, lr, counters, g_aux)
+        return StepResult(status, mean, g_loss, plan.global_tokens, g_correct, norm, lr, counters, g_aux,
+                          launch_s=t1 - t0, sync_wait_s=t2 - t1, update_s=time.perf_counter() - t2)
 
     if not math.isfinite(g_loss):   # a non-finite loss on any rank: every rank skips alike
         optimizer.zero_grad(set_to_none=True)
