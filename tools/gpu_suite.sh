@@ -5,7 +5,8 @@
 # syncs, trains with train.compile and checks the attention kernels. Tables, JSON and logs go to
 # OUT (at most 8 files, for the device tool).
 #
-#   bash tools/gpu_suite.sh OUT [--parts build,train,compile,headroom,ckpt,profile,attention,syncs,bench] [--num_utts 700]
+#   bash tools/gpu_suite.sh OUT [--parts build,train,gap,profile_compiled,profile,syncs,attention,compile,ckpt,headroom,bench]
+#        [--num_utts 700]
 #        (parts run in the order given; a failed part is logged and the next one runs)
 #   bash tools/gpu_suite.sh OUT --parts build,big    # Whisper-large-v3 + Qwen2-7B shapes, LoRA (a second call)
 #        [--memory_budget 24GiB] [--python python3] [--work_dir /tmp/west_gpu] [--device cuda]
@@ -17,9 +18,9 @@
 # (tests/test_tools_gpu_suite.py runs `--device cpu --tiny`); docs/benchmarks.md says what ran where.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-[ $# -ge 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -ge 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-parts=build,train,compile,headroom,ckpt,profile,attention,syncs,bench   # unmeasured levers first; bench (H200, 2026-11-26) last
+parts=build,train,gap,profile_compiled,profile,syncs,attention,compile,ckpt,headroom,bench   # the open questions first; bench, headroom (H100, 2026-11-27) last
 num_utts=700
 num_train=800
 memory_budget=24GiB
@@ -38,8 +39,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 has() { [[ ",$parts," == *",$1,"* ]]; }
-declare -A estimate=([build]=55 [train]=40 [bench]=430 [profile]=65 [compile]=120 [ckpt]=50 [syncs]=50
-                     [attention]=90 [headroom]=150 [big]=300)   # seconds on one H100/H200: measured, or guessed for new parts
+declare -A estimate=([build]=55 [train]=40 [bench]=430 [profile]=65 [compile]=110 [ckpt]=50 [syncs]=50
+                     [attention]=90 [headroom]=130 [big]=300 [gap]=85 [profile_compiled]=120)   # seconds on one H100/H200: measured, or guessed for new parts
 failed=(); skipped=(); fallback=
 part() {   # name: run part_<name> in a subshell; a failed part is logged and the next one runs
   has "$1" || return 0
@@ -172,13 +173,25 @@ part_syncs() {
     --data.cmvn "$data/train/global_cmvn.json" --num_utts 200 --steps 5 --pack_tokens "$pack" \
     --batch_size "$batch" --max_tokens_in_batch "$max_tokens" --out "$out/syncs.json" 2>&1 | tee -a "$out/suite.log" | tail -7
 }
-part_profile() {
-  log "profile: where the GPU waits for the host, per phase of the step (tools/profile_step.py)"
+profile_run() {   # json name, modes, extra args...
+  local name=$1 modes=$2; shift 2
   "$python" "$repo/tools/profile_step.py" --config "$conf" "${common[@]}" --data "$data/train/data.list" \
     --data.cmvn "$data/train/global_cmvn.json" --num_utts "$(( num_utts < 300 ? num_utts : 300 ))" --steps 3 \
-    --modes pack,pack_encoder_padded,static --pack_tokens "$pack" --batch_size "$batch" \
-    --max_tokens_in_batch "$max_tokens" --out "$out/profile.json" 2>&1 | tee -a "$out/suite.log" \
-    | sed -n '/^### /,$p' | tee -a "$out/suite.md"
+    --modes "$modes" --pack_tokens "$pack" --batch_size "$batch" --max_tokens_in_batch "$max_tokens" \
+    --out "$out/$name.json" "$@" 2>&1 | tee -a "$out/suite.log" | sed -n '/^### /,$p' | tee -a "$out/suite.md"
+}
+part_profile() {
+  log "profile: where the GPU waits for the host, per phase of the step (tools/profile_step.py)"
+  profile_run profile pack,pack_encoder_padded,static
+}
+part_profile_compiled() {   # train.compile cut GPU work per step by a quarter and host time hardly at all (H100)
+  log "profile_compiled: the pack step's phases with train.compile true: where the compiled step's host time goes"
+  profile_run profile_compiled pack --train.compile true --warmup_steps 4
+}
+part_gap() {   # west-train was 1.19x the benchmark's step at the same size (H100): what the loader costs
+  log "gap: west-train with the main thread pinning (no pin-memory thread), and with 2 loader workers"
+  train_run train_no_pin_thread --data.pin_memory false
+  train_run train_two_workers --data.num_workers 2
 }
 part_headroom() {   # item 6's two open comparisons: the benchmark's step at west-train's size, and MFU
   # without the LLM's checkpoint replay (31 % of the FLOPs under 24 GiB) at the largest pack the card holds
