@@ -5,7 +5,8 @@
 # syncs, trains with train.compile and checks the attention kernels. Tables, JSON and logs go to
 # OUT (at most 8 files, for the device tool).
 #
-#   bash tools/gpu_suite.sh OUT [--parts build,train,gap,profile_compiled,profile,syncs,attention,compile,ckpt,headroom,bench]
+#   bash tools/gpu_suite.sh OUT [--parts build,train,graphs,gap,profile_compiled,profile,syncs,attention,compile,ckpt,
+#        headroom,bench]
 #        [--num_utts 700]
 #        (parts run in the order given; a failed part is logged and the next one runs)
 #   bash tools/gpu_suite.sh OUT --parts build,big    # Whisper-large-v3 + Qwen2-7B shapes, LoRA (a second call)
@@ -18,9 +19,9 @@
 # (tests/test_tools_gpu_suite.py runs `--device cpu --tiny`); docs/benchmarks.md says what ran where.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-[ $# -ge 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -ge 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-parts=build,train,gap,profile_compiled,profile,syncs,attention,compile,ckpt,headroom,bench   # the open questions first; bench, headroom (H100, 2026-11-27) last
+parts=build,train,graphs,gap,profile_compiled,profile,syncs,attention,compile,ckpt,headroom,bench   # open questions first
 num_utts=700
 num_train=800
 memory_budget=24GiB
@@ -40,7 +41,7 @@ while [ $# -gt 0 ]; do
 done
 has() { [[ ",$parts," == *",$1,"* ]]; }
 declare -A estimate=([build]=55 [train]=40 [bench]=430 [profile]=65 [compile]=110 [ckpt]=50 [syncs]=50
-                     [attention]=90 [headroom]=130 [big]=300 [gap]=85 [profile_compiled]=120)   # seconds on one H100/H200: measured, or guessed for new parts
+                     [attention]=90 [headroom]=130 [big]=300 [gap]=85 [profile_compiled]=120 [graphs]=60)   # seconds on one H100/H200: measured, or guessed for new parts
 failed=(); skipped=(); fallback=
 part() {   # name: run part_<name> in a subshell; a failed part is logged and the next one runs
   has "$1" || return 0
@@ -223,6 +224,11 @@ EOF2
     --search_granularity "$gran" --model.llm.gradient_checkpointing false >>"$out/suite.log" 2>&1
   cp "$exp/bench_headroom/benchmark.md" "$out/benchmark_headroom.md"
   head -n 4 "$out/benchmark_headroom.md" | tee -a "$out/suite.md"
+}
+part_graphs() {   # the host launched ~7,600 kernels per step (H200 profile); the decoder's become two graph replays
+  log "graphs: the same with train.cuda_graphs true (the frozen LLM decoder captured once, rows padded to $pack)"
+  train_run train_graphs --train.cuda_graphs true
+  grep -h "(train.cuda_graphs)" "$out/suite.log" | tail -n 1 | sed 's/^/- /' | tee -a "$out/suite.md"
 }
 part_compile() {
   log "compile: the same with train.compile true"

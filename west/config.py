@@ -103,6 +103,7 @@ def validate(cfg: Config, explicit: Collection[str] = ()) -> None:
             "west_varlen --model.llm.attn_backend auto (per-sample SDPA, exact)")
     require(kind != "flash" or importlib.util.find_spec("flash_attn"), key,
             f"{name} needs the flash-attn package: pip install 'west[gpu]'")
+    _check_cuda_graphs(cfg)
     enc, shape = model.encoder, model.speech_shape()
     require(enc.init is None or os.path.isfile(enc.init), "model.encoder.init", f"no such file: {enc.init}")
     require("data.num_mel_bins" not in explicit or data.num_mel_bins == shape.num_mel_bins, "data.num_mel_bins",
@@ -125,3 +126,24 @@ def split_overrides(rest: Sequence[str]) -> list[tuple[str, str]]:
         require("." in dotted, f"--{dotted}", "unknown option")
         out.append((dotted, value))
     return out
+
+
+def _check_cuda_graphs(cfg: Config) -> None:
+    """train.cuda_graphs replays one captured decoder: a frozen LLM, packed rows of one size, no
+    per-layer replay framework inside the graph, and weights that FSDP does not gather."""
+    train, model = cfg.train, cfg.model
+    if not train.cuda_graphs:
+        return
+    require(cfg.data.batch_type == "pack", "train.cuda_graphs",
+            f"needs data.batch_type pack (rows padded to data.pack_tokens), got {cfg.data.batch_type}")
+    require(model.freeze_llm and model.lora is None, "train.cuda_graphs",
+            "needs a frozen LLM (model.freeze_llm true, no model.lora): the graph holds the LLM's weights as constants")
+    require(not train.fsdp, "train.cuda_graphs", "not with train.fsdp (FSDP2 gathers the LLM's weights every step)")
+    layer_replay = (model.llm.gradient_checkpointing or train.grad_checkpointing) and \
+        model.llm.checkpoint_scope == "layer"
+    require(not layer_replay, "train.cuda_graphs", "not with whole-layer LLM checkpointing: use "
+            "model.llm.checkpoint_scope mlp (or no checkpointing)")
+    need = -(-cfg.data.pack_tokens // train.graph_max_seqlen)
+    require(train.graph_segments >= need, "train.graph_segments",
+            f"must be >= {need}: an empty row of data.pack_tokens={cfg.data.pack_tokens} padding tokens in "
+            f"segments of at most train.graph_max_seqlen={train.graph_max_seqlen}")

@@ -109,6 +109,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     tokenizer = load_tokenizer(cfg.model.llm.path)
     model = build_model(cfg.model, args.seed)
+    eager_only = [k for k in ("compile", "cuda_graphs") if getattr(cfg.train, k)]
+    if eager_only:   # the timed passes are the eager production step; say so rather than ignore the keys
+        print(f"[benchmark] {', '.join(f'train.{k}' for k in eager_only)}: west-train options, not applied to "
+              "the benchmark's passes (they time the eager step)", flush=True)
     from west.bench.benchmark import ModeOutOfMemory  # heavy
     from west.bench.memory_search import NothingFits  # heavy
     from west.bench.sizing import find_sizes, run_within_budget  # heavy

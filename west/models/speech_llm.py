@@ -32,6 +32,7 @@ from west.models.hf_attention import ATTN_NAME, packed_kwargs
 from west.models.llm import apply_lora, decoder_layers, llm_checkpointing, load_llm
 from west.models.loss import linear_cross_entropy
 from west.models.projector import CompactPosteriorProjector, LinearProjector, PosteriorProjector, Projector
+from west.models.static_decoder import StaticDecoder, StaticShape
 
 
 def build_encoder(cfg: ConformerConfig, attn_backend: str = "auto") -> nn.Module:
@@ -71,6 +72,7 @@ class SpeechLLM(nn.Module):
         if cfg.llm.gradient_checkpointing:
             llm_checkpointing(llm, cfg.llm)
         self.llm = apply_lora(llm, cfg.lora) if cfg.lora is not None else llm
+        self.static_decoder: Optional[StaticDecoder] = None   # use_static_decoder(): train.cuda_graphs
         self.ctc_head: Optional[nn.Linear] = None
         self.blank_embedding: Optional[nn.Parameter] = None
         if cfg.ctc_weight > 0:   # classes: the LLM vocabulary [, then an extra blank]
@@ -169,19 +171,39 @@ class SpeechLLM(nn.Module):
         pad) instead of a padding mask. Models whose masks come as a per-layer-type mapping
         (Qwen2/3, Gemma2 …) get that mapping with no mask in it, so transformers does not build
         one, nor read position ids back from the device to look for packed rows."""
-        conf = self._base_llm().config
-        west = getattr(conf, "_attn_implementation", None) == ATTN_NAME
-        # stock attention implementations need transformers' own mask (or its packed-row detection)
-        no_mask = {t: None for t in set(conf.layer_types)} if west and getattr(conf, "layer_types", None) else None
         if not batch.is_packed:
+            no_mask = self._no_mask()
             return dict(attention_mask=no_mask if no_mask is not None else batch.attention_mask)
         total = batch.input_ids.numel()
         host_cu = batch.host.cu_seqlens
         if int(host_cu[-1]) != total:
             raise ValueError(f"cu_seqlens ends at {int(host_cu[-1])}, batch has {total} tokens")
-        kw = packed_kwargs(batch.cu_seqlens, batch.max_seqlen, self.cfg.llm.attn_backend, west_extras=west,
-                           host_cu_seqlens=host_cu)
-        return dict(attention_mask=no_mask, **kw)
+        return self._packed_kwargs(batch.cu_seqlens, host_cu, batch.max_seqlen)
+
+    def _no_mask(self) -> Optional[dict]:
+        conf = self._base_llm().config
+        # stock attention implementations need transformers' own mask (or its packed-row detection)
+        west = getattr(conf, "_attn_implementation", None) == ATTN_NAME
+        return {t: None for t in set(conf.layer_types)} if west and getattr(conf, "layer_types", None) else None
+
+    def _packed_kwargs(self, cu: torch.Tensor, host_cu: Optional[torch.Tensor], max_seqlen: Optional[int]) -> dict:
+        west = getattr(self._base_llm().config, "_attn_implementation", None) == ATTN_NAME
+        kw = packed_kwargs(cu, max_seqlen, self.cfg.llm.attn_backend, west_extras=west, host_cu_seqlens=host_cu)
+        return dict(attention_mask=self._no_mask(), **kw)
+
+    def decode_packed(self, embeds: torch.Tensor, position_ids: torch.Tensor, cu: torch.Tensor,
+                      host_cu: Optional[torch.Tensor], max_seqlen: Optional[int]) -> torch.Tensor:
+        """The LLM decoder's last hidden state on one packed row (1, L, d): what a StaticDecoder pads for."""
+        return self._base_llm().get_decoder()(inputs_embeds=embeds, position_ids=position_ids, use_cache=False,
+                                              **self._packed_kwargs(cu, host_cu, max_seqlen)).last_hidden_state
+
+    def use_static_decoder(self, shape: StaticShape) -> StaticDecoder:
+        """Packed training rows go through the decoder padded to ``shape`` from now on (the frozen LLM
+        only: a trainable one would need its weights in the captured graph)."""
+        if self.cfg.lora is not None or not self.cfg.freeze_llm:
+            raise ValueError("a static-shape decoder needs a frozen LLM (model.freeze_llm true, no LoRA)")
+        self.static_decoder = StaticDecoder(self.decode_packed, shape)
+        return self.static_decoder
 
     def _base_llm(self) -> nn.Module:
         return self.llm.get_base_model() if hasattr(self.llm, "get_base_model") else self.llm
@@ -219,8 +241,12 @@ class SpeechLLM(nn.Module):
         if getattr(conf, "final_logit_softcapping", None) or getattr(conf, "logit_scale", None):
             raise NotImplementedError(f"{type(base).__name__} post-processes its logits; west's loss path "
                                       "projects hidden states with the output embedding only")
-        hidden = base.get_decoder()(inputs_embeds=embeds, position_ids=batch.position_ids, use_cache=False,
-                                    **self._llm_kwargs(batch)).last_hidden_state
+        if self.static_decoder is not None and batch.is_packed and self.training and torch.is_grad_enabled():
+            hidden = self.static_decoder(embeds, batch.position_ids, batch.cu_seqlens, batch.host.cu_seqlens,
+                                         batch.max_seqlen)
+        else:
+            hidden = base.get_decoder()(inputs_embeds=embeds, position_ids=batch.position_ids, use_cache=False,
+                                        **self._llm_kwargs(batch)).last_hidden_state
         h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, where)
         head = base.get_output_embeddings()
         if type(head) is not nn.Linear:

@@ -90,7 +90,7 @@ def build_trainer(cfg: Config, info: DistInfo) -> Trainer:
         print(f"model: {total / 1e6:.2f} M parameters, {trainable / 1e6:.2f} M trainable; "
               f"data: {cfg.data.batch_type} batches, {len(dataset)} batches per epoch per rank (planned); "
               f"{info.world_size} rank(s) on {info.device.type}", flush=True)
-    trainer = Trainer(cfg.train, cfg.run, model, loader, info, evaluator)
+    trainer = Trainer(cfg.train, cfg.run, model, loader, info, evaluator, pack_tokens=cfg.data.pack_tokens)
     if info.is_main:
         print(describe_groups(model, trainer.optimizer, cfg.train.projector_warmup_steps), flush=True)
         print(checkpoint_line(model, trainer.base, cfg.train.save_frozen_llm), flush=True)

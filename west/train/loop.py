@@ -41,6 +41,7 @@ from west.checkpoint.integrity import PREFIX, check_checkpoint, latest_usable, s
 from west.ranks import all_reduce_max, barrier, sum_counts_over_ranks, unwrap
 from west.train.compile import compilations, compile_regions
 from west.train.config import RunConfig, TrainConfig
+from west.train.cuda_graphs import static_decoder_for
 from west.train.distributed import DistInfo, wrap_model
 from west.train.evaluate import Evaluator
 from west.train.gpu_monitor import build_monitor
@@ -88,7 +89,7 @@ class Trainer:
     """Builds the engine around ``model`` and runs :meth:`fit`."""
 
     def __init__(self, train: TrainConfig, run: RunConfig, model: nn.Module, data: TrainData,
-                 info: DistInfo, evaluator: Optional[Evaluator] = None) -> None:
+                 info: DistInfo, evaluator: Optional[Evaluator] = None, pack_tokens: int = 0) -> None:
         self.cfg, self.run, self.info = train, run, info
         self.data, self.evaluator = data, evaluator
         if train.grad_checkpointing:
@@ -97,6 +98,8 @@ class Trainer:
             compile_regions(model)
         self.model = wrap_model(model, info, fsdp=train.fsdp, precision=train.precision,
                                 find_unused_parameters=train.find_unused_parameters)
+        self.static = static_decoder_for(self.model, pack_tokens, train.graph_segments, train.graph_max_seqlen,
+                                         train.precision, info.device) if train.cuda_graphs else None
         # The frozen base LLM (model.llm.path) that lean checkpoints refer to instead of storing it.
         self.base = base_llm_of(model)
         self.optimizer = optimizer_from_config(self.model, train)
@@ -333,6 +336,7 @@ class Trainer:
                               "checkpoint": _existing(ckpt.step_dir(self.ckpt_root, self.best["step"]))}
         return {"step": self.step, "epoch": self.epoch, "skipped_steps": self.guard.total,
                 "compilations": compilations() if self.cfg.compile else 0,
+                "llm_graph": self.static.summary() if self.static is not None else None,
                 "failed_saves": self.failed_saves, "partial_epoch_steps": self.totals.steps,
                 "wall_s": time.perf_counter() - t_start, "best": best, "checkpoints": self.ckpt_root,
                 "preempted": self.preempted, "checkpoint": self._last_checkpoint()}

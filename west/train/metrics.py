@@ -313,4 +313,6 @@ def done_sentence(summary: dict) -> str:
         text += f", {plural(summary['failed_saves'], 'failed checkpoint save')}"
     if summary.get("compilations"):
         text += f"; {plural(summary['compilations'], 'compiled graph')} (train.compile)"
+    if summary.get("llm_graph"):
+        text += f"; {summary['llm_graph']} (train.cuda_graphs)"
     return text
