@@ -59,6 +59,26 @@ def test_outputs_written(result):
     assert "- host ms per step, queueing forward+backward+clip" in md
 
 
+def test_fixed_sizes_on_a_gpu_print_the_seed_table(result):
+    """Without --memory_budget a CUDA run still measures the matmul peak and prints the seed's table
+    (time for 10,000 utterances, MFU), as for the sizes a budget finds."""
+    import copy
+
+    from west.bench.benchmark import add_efficiency
+    from west.bench.report import report
+
+    res = copy.deepcopy(result[1])
+    assert "memory_budget" not in res and "efficiency" not in res   # a CPU run at fixed sizes: no MFU
+    res["env"]["device"] = "cuda:0"
+    add_efficiency(res, {"tflops": 100.0, "n": 8192, "dtype": "bfloat16", "iters": 10})
+    text = report(res)
+    assert text.startswith("| method | configuration | GPU busy % (NVML) | SM % (NVML) | time on training 10,000")
+    assert "MFU (useful FLOP/s / 100.00 TFLOP/s bfloat16 8192³ mm)" in text and "\n- MFU = useful FLOPs" in text
+    assert "- memory budget" not in text
+    for r in res["modes"].values():
+        assert f"| {r['method']} | {r['configuration']} |" in text.split("\n\n")[0]
+
+
 def test_same_utterances_and_real_work_in_every_mode(result):
     _, res = result
     modes = list(res["modes"].values())
@@ -164,6 +184,31 @@ def test_modes_and_bad_arguments(setup, tmp_path):
     bad.write_text("utt1 /x.wav\n", encoding="utf-8")
     assert cli.main(["--config", str(setup["conf"]), "--model.llm.path", str(setup["llm"]), "--data", str(bad),
                      "--num_utts", "1", "--out_dir", str(tmp_path / "c")]) == 2
+
+
+def test_cuda_graphs_pads_the_packed_modes_rows(setup, tmp_path):
+    """train.cuda_graphs in the benchmark, as west-train runs it: the pack mode's rows run padded to
+    its pack_tokens (replayed on CUDA) with the unpadded losses and FLOP counts, the static mode as
+    before; with --memory_budget (whose search captures nothing) it is refused."""
+    common = ["--num_utts", "6", "--repeats", "1", "--batch_size", str(BATCH), "--pack_tokens", str(PACK),
+              "--profile", "never", "--threads", "1", "--modes", "static,pack", "--model.freeze_llm", "true",
+              "--data.batch_type", "pack"]
+    graphs = ["--train.cuda_graphs", "true", "--train.graph_segments", "64", "--train.graph_max_seqlen", "128"]
+    threads = torch.get_num_threads()
+    try:
+        assert cli.main(args(setup, tmp_path / "plain", *common)) == 0
+        assert cli.main(args(setup, tmp_path / "graphs", *common, *graphs)) == 0
+    finally:
+        torch.set_num_threads(threads)
+    plain, padded = (json.loads((tmp_path / n / "benchmark.json").read_text(encoding="utf-8"))["modes"]
+                     for n in ("plain", "graphs"))
+    assert "llm_graph" not in plain["pack"] and "llm_graph" not in padded["static"]
+    assert padded["pack"]["llm_graph"].endswith(f"LLM rows padded (eager) at {PACK} tokens, 0 unpadded")
+    for mode in ("static", "pack"):
+        assert padded[mode]["flops"] == plain[mode]["flops"]
+        assert padded[mode]["mean_loss"] == pytest.approx(plain[mode]["mean_loss"], rel=1e-5)
+    assert "- train.cuda_graphs (the LLM decoder replayed" in (tmp_path / "graphs" / "benchmark.md").read_text()
+    assert cli.main(args(setup, tmp_path / "budget", *common, *graphs, "--memory_budget", "2GiB")) == 2
 
 
 def test_whisper_benchmark_adds_the_30s_padded_row(setup, tmp_path):

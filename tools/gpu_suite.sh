@@ -41,7 +41,7 @@ while [ $# -gt 0 ]; do
 done
 has() { [[ ",$parts," == *",$1,"* ]]; }
 declare -A estimate=([build]=55 [train]=40 [bench]=430 [profile]=65 [compile]=110 [ckpt]=50 [syncs]=50
-                     [attention]=90 [headroom]=130 [big]=300 [gap]=85 [profile_compiled]=120 [graphs]=60)   # seconds on one H100/H200: measured, or guessed for new parts
+                     [attention]=90 [headroom]=130 [big]=300 [gap]=85 [profile_compiled]=120 [graphs]=150)   # seconds on one H100/H200: measured, or guessed for new parts
 failed=(); skipped=(); fallback=
 part() {   # name: run part_<name> in a subshell; a failed part is logged and the next one runs
   has "$1" || return 0
@@ -226,9 +226,26 @@ EOF2
   head -n 4 "$out/benchmark_headroom.md" | tee -a "$out/suite.md"
 }
 part_graphs() {   # the host launched ~7,600 kernels per step (H200 profile); the decoder's become two graph replays
-  log "graphs: the same with train.cuda_graphs true (the frozen LLM decoder captured once, rows padded to $pack)"
+  log "graphs: west-train and west-benchmark (pack $pack) with train.cuda_graphs true (the frozen LLM decoder"\
+" captured once, rows padded to $pack), the benchmark also without"
   train_run train_graphs --train.cuda_graphs true
   grep -h "(train.cuda_graphs)" "$out/suite.log" | tail -n 1 | sed 's/^/- /' | tee -a "$out/suite.md"
+  local reps=2; $tiny && reps=1
+  for graphs in false true; do
+    "$python" -m west.bin.benchmark --config "$conf" "${common[@]}" --data "$data/train/data.list" \
+      --data.cmvn "$data/train/global_cmvn.json" --num_utts "$num_utts" --out_dir "$exp/bench_graphs_$graphs" \
+      --modes pack --pack_tokens "$pack" --repeats "$reps" --profile never --no-count_ops \
+      --train.cuda_graphs "$graphs" >>"$out/suite.log" 2>&1
+    "$python" - "$exp/bench_graphs_$graphs/benchmark.json" "$graphs" <<'EOF2' | tee -a "$out/suite.md"
+import json, sys
+r = json.load(open(sys.argv[1]))["modes"]["pack"]
+h, n = r["host_per_step_s"], len(r["batches"])
+mfu = f"{100 * r['mfu']:.1f} % MFU, " if "mfu" in r else ""
+print(f"- benchmark, {r['configuration']}, train.cuda_graphs {sys.argv[2]}: {r['time_s'] / n:.3f} s per step, {mfu}"
+      f"busy {r['util_pct']:.0f} %, host queueing {h['launch_s']:.3f} s, blocked in the read-back "
+      f"{h['sync_wait_s']:.3f} s{'; ' + r['llm_graph'] if r.get('llm_graph') else ''}")
+EOF2
+  done
 }
 part_compile() {
   log "compile: the same with train.compile true"

@@ -31,11 +31,12 @@ west.bench.report; this module loads each mode's batches and runs the comparison
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import statistics
 import time
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import torch
 
@@ -48,8 +49,10 @@ from west.bench.runner import HOST_SPLIT, PassRunner
 from west.data.config import DataConfig
 from west.data.dataset import build_dataloader
 from west.host_memory import keep_freed_host_memory
+from west.models.static_decoder import StaticDecoder
 from west.shapes import SpeechShape
 from west.train.config import TrainConfig
+from west.train.cuda_graphs import static_decoder_for
 
 
 def load_batches(data_list: str, tokenizer, conf: DataConfig, shape: SpeechShape,
@@ -140,7 +143,7 @@ def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, trai
             f"{results[m.name]['flops']['total'] / 1e12:.2f} TFLOP fwd+bwd")
         if count_ops:
             t0 = time.perf_counter()
-            with model_overrides(model, m.model), cap_lifted(dev):
+            with model_overrides(model, m.model), cap_lifted(dev), graphed_llm(model, m, train, dev):
                 results[m.name]["ops"] = count_step_ops(runner, loaded[m.name])
                 results[m.name]["encoder_ops"] = count_encoder_ops(model, loaded[m.name], dev, train.precision)
             ops, enc = results[m.name]["ops"]["per_step"], results[m.name]["encoder_ops"]["per_step"]
@@ -149,8 +152,10 @@ def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, trai
     for rep in range(repeats):
         for m in modes:
             try:
-                with model_overrides(model, m.model):
+                with model_overrides(model, m.model), graphed_llm(model, m, train, dev) as static:
                     r = runner.run(loaded[m.name], warmup_steps)
+                    if static is not None:
+                        results[m.name]["llm_graph"] = static.summary()
             except torch.OutOfMemoryError as e:   # the weights back as they were: the caller may retry
                 runner.model.zero_grad(set_to_none=True)
                 runner.model.load_state_dict(runner.init)
@@ -192,6 +197,23 @@ def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, trai
     runner.model.load_state_dict(runner.init)
     return {"modes": results, "checks": checks, "reference": ref, "target_ratio": TARGET_RATIO,
             "host_allocator": host_allocator}
+
+
+@contextlib.contextmanager
+def graphed_llm(model: torch.nn.Module, mode: Mode, train: TrainConfig, device: torch.device
+                ) -> Iterator[Optional[StaticDecoder]]:
+    """``train.cuda_graphs`` for one packed mode's passes, as west-train runs it: rows padded to the
+    mode's pack_tokens, the decoder captured on CUDA; unpadded again after. FLOPs are counted
+    without it (the padding's are not in the counts). Other modes and configs: unchanged."""
+    if not train.cuda_graphs or mode.data.get("batch_type") != "pack":
+        yield None
+        return
+    static = static_decoder_for(model, mode.data["pack_tokens"], train.graph_segments, train.graph_max_seqlen,
+                                train.precision, device)
+    try:
+        yield static
+    finally:
+        model.static_decoder = None
 
 
 def add_efficiency(res: dict, peak: dict, per: int = 10_000) -> None:

@@ -48,7 +48,7 @@ def seed_table(res: dict) -> str:
 def budget_table(res: dict) -> str:
     """The seed's table at the sizes a memory budget allows (west.bench.sizing): time for 10,000
     utterances extrapolated, utilisation, TFLOP/s, MFU, peak memory, dispatched ops per step."""
-    env, eff, budget = res["env"], res["efficiency"], res["memory_budget"]
+    env, eff, budget = res["env"], res["efficiency"], res.get("memory_budget")
     cuda = env["device"].startswith("cuda")
     per, n = eff["per_utts"], res["num_utts"]
     peak = eff["peak"]
@@ -86,11 +86,15 @@ def budget_notes(res: dict) -> str:
                f"positions / LLM attention terms / encoder frames) from the initial weights with a fresh AdamW, "
                f"twice when one batch is the worst on all three; time = {res['num_utts']} utterances timed, "
                f"x {eff['per_utts']:,} / {res['num_utts']} (an extrapolation)")
-    out.append(f"- MFU = useful FLOPs ({eff['useful_flops_from']} mode's count: "
-               f"{eff['useful_flops'] / 1e12:.2f} TFLOP) / time / the matrix-product peak measured in this run ({eff['peak']['tflops']:.2f} TFLOP/s, "
-               f"{eff['peak']['dtype']} {eff['peak']['n']}³, mean of {eff['peak']['iters']}); achieved TFLOP/s "
-               "counts every computed FLOP, padding included")
-    return "\n".join(out)
+    return "\n".join(out + [mfu_note(res)])
+
+
+def mfu_note(res: dict) -> str:
+    eff = res["efficiency"]
+    return (f"- MFU = useful FLOPs ({eff['useful_flops_from']} mode's count: "
+            f"{eff['useful_flops'] / 1e12:.2f} TFLOP) / time / the matrix-product peak measured in this run "
+            f"({eff['peak']['tflops']:.2f} TFLOP/s, {eff['peak']['dtype']} {eff['peak']['n']}³, mean of "
+            f"{eff['peak']['iters']}); achieved TFLOP/s counts every computed FLOP, padding included")
 
 
 def ops_table(res: dict) -> str:
@@ -160,6 +164,10 @@ def notes(res: dict) -> str:
         out.append("- host ms per step, queueing forward+backward+clip / blocked in the step's one read-back / "
                    "queueing the update (a read-back wait near 0 on a GPU: the host paces the step): "
                    + "; ".join(split))
+    graphs = [f"{name}: {r['llm_graph']}" for name, r in res["modes"].items() if r.get("llm_graph")]
+    if graphs:
+        out.append("- train.cuda_graphs (the LLM decoder replayed; the rows' padding is not in the FLOP counts): "
+                   + "; ".join(graphs))
     env = res["env"]
     out.append(f"- time = median of {res['repeats']} passes (forward + backward + clip + AdamW, batches "
                f"collated beforehand, {res['warmup_steps']} warm-up step(s) untimed, same initial weights); "
@@ -203,6 +211,8 @@ def report(res: dict) -> str:
                         "west.bench.op_counter; the encoder alone on the same batches):\n\n" + ops)
     if res.get("memory_budget"):
         parts[:0] = [budget_table(res), budget_notes(res)]
+    elif res.get("efficiency"):   # fixed sizes on a GPU: the same table, MFU against the peak measured here
+        parts[:0] = [budget_table(res), mfu_note(res)]
     for c in res["checks"]:
         if c.get("profile_file"):
             parts.append(f"Where {c['fast']} loses against {c['slow']} (top of {c['profile_file']}):\n\n"
