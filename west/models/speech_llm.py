@@ -174,11 +174,15 @@ class SpeechLLM(nn.Module):
         if not batch.is_packed:
             no_mask = self._no_mask()
             return dict(attention_mask=no_mask if no_mask is not None else batch.attention_mask)
-        total = batch.input_ids.numel()
-        host_cu = batch.host.cu_seqlens
+        return self._packed_kwargs(batch.cu_seqlens, self._host_cu(batch), batch.max_seqlen)
+
+    @staticmethod
+    def _host_cu(batch: Batch) -> torch.Tensor:
+        """The packed batch's host cu_seqlens, checked against its token count."""
+        total, host_cu = batch.input_ids.numel(), batch.host.cu_seqlens
         if int(host_cu[-1]) != total:
             raise ValueError(f"cu_seqlens ends at {int(host_cu[-1])}, batch has {total} tokens")
-        return self._packed_kwargs(batch.cu_seqlens, host_cu, batch.max_seqlen)
+        return host_cu
 
     def _no_mask(self) -> Optional[dict]:
         conf = self._base_llm().config
@@ -242,7 +246,7 @@ class SpeechLLM(nn.Module):
             raise NotImplementedError(f"{type(base).__name__} post-processes its logits; west's loss path "
                                       "projects hidden states with the output embedding only")
         if self.static_decoder is not None and batch.is_packed and self.training and torch.is_grad_enabled():
-            hidden = self.static_decoder(embeds, batch.position_ids, batch.cu_seqlens, batch.host.cu_seqlens,
+            hidden = self.static_decoder(embeds, batch.position_ids, batch.cu_seqlens, self._host_cu(batch),
                                          batch.max_seqlen)
         else:
             hidden = base.get_decoder()(inputs_embeds=embeds, position_ids=batch.position_ids, use_cache=False,
