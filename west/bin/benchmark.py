@@ -78,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         modes = standard_modes(names, args.batch_size, args.max_tokens_in_batch, args.pack_tokens,
                                encoder_type(cfg.model.encoder.type).title)
         if cfg.train.cuda_graphs:
-            from west.models.static_decoder import StaticShape
+            from west.models.static_decoder import StaticShape  # heavy (torch)
 
             if args.memory_budget is not None:
                 raise ConfigError("--memory_budget with train.cuda_graphs: the size search does not capture graphs "
