@@ -173,5 +173,9 @@ def test_a_failed_capture_names_the_option(monkeypatch):
     monkeypatch.setattr(torch.cuda, "make_graphed_callables", broken)
     model = _model().float()
     static = model.use_static_decoder(StaticShape(64, 8, 16))
-    with pytest.raises(RuntimeError, match="train.cuda_graphs: capturing the LLM decoder.*train.cuda_graphs false"):
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    with pytest.raises(RuntimeError, match="train.cuda_graphs: capturing the LLM decoder.*train.cuda_graphs false\\)$"):
+        cuda_graphs.capture(static, model.llm.get_input_embeddings().weight, "fp32")
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")   # what west-train sets on CUDA
+    with pytest.raises(RuntimeError, match="or with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False"):
         cuda_graphs.capture(static, model.llm.get_input_embeddings().weight, "fp32")

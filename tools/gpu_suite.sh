@@ -154,7 +154,7 @@ train_run() {   # name, extra args...
     --data.cmvn "$data/train/global_cmvn.json" --output_dir "$exp/$name" --batch_type pack --pack_tokens "$pack" \
     --max_steps "$steps" --train.save_every 0 --train.save_at_epoch_end false --train.warmup_steps 5 \
     --train.log_every 5 --train.tensorboard false --train.progress_bar false --data.num_workers "$workers" \
-    --data.pin_memory "$([ "$device" = cuda ] && echo true || echo false)" "$@" >>"$out/suite.log" 2>&1
+    --data.pin_memory "$([ "$device" = cuda ] && echo true || echo false)" "$@" >>"$out/suite.log" 2>&1 || return 1
   "$python" "$repo/tools/step_summary.py" "$exp/$name/train_log.jsonl" --name "$name" --skip $(( steps > 10 ? 5 : 1 )) \
     | tee -a "$out/suite.md"
 }
@@ -228,11 +228,16 @@ EOF2
 part_graphs() {   # the host launched ~7,600 kernels per step (H200 profile); the decoder's become two graph replays
   log "graphs: west-train and west-benchmark (pack $pack) with train.cuda_graphs true (the frozen LLM decoder"\
 " captured once, rows padded to $pack), the benchmark also without"
-  train_run train_graphs --train.cuda_graphs true
+  local alloc=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}   # west's default (west.ranks)
+  if ! train_run train_graphs --train.cuda_graphs true; then   # some torch builds capture badly with it
+    alloc=expandable_segments:False
+    log "graphs: train_graphs failed (see suite.log); once more with PYTORCH_CUDA_ALLOC_CONF=$alloc"
+    PYTORCH_CUDA_ALLOC_CONF=$alloc train_run train_graphs_fixed_segments --train.cuda_graphs true
+  fi
   grep -h "(train.cuda_graphs)" "$out/suite.log" | tail -n 1 | sed 's/^/- /' | tee -a "$out/suite.md"
   local reps=2; $tiny && reps=1
   for graphs in false true; do
-    "$python" -m west.bin.benchmark --config "$conf" "${common[@]}" --data "$data/train/data.list" \
+    PYTORCH_CUDA_ALLOC_CONF=$alloc "$python" -m west.bin.benchmark --config "$conf" "${common[@]}" --data "$data/train/data.list" \
       --data.cmvn "$data/train/global_cmvn.json" --num_utts "$num_utts" --out_dir "$exp/bench_graphs_$graphs" \
       --modes pack --pack_tokens "$pack" --repeats "$reps" --profile never --no-count_ops \
       --train.cuda_graphs "$graphs" >>"$out/suite.log" 2>&1

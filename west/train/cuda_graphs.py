@@ -11,6 +11,7 @@ capture: the padded rows run eagerly, which is what the tests compare against th
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 from torch import nn
@@ -50,5 +51,8 @@ def capture(static: StaticDecoder, embedding: torch.Tensor, precision: str, warm
     try:
         static.replay = torch.cuda.make_graphed_callables(decode, sample, num_warmup_iters=warmup_iters)
     except Exception as e:   # say which option failed, not only where inside torch
+        alloc = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+        hint = (f" or with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False (now {alloc!r}: some torch builds "
+                "capture badly with expandable segments)" if "expandable_segments:True" in alloc else "")
         raise RuntimeError(f"train.cuda_graphs: capturing the LLM decoder at {static.shape} failed "
-                           f"({type(e).__name__}: {e}); train without it (train.cuda_graphs false)") from e
+                           f"({type(e).__name__}: {e}); train without it (train.cuda_graphs false){hint}") from e
