@@ -134,7 +134,9 @@ def _check_cuda_graphs(cfg: Config) -> None:
     train, model = cfg.train, cfg.model
     if not train.cuda_graphs:
         return
-    require(cfg.data.batch_type == "pack", "train.cuda_graphs",
+    from west.data.policies import POLICIES  # heavy
+
+    require(POLICIES[cfg.data.batch_type].packs_rows, "train.cuda_graphs",
             f"needs data.batch_type pack (rows padded to data.pack_tokens), got {cfg.data.batch_type}")
     require(model.freeze_llm and model.lora is None, "train.cuda_graphs",
             "needs a frozen LLM (model.freeze_llm true, no model.lora): the graph holds the LLM's weights as constants")

@@ -48,6 +48,7 @@ from west.bench.op_counter import count_encoder_ops, count_step_ops
 from west.bench.runner import HOST_SPLIT, PassRunner
 from west.data.config import DataConfig
 from west.data.dataset import build_dataloader
+from west.data.policies import POLICIES
 from west.host_memory import keep_freed_host_memory
 from west.models.static_decoder import StaticDecoder
 from west.shapes import SpeechShape
@@ -205,7 +206,7 @@ def graphed_llm(model: torch.nn.Module, mode: Mode, train: TrainConfig, device: 
     """``train.cuda_graphs`` for one packed mode's passes, as west-train runs it: rows padded to the
     mode's pack_tokens, the decoder captured on CUDA; unpadded again after. FLOPs are counted
     without it (the padding's are not in the counts). Other modes and configs: unchanged."""
-    if not train.cuda_graphs or mode.data.get("batch_type") != "pack":
+    if not train.cuda_graphs or not POLICIES[mode.data["batch_type"]].packs_rows:
         yield None
         return
     static = static_decoder_for(model, mode.data["pack_tokens"], train.graph_segments, train.graph_max_seqlen,

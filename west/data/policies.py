@@ -46,6 +46,7 @@ class BatchPolicy:
     """Base: padded collation, no per-sample budget."""
 
     size_key: ClassVar[str]   # the DataConfig key that sizes this mode's batches
+    packs_rows: ClassVar[bool] = False   # rows concatenate utterances up to pack_tokens (cu_seqlens)
 
     def __init__(self, conf: DataConfig, pad_id: int, placeholder_id: int, shape: SpeechShape):
         self.conf, self.pad_id, self.placeholder_id, self.shape = conf, pad_id, placeholder_id, shape
@@ -114,6 +115,7 @@ class PackPolicy(BatchPolicy):
     """Rows of at most ``pack_tokens`` by bin packing, balanced over the ranks of a step."""
 
     size_key = "pack_tokens"
+    packs_rows = True
 
     def sample_budget(self) -> Optional[int]:
         return self.conf.pack_tokens
