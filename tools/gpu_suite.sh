@@ -32,6 +32,7 @@ tiny=false
 budget=0
 steps=40
 workers=4
+prof_steps=3; prof_utts=300   # profiled steps per mode and the utterances they come from (profile, profile_compiled)
 while [ $# -gt 0 ]; do
   case $1 in
     --parts|--num_utts|--memory_budget|--python|--work_dir|--device|--steps|--num_train|--budget) declare "${1#--}=$2"; shift 2 ;;
@@ -83,7 +84,7 @@ llm=$exp/seed_llm
 shape=qwen2-1.5b
 pack=8192; batch=32; max_tokens=4096
 if $tiny; then   # the CPU check of this script: same steps, toy sizes
-  shape=bench-10m; pack=1024; batch=4; max_tokens=512; num_utts=24; num_train=60; steps=3; workers=1
+  shape=bench-10m; pack=1024; batch=4; max_tokens=512; num_utts=12; num_train=60; steps=3; workers=1; prof_steps=1; prof_utts=6
   llm=$exp/seed_llm_tiny
   conf=$repo/recipes/aishell/conf/bench_llm_heavy.yaml
 fi
@@ -177,7 +178,7 @@ part_syncs() {
 profile_run() {   # json name, modes, extra args...
   local name=$1 modes=$2; shift 2
   "$python" "$repo/tools/profile_step.py" --config "$conf" "${common[@]}" --data "$data/train/data.list" \
-    --data.cmvn "$data/train/global_cmvn.json" --num_utts "$(( num_utts < 300 ? num_utts : 300 ))" --steps 3 \
+    --data.cmvn "$data/train/global_cmvn.json" --num_utts "$(( num_utts < prof_utts ? num_utts : prof_utts ))" --steps "$prof_steps" \
     --modes "$modes" --pack_tokens "$pack" --batch_size "$batch" --max_tokens_in_batch "$max_tokens" \
     --out "$out/$name.json" "$@" 2>&1 | tee -a "$out/suite.log" | sed -n '/^### /,$p' | tee -a "$out/suite.md"
 }
