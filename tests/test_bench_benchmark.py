@@ -57,6 +57,7 @@ def test_outputs_written(result):
         assert h["launch_s"] > 0 and h["update_s"] > 0 and h["sync_wait_s"] >= 0, name
         assert h["launch_s"] + h["sync_wait_s"] + h["update_s"] <= r["time_s"] / len(r["batches"]) * 1.01, name
     assert "- host ms per step, queueing forward+backward+clip" in md
+    assert not any("allocator_per_step" in r for r in res["modes"].values()) and "caching-allocator" not in md
 
 
 def test_fixed_sizes_on_a_gpu_print_the_seed_table(result):
@@ -209,6 +210,36 @@ def test_cuda_graphs_pads_the_packed_modes_rows(setup, tmp_path):
         assert padded[mode]["mean_loss"] == pytest.approx(plain[mode]["mean_loss"], rel=1e-5)
     assert "- train.cuda_graphs (the LLM decoder replayed" in (tmp_path / "graphs" / "benchmark.md").read_text()
     assert cli.main(args(setup, tmp_path / "budget", *common, *graphs, "--memory_budget", "2GiB")) == 2
+
+
+def test_allocator_events_per_timed_step_are_reported(setup, tmp_path, monkeypatch):
+    """On CUDA each timed pass reads the caching allocator's events (a stand-in here: 6 device
+    allocations, 2 frees and 1 flush-and-retry per pass): the JSON gives them per step, the notes
+    say them. A CPU pass has none and says nothing."""
+    import west.bench.runner as runner
+
+    class FakeEvents:
+        def __init__(self, device):
+            pass
+
+        def read(self):
+            return {"device_allocs": 6, "device_frees": 2, "alloc_retries": 1}
+
+    monkeypatch.setattr(runner, "AllocatorEvents", FakeEvents)
+    threads = torch.get_num_threads()
+    try:
+        assert cli.main(args(setup, tmp_path, "--num_utts", "6", "--repeats", "2", "--pack_tokens", "256",
+                             "--profile", "never", "--threads", "1", "--modes", "pack", "--no-count_ops")) == 0
+    finally:
+        torch.set_num_threads(threads)
+    r = json.loads((tmp_path / "benchmark.json").read_text(encoding="utf-8"))["modes"]["pack"]
+    n = len(r["batches"])
+    assert n > 1 and r["allocator_per_step"] == pytest.approx(
+        {"device_allocs": 6 / n, "device_frees": 2 / n, "alloc_retries": 1 / n})
+    md = (tmp_path / "benchmark.md").read_text(encoding="utf-8")
+    assert f"retries after a cache flush: 0 in a steady state; more under a tight memory cap is the allocator's " \
+           f"time, not the kernels'): pack device_allocs {6 / n:.1f}, device_frees {2 / n:.1f}, " \
+           f"alloc_retries {1 / n:.1f}" in md
 
 
 def test_whisper_benchmark_adds_the_30s_padded_row(setup, tmp_path):

@@ -21,7 +21,7 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert "| train_eager |" in suite and "time on training 10,000 utts (extrapolated from" in suite
     assert "### pack (" in suite and "| forward/llm |" in suite          # the profile's tables
     assert "| train_no_pin_thread |" in suite and "| train_two_workers |" in suite   # gap: the loader's share
-    assert "| host launch s | sync wait s |" in suite
+    assert "| host launch s | sync wait s | device allocs | alloc retries |" in suite
     assert "| train_graphs |" in suite and "LLM rows padded (eager) at 1024 tokens, 0 unpadded (train.cuda_graphs)" in suite
     assert "train.cuda_graphs true:" in suite   # the benchmark with it (without: the same command, on a GPU only)
     assert "LLM rows padded (eager) at 1024 tokens, 0 unpadded\n" in suite

@@ -13,7 +13,7 @@ import torch
 
 from west.batch import COUNTER_NAMES
 from west.train import gpu_monitor as G
-from west.train.metrics import EpochTotals, MetricsLogger, peak_memory_mb, step_record, truncate_jsonl
+from west.train.metrics import AllocatorEvents, EpochTotals, MetricsLogger, peak_memory_mb, step_record, truncate_jsonl
 from west.train.profiling import build_profiler
 from west.train.step import StepResult
 
@@ -86,6 +86,20 @@ def test_epoch_totals_state_round_trip():
     t2 = EpochTotals()
     t2.load_state_dict(json.loads(json.dumps(t.state_dict())))
     assert t2.summary(0) == t.summary(0)
+
+
+def test_allocator_events_are_per_read_deltas_of_the_cumulative_counters():
+    """torch.cuda.memory_stats counts from process start; each read gives what happened since the
+    last one, under train_log names; a counter this torch lacks is left out, not read as 0."""
+    stats = {"num_device_alloc": 40, "num_device_free": 2, "num_alloc_retries": 0, "num_ooms": 0}
+    events = AllocatorEvents(torch.device("cuda"), stats=lambda: dict(stats))
+    assert events.read() == {"device_allocs": 0, "device_frees": 0, "alloc_retries": 0}
+    stats.update(num_device_alloc=43, num_device_free=5, num_alloc_retries=1)
+    assert events.read() == {"device_allocs": 3, "device_frees": 3, "alloc_retries": 1}
+    assert events.read() == {"device_allocs": 0, "device_frees": 0, "alloc_retries": 0}
+    old_torch = AllocatorEvents(torch.device("cuda"), stats=lambda: {"num_alloc_retries": 7})
+    assert old_torch.read() == {"alloc_retries": 0}
+    assert AllocatorEvents(torch.device("cpu")).read() == {}
 
 
 def test_peak_memory_cpu():

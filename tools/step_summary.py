@@ -5,7 +5,8 @@ Reads DIR/train_log.jsonl, drops the first ``--skip`` steps (warm-up, compilatio
 the medians: step time, utterances and real LLM tokens per second, loader wait, GPU busy and
 SM % (NVML, when sampled), peak allocated memory, and the host's split of the step (queueing
 forward/backward/clip, then blocked in the step's one read-back: near 0 on a GPU when the host
-paces the step). Not a test.
+paces the step), and the mean per step of the CUDA caching allocator's device allocations and
+flush-and-retry events (0 in a steady state). Not a test.
 
     python tools/step_summary.py exp/run/train_log.jsonl --name pack --skip 5
 """
@@ -20,7 +21,9 @@ COLUMNS = (("step_time_s", "step s", "{:.3f}"), ("utts_per_s", "utts/s", "{:.0f}
            ("tokens_per_s", "LLM tokens/s", "{:,.0f}"), ("data_wait_s", "loader wait s", "{:.4f}"),
            ("gpu_busy_pct", "GPU busy %", "{:.0f}"), ("gpu_sm_pct", "SM %", "{:.0f}"),
            ("peak_mem_mb", "peak GiB", "{:.1f}"), ("launch_s", "host launch s", "{:.3f}"),
-           ("sync_wait_s", "sync wait s", "{:.3f}"))
+           ("sync_wait_s", "sync wait s", "{:.3f}"), ("device_allocs", "device allocs", "{:.1f}"),
+           ("alloc_retries", "alloc retries", "{:.1f}"))
+EVENTS = ("device_allocs", "alloc_retries")   # rare events: the mean per step (a median hides them)
 
 
 def summarize(path: Path, skip: int) -> dict:
@@ -31,7 +34,7 @@ def summarize(path: Path, skip: int) -> dict:
     out = {"steps": len(steps)}
     for key, _, _ in COLUMNS:
         values = [s[key] for s in steps if isinstance(s.get(key), (int, float))]
-        out[key] = statistics.median(values) if values else None
+        out[key] = (statistics.fmean if key in EVENTS else statistics.median)(values) if values else None
     if out["peak_mem_mb"] is not None:
         out["peak_mem_mb"] = max(s["peak_mem_mb"] for s in steps) / 1024
     return out

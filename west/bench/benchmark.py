@@ -174,6 +174,9 @@ def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, trai
         r["sm_pct"] = statistics.median(sm) if sm else None
         r["host_per_step_s"] = {k: statistics.fmean(x.get(k, math.nan) for x in r["runs"]) / len(r["batches"])
                                 for k in HOST_SPLIT}
+        events = [x["allocator"] for x in r["runs"] if x.get("allocator")]
+        if events:   # CUDA: caching-allocator events per timed step (0 in a steady state)
+            r["allocator_per_step"] = {k: statistics.fmean(e[k] for e in events) / len(r["batches"]) for k in events[0]}
         r["gflops_per_s"] = r["flops"]["total"] / 1e9 / r["time_s"]
     ref = "static" if "static" in results else modes[0].name
     compare(results, ref)

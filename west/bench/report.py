@@ -164,6 +164,12 @@ def notes(res: dict) -> str:
         out.append("- host ms per step, queueing forward+backward+clip / blocked in the step's one read-back / "
                    "queueing the update (a read-back wait near 0 on a GPU: the host paces the step): "
                    + "; ".join(split))
+    allocs = [f"{name} " + ", ".join(f"{k} {v:.1f}" for k, v in a.items())
+              for name, r in res["modes"].items() if (a := r.get("allocator_per_step"))]
+    if allocs:
+        out.append("- CUDA caching-allocator events per timed step (device allocations and frees, retries after "
+                   "a cache flush: 0 in a steady state; more under a tight memory cap is the allocator's time, "
+                   "not the kernels'): " + "; ".join(allocs))
     graphs = [f"{name}: {r['llm_graph']}" for name, r in res["modes"].items() if r.get("llm_graph")]
     if graphs:
         out.append("- train.cuda_graphs (the LLM decoder replayed; the rows' padding is not in the FLOP counts): "

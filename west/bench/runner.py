@@ -12,6 +12,7 @@ import torch
 from west.batch import Batch
 from west.train.config import TrainConfig
 from west.train.gpu_monitor import build_monitor
+from west.train.metrics import AllocatorEvents
 from west.train.schedule import build_optimizer, build_scheduler
 from west.train.step import plan_step, train_step
 
@@ -56,6 +57,7 @@ class PassRunner:
         self._sync()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
+        allocator = AllocatorEvents(self.device)
         t0, c0 = time.perf_counter(), time.process_time()
         steps, losses, host = [], [], {k: 0.0 for k in HOST_SPLIT}
         for b in batches:
@@ -67,6 +69,7 @@ class PassRunner:
             for k in HOST_SPLIT:
                 host[k] += getattr(res, k)
         total, cpu = time.perf_counter() - t0, time.process_time() - c0
+        allocator_events = allocator.read()
         hw = monitor.read()
         monitor.stop()
         util = hw.get("gpu_busy_pct")
@@ -74,7 +77,7 @@ class PassRunner:
             util = hw.get("cpu_util_pct", float("nan")) / max(hw.get("cpu_count", 1.0), 1.0)
         return {"time_s": total, "cpu_s": cpu, "step_s": steps, "util_pct": util,
                 "mean_loss": statistics.fmean(losses), "peak_mem_gib": self._peak_gib(),
-                "sm_pct": hw.get("gpu_sm_pct"), **host}
+                "sm_pct": hw.get("gpu_sm_pct"), "allocator": allocator_events, **host}
 
     def _peak_gib(self) -> float:
         """CUDA: peak allocated by this pass. CPU: the process's peak RSS so far (never reset)."""

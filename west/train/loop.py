@@ -45,7 +45,7 @@ from west.train.cuda_graphs import static_decoder_for
 from west.train.distributed import DistInfo, wrap_model
 from west.train.evaluate import Evaluator
 from west.train.gpu_monitor import build_monitor
-from west.train.metrics import EpochTotals, MetricsLogger, peak_memory_mb, step_record
+from west.train.metrics import AllocatorEvents, EpochTotals, MetricsLogger, peak_memory_mb, step_record
 from west.train.preempt import Preemption
 from west.train.profiling import build_profiler
 from west.train.schedule import optimizer_from_config, scheduler_from_config
@@ -236,7 +236,7 @@ class Trainer:
         return (self.cfg.max_steps > 0 and self.step >= self.cfg.max_steps) or \
                (self.cfg.max_epochs > 0 and self.epoch >= self.cfg.max_epochs)
 
-    def _run_epoch(self, logger: MetricsLogger, monitor, profiler) -> bool:
+    def _run_epoch(self, logger: MetricsLogger, monitor, profiler, allocator: AllocatorEvents) -> bool:
         """Steps until every rank is out of data (True) or max_steps is reached (False)."""
         it, self._exhausted = iter(self.data), False
         while True:
@@ -257,7 +257,7 @@ class Trainer:
             self.step += 1
             wall = time.perf_counter() - t0
             rec = step_record(self.step, self.epoch, result, wall, peak_memory_mb(self.info.device),
-                              {"data_wait_s": data_s, **monitor.read()})
+                              {"data_wait_s": data_s, **monitor.read(), **allocator.read()})
             logger.log_step(rec)
             logger.log_audit(self.step, self.epoch, [k for b in batches for k in b.keys])
             self.totals.add(rec, result.loss_sum)
@@ -270,6 +270,7 @@ class Trainer:
                 self.evaluate(logger)
             if (self.cfg.save_every and self.step % self.cfg.save_every == 0) or self._best_save_due():
                 self.save()
+            allocator.read()   # what evaluation and saving allocated is not the next step's
 
     def _agree_to_stop(self, n_ranks: int) -> None:
         self.preempted = self.preemption.requested or "a signal to another rank"
@@ -299,6 +300,7 @@ class Trainer:
         monitor = build_monitor(self.info.device.type, self.info.device.index or 0,
                                 self.cfg.nvml, self.cfg.monitor_interval_s)
         monitor.start()
+        allocator = AllocatorEvents(self.info.device)
         profiler = build_profiler(self.cfg.profile, self.run.output_dir, self.info.device.type,
                                   self.cfg.profile_wait, self.cfg.profile_active, self.info.rank)
         try:
@@ -311,7 +313,7 @@ class Trainer:
                     if not resumed:
                         self.data.set_epoch(self.epoch)
                     resumed = False
-                    if not self._run_epoch(logger, monitor, profiler) or self.preempted:
+                    if not self._run_epoch(logger, monitor, profiler, allocator) or self.preempted:
                         break  # max_steps inside the epoch, or preempted
                     skipped = getattr(self.data, "skipped_counts", dict)()
                     summary = self.totals.summary(self.epoch, sum_counts_over_ranks(skipped))

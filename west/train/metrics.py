@@ -19,7 +19,7 @@ import resource
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import torch
 
@@ -36,6 +36,38 @@ def peak_memory_mb(device: torch.device, reset: bool = True) -> float:
         return peak
     rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss_kb / 1024 if sys.platform != "darwin" else rss_kb / 2**20
+
+
+# torch.cuda.memory_stats counters -> train_log / benchmark names. A device allocation or free
+# (cudaMalloc / cuMemMap, cudaFree / cuMemUnmap) can stall the GPU's queue; a retry flushes the
+# cache after a failed allocation and synchronises the device. In a steady state all are 0 per step.
+ALLOCATOR_EVENTS = {"num_device_alloc": "device_allocs", "num_device_free": "device_frees",
+                    "num_alloc_retries": "alloc_retries"}
+
+
+class AllocatorEvents:
+    """CUDA caching-allocator events since the previous :meth:`read` (one step, or one timed
+    pass): non-zero counts under a tight memory cap mean the allocator, not the kernels, costs
+    time. ``stats`` stands in for ``torch.cuda.memory_stats`` in tests; other devices report
+    nothing, and counters this torch does not keep are left out rather than read as 0."""
+
+    def __init__(self, device: torch.device, stats: Optional[Callable[[], dict]] = None) -> None:
+        if stats is None and device.type == "cuda":
+            stats = lambda: torch.cuda.memory_stats(device)   # noqa: E731
+        self._stats = stats
+        self._last = self._counts()
+
+    def _counts(self) -> dict[str, int]:
+        if self._stats is None:
+            return {}
+        raw = self._stats()
+        return {name: int(raw[key]) for key, name in ALLOCATOR_EVENTS.items() if key in raw}
+
+    def read(self) -> dict[str, int]:
+        now = self._counts()
+        out = {k: v - self._last.get(k, 0) for k, v in now.items()}
+        self._last = now
+        return out
 
 
 def step_record(step: int, epoch: int, result: Any, wall_s: float, peak_mem_mb: float,
