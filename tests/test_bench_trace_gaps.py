@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from west.bench.trace_gaps import FORWARD_OTHER, REST, Innermost, analyse, table, union
+from west.bench.trace_gaps import FORWARD_OTHER, REST, Innermost, analyse, kernel_timeline, table, timeline_table, union
 
 from helpers.e2e import ROOT
 
@@ -37,6 +37,36 @@ def one_step(t0: float) -> list[dict]:
           X("cpu_op", "aten::_fused_adamw_", t0 + 915, 10), launch(4, t0 + 920), kernel(4, t0 + 930, 10)]
     return [{**e, "args": dict(e["args"], correlation=e["args"]["correlation"] + int(t0))} if "correlation" in e["args"]
             else e for e in ev]
+
+
+def test_kernel_timeline_splits_idle_into_host_late_and_queued_gaps():
+    """A kernels-only trace: k2 was queued before the GPU went idle (a 10 us gap: queued), k3 and k4
+    were launched after (200 and 2000 us: the host was late), k5 has no launch record; a cudaFree
+    sits inside the longest gap, a cudaStreamSynchronize at the start of the gap before k5."""
+    ev = [launch(1, -20), kernel(1, 0, 100), launch(2, 50), kernel(2, 110, 90), launch(3, 350), kernel(3, 400, 100),
+          X("cuda_runtime", "cudaFree", 600, 1800), launch(4, 2450), kernel(4, 2500, 100),
+          X("cuda_runtime", "cudaStreamSynchronize", 2600, 10), kernel(99, 2700, 10)]
+    res = kernel_timeline(ev, steps=2)
+    assert res["window_ms"] == pytest.approx(2.71) and res["step_ms"] == pytest.approx(1.355)
+    assert res["gpu_busy_pct"] == pytest.approx(100 * 400 / 2710)
+    assert res["gpu_ops_per_step"] == 2.5 and res["gaps_per_step"] == 2.0 and res["launch_calls_per_step"] == 2.0
+    assert res["idle_ms_per_step"] == pytest.approx({"host late": 1.1, "queued": 0.005, "unattributed": 0.05})
+    by_length = res["gaps_by_length"]                         # 10 | 200, 100 | 2000 us
+    assert [g["gaps_per_step"] for g in by_length] == [0, 0.5, 1.0, 0.5]
+    assert [g["idle_ms_per_step"] for g in by_length] == pytest.approx([0, 0.005, 0.15, 1.0])
+    calls = {c["call"]: c for c in res["runtime_calls"]}
+    assert calls["cudaFree"] == pytest.approx({"call": "cudaFree", "calls_per_step": 0.5, "ms_per_step": 0.9,
+                                               "idle_overlap_ms_per_step": 0.9})
+    assert calls["cudaStreamSynchronize"]["idle_overlap_ms_per_step"] == pytest.approx(0.005)   # 10 of k4-k5's gap
+    assert [(g["idle_us"], g["kind"], g["after"], g["before"]) for g in res["longest_gaps"]] == [
+        (2000, "host late", "k3", "k4"), (200, "host late", "k2", "k3"), (100, "unattributed", "k4", "k99"),
+        (10, "queued", "k1", "k2")]
+    text = timeline_table(res)
+    assert "idle per step: host late 1.1 ms, queued 0.0 ms, unattributed 0.1 ms" in text
+    assert "| 1000 us - 1000 us" not in text and "| >= 1000 us | 0.5 | 1.00 |" in text
+    assert "| cudaFree | 0.5 | 0.90 | 0.90 |" in text and "| 2000 | host late | k3 | k4 |" in text
+    with pytest.raises(ValueError, match="no GPU events"):
+        kernel_timeline([launch(1, 0)], steps=1)
 
 
 def test_union_and_innermost():
@@ -81,7 +111,7 @@ def test_a_trace_without_steps_is_refused_and_one_without_gpu_events_gives_host_
     assert "n/a (no GPU events)" in table(res)
 
 
-def test_profile_step_runs_the_production_step_on_the_cpu(tmp_path, corpus):
+def test_profile_step_runs_the_production_step_on_the_cpu(tmp_path, corpus, capsys):
     from helpers.e2e import bench_setup
 
     sys.path.insert(0, str(ROOT / "tools"))
@@ -105,3 +135,6 @@ def test_profile_step_runs_the_production_step_on_the_cpu(tmp_path, corpus):
         assert sum(host.values()) == pytest.approx(r["step_ms"])   # phases (and the gaps between steps) tile
         assert host["forward/encoder"] > 0 and host[REST] > 0
         assert (tmp_path / "traces" / f"{mode}.json").is_file()
+    kernels = profile_step.main(["--config", str(conf), "--model.llm.path", str(llm), "--data", str(corpus["list"]),
+                                 "--num_utts", "4", "--modes", "pack", "--kernels_only"])
+    assert kernels == 2 and "--kernels_only needs a CUDA device" in capsys.readouterr().out

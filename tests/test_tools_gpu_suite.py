@@ -52,3 +52,25 @@ def test_parts_past_the_budget_are_skipped_and_said(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + log[-2000:]
     assert "attention skipped: about 90 s on an H100" in log and "train skipped" in log
     assert "skipped: attention train" in log.splitlines()[-1]
+
+
+def test_kernels_part_needs_cuda_and_more_than_eight_files_are_bundled(tmp_path):
+    """The device tool returns at most 8 files from OUT: past that the suite packs its JSON files
+    into json.tar. The kernels-only trace part says it needs CUDA and skips on the CPU."""
+    import tarfile
+
+    out = tmp_path / "out"
+    out.mkdir()
+    for i in range(9):
+        (out / f"part{i}.json").write_text("{}", encoding="utf-8")
+    proc = subprocess.run(
+        ["bash", str(ROOT / "tools" / "gpu_suite.sh"), str(out), "--tiny", "--device", "cpu", "--python",
+         sys.executable, "--work_dir", str(tmp_path / "work"), "--parts", "kernels"],
+        env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    log = (out / "suite.log").read_text(encoding="utf-8")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + log[-2000:]
+    assert "kernels: skipped (a kernels-only trace needs CUDA)" in log
+    assert "more than 8 files: the JSON files are in json.tar" in log
+    assert sorted(p.name for p in out.iterdir()) == ["json.tar", "suite.log", "suite.md"]
+    with tarfile.open(out / "json.tar") as tar:
+        assert sorted(Path(n).name for n in tar.getnames()) == [f"part{i}.json" for i in range(9)]

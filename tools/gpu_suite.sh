@@ -5,8 +5,8 @@
 # syncs, trains with train.compile and checks the attention kernels. Tables, JSON and logs go to
 # OUT (at most 8 files, for the device tool).
 #
-#   bash tools/gpu_suite.sh OUT [--parts build,train,graphs,gap,profile_compiled,profile,syncs,attention,compile,ckpt,
-#        headroom,bench]
+#   bash tools/gpu_suite.sh OUT [--parts build,train,graphs,kernels,gap,profile_compiled,profile,syncs,attention,
+#        compile,ckpt,headroom,bench]
 #        [--num_utts 700]
 #        (parts run in the order given; a failed part is logged and the next one runs)
 #   bash tools/gpu_suite.sh OUT --parts build,big    # Whisper-large-v3 + Qwen2-7B shapes, LoRA (a second call)
@@ -21,7 +21,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 [ $# -ge 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-parts=build,train,graphs,gap,profile_compiled,profile,syncs,attention,compile,ckpt,headroom,bench   # open questions first
+parts=build,train,graphs,kernels,gap,profile_compiled,profile,syncs,attention,compile,ckpt,headroom,bench   # open questions first
 num_utts=700
 num_train=800
 memory_budget=24GiB
@@ -42,7 +42,7 @@ while [ $# -gt 0 ]; do
 done
 has() { [[ ",$parts," == *",$1,"* ]]; }
 declare -A estimate=([build]=55 [train]=40 [bench]=430 [profile]=65 [compile]=110 [ckpt]=50 [syncs]=50
-                     [attention]=90 [headroom]=130 [big]=300 [gap]=85 [profile_compiled]=120 [graphs]=150)   # seconds on one H100/H200: measured, or guessed for new parts
+                     [attention]=90 [headroom]=130 [big]=300 [gap]=85 [profile_compiled]=120 [graphs]=150 [kernels]=50)   # seconds on one H100/H200: measured, or guessed for new parts
 failed=(); skipped=(); fallback=
 part() {   # name: run part_<name> in a subshell; a failed part is logged and the next one runs
   has "$1" || return 0
@@ -182,6 +182,11 @@ profile_run() {   # json name, modes, extra args...
     --modes "$modes" --pack_tokens "$pack" --batch_size "$batch" --max_tokens_in_batch "$max_tokens" \
     --out "$out/$name.json" "$@" 2>&1 | tee -a "$out/suite.log" | sed -n '/^### /,$p' | tee -a "$out/suite.md"
 }
+part_kernels() {
+  [ "$device" = cuda ] || { log "kernels: skipped (a kernels-only trace needs CUDA)"; return 0; }
+  log "kernels: kernels-only traces (no CPU operators recorded): GPU busy, idle gaps host late vs queued, by length"
+  profile_run kernels pack,pack_encoder_padded,static --kernels_only
+}
 part_profile() {
   log "profile: where the GPU waits for the host, per phase of the step (tools/profile_step.py)"
   profile_run profile pack,pack_encoder_padded,static
@@ -283,5 +288,8 @@ for name in "${order[@]}"; do
   part "$name"
 done
 { [ -f "$out/benchmark.md" ] && cat "$out/benchmark.md"; } >>"$out/suite.md" 2>/dev/null || true
+if [ "$(find "$out" -maxdepth 1 -type f | wc -l)" -gt 8 ]; then   # the device tool returns 8 files at most
+  (cd "$out" && tar -cf json.tar ./*.json && rm -f ./*.json) && log "more than 8 files: the JSON files are in json.tar"
+fi
 log "done in $(( $(date +%s) - t_start )) s; tables: $out/suite.md${failed[*]:+; FAILED: ${failed[*]}}${skipped[*]:+; skipped: ${skipped[*]}}"
 [ ${#failed[@]} -eq 0 ]

@@ -7,8 +7,12 @@ model's forward, its encoder, projector and LLM decoder, and the optimizer step.
 (west.bench.trace_gaps) it prints, per phase: host wall time, GPU operations launched, their GPU
 time, and the GPU idle time each phase caused (the gaps its launches ended); then the host
 operators behind the longest idle gaps. On a CPU the phases' host times alone. Not a test: a
-table, a JSON, and the Chrome trace if asked for. ``--train.compile true`` profiles the step with
-the repeated blocks compiled (west.train.compile); give enough ``--warmup_steps`` (4) for the
+table, a JSON, and the Chrome trace if asked for.
+
+``--kernels_only`` (CUDA) records the GPU's kernels and the runtime calls alone: the host runs
+nearly unslowed, and the idle gaps are split into host late and queued, by length
+(west.bench.trace_gaps.kernel_timeline). ``--train.compile true`` profiles the step with the
+repeated blocks compiled (west.train.compile); give enough ``--warmup_steps`` (4) for the
 compilations to happen before the profiled steps.
 
     python tools/profile_step.py --config recipes/aishell/conf/seed_gpu.yaml --model.llm.path exp/seed_llm \\
@@ -25,7 +29,7 @@ from pathlib import Path
 from typing import Iterator
 
 from west.bench.tool_setup import add_setup_args
-from west.bench.trace_gaps import PREFIX, STEP, analyse, load_events, table
+from west.bench.trace_gaps import PREFIX, STEP, analyse, kernel_timeline, load_events, table, timeline_table
 
 
 @contextlib.contextmanager
@@ -72,9 +76,10 @@ def phase_ranges(model, optimizer) -> Iterator[None]:
             del encoder.forward_flat
 
 
-def profile_mode(runner, batches, warmup: int, trace: Path) -> dict:
+def profile_mode(runner, batches, warmup: int, trace: Path, kernels_only: bool = False) -> dict:
     """Warm-up steps, then one profiled step per remaining batch; writes the Chrome trace to
-    ``trace`` and returns its analysis."""
+    ``trace`` and returns its analysis: by phase, or with ``kernels_only`` (CUDA) the GPU's
+    timeline alone, the host unslowed by operator recording."""
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -82,15 +87,19 @@ def profile_mode(runner, batches, warmup: int, trace: Path) -> dict:
     for b in batches[:warmup]:
         runner.step(b, opt, sched)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if runner.device.type == "cuda" else [])
-    with phase_ranges(runner.model, opt), profile(activities=acts) as prof:
+    ranges = phase_ranges(runner.model, opt)
+    if kernels_only:
+        acts, ranges = [ProfilerActivity.CUDA], contextlib.nullcontext()
+    with ranges, profile(activities=acts) as prof:
         for b in batches[warmup:]:
-            with record_function(STEP):
+            with record_function(STEP) if not kernels_only else contextlib.nullcontext():
                 runner.step(b, opt, sched)
         if runner.device.type == "cuda":
             torch.cuda.synchronize(runner.device)
     prof.export_chrome_trace(str(trace))
     runner.model.load_state_dict(runner.init)
-    return analyse(load_events(trace))
+    events = load_events(trace)
+    return kernel_timeline(events, len(batches) - warmup) if kernels_only else analyse(events)
 
 
 def main(argv=None) -> int:
@@ -101,6 +110,9 @@ def main(argv=None) -> int:
     p.add_argument("--warmup_steps", type=int, default=2)
     p.add_argument("--out", default=None, help="JSON file for the analysis of every mode")
     p.add_argument("--trace_dir", default=None, help="keep each mode's Chrome trace here (MODE.json)")
+    p.add_argument("--kernels_only", action="store_true",
+                   help="CUDA: record the GPU's kernels and the runtime calls alone, not the CPU operators "
+                        "(whose recording slows the host being measured): busy time, idle gaps by cause and length")
     args, rest = p.parse_known_args(argv)
 
     import torch
@@ -113,6 +125,10 @@ def main(argv=None) -> int:
     cuda_allocator_defaults()
     work = Path(tempfile.mkdtemp())
     setup = tool_setup(args, rest, work / "profile_data.list")
+    if args.kernels_only and setup.device.type != "cuda":
+        print(f"[profile_step] --kernels_only needs a CUDA device (train.device is {setup.device.type}): "
+              "a kernels-only trace has nothing but GPU events")
+        return 2
     if setup.cfg.train.compile:
         print(f"[profile_step] train.compile: {compile_regions(setup.runner.model)} blocks compiled in place")
     traces = Path(args.trace_dir) if args.trace_dir else work
@@ -125,10 +141,12 @@ def main(argv=None) -> int:
             print(f"[profile_step] {m.name}: {len(batches)} batches for {need} steps, taken in turn")
             batches = [batches[i % len(batches)] for i in range(need)]
         with model_overrides(setup.runner.model, m.model):
-            res = profile_mode(setup.runner, batches, args.warmup_steps, traces / f"{m.name}.json")
+            res = profile_mode(setup.runner, batches, args.warmup_steps, traces / f"{m.name}.json", args.kernels_only)
         results[m.name] = res
         graphs = f", {compilations()} graphs compiled so far" if setup.cfg.train.compile else ""
-        print(f"\n### {m.name} ({m.configuration}{graphs})\n\n{table(res)}", flush=True)
+        kind = ", kernels only" if args.kernels_only else ""
+        print(f"\n### {m.name} ({m.configuration}{graphs}{kind})\n\n"
+              f"{(timeline_table if args.kernels_only else table)(res)}", flush=True)
     device = torch.cuda.get_device_name(setup.device) if setup.device.type == "cuda" else "cpu"
     if args.out:
         Path(args.out).write_text(json.dumps({"device": device, "torch": torch.__version__, "modes": results},

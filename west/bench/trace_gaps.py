@@ -9,6 +9,10 @@ innermost aten operator around the launch on the launching thread. The time outs
 and the optimizer but inside a step is the backward (with clipping and the step's figures):
 ``REST``.
 
+:func:`kernel_timeline` reads a kernels-only trace instead (no CPU operators recorded, so the
+host runs at nearly its own speed): busy time, and each idle gap as *host late* (the launch that
+ended it came after the GPU went idle) or *queued*, by length, with the runtime calls inside them.
+
 Pure functions on event dicts, so they are tested on the CPU with synthetic traces; a CPU
 trace has no GPU events and yields phase times alone.
 """
@@ -165,6 +169,103 @@ def analyse(events: Sequence[dict], top: int = 12) -> dict:
     ranked = sorted(idle_op.items(), key=lambda kv: -kv[1][0])[:top]
     result["idle_by_op"] = [{"op": k, "idle_ms_per_step": ms / n, "gaps_per_step": c / n} for k, (ms, c) in ranked]
     return result
+
+
+GAP_BUCKETS_US = (10.0, 100.0, 1000.0)   # idle gaps < 10 us, < 100 us, < 1 ms, longer
+LAUNCH_NAMES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
+                "cudaGraphLaunch", "cudaMemcpyAsync", "cudaMemsetAsync")
+
+
+def bucket_name(i: int) -> str:
+    edges = ["0"] + [f"{b:g} us" for b in GAP_BUCKETS_US]
+    return f"{edges[i]} - {edges[i + 1]}" if i < len(GAP_BUCKETS_US) else f">= {edges[-1]}"
+
+
+def kernel_timeline(events: Sequence[dict], steps: int, top: int = 8) -> dict:
+    """Busy time and idle gaps of a kernels-only trace (``ProfilerActivity.CUDA`` alone: the GPU's
+    kernels, copies and memsets, and the CUDA runtime calls that launched them, without the CPU
+    operators whose recording slows the host that is measured).
+
+    The window runs from the first GPU event to the last, over ``steps`` steps. Each idle gap is
+    charged by the launch of the event that ended it: *host late* when that launch call began
+    after the GPU had gone idle (the host, not the GPU, was behind), *queued* when it was already
+    issued (a dependency or the device's own latency). Gaps are also counted by length, runtime
+    calls other than launches by the idle time they overlap (a ``cudaFree``, ``cudaMalloc`` or
+    synchronisation inside gaps is a stall, not launch overhead), and the longest gaps name the
+    kernels around them."""
+    gpu = sorted((e for e in events if e.get("cat") in GPU_CATS), key=lambda e: e["ts"])
+    if not gpu:
+        raise ValueError("the trace has no GPU events (kernels, copies, memsets): nothing to analyse")
+    n = max(int(steps), 1)
+    runtime = [e for e in events if e.get("cat") in LAUNCH_CATS]
+    launches = {e["args"]["correlation"]: e for e in runtime if "correlation" in e.get("args", {})}
+    lo, hi = gpu[0]["ts"], max(e["ts"] + e["dur"] for e in gpu)
+    busy = union((e["ts"], e["ts"] + e["dur"]) for e in gpu)
+    starts = [e["ts"] for e in gpu]
+    idle = {"host late": 0.0, "queued": 0.0, "unattributed": 0.0}
+    buckets = [[0, 0.0] for _ in range(len(GAP_BUCKETS_US) + 1)]
+    gaps = []
+    for (_, gap_start), (gap_end, _) in zip(busy, busy[1:]):
+        length = gap_end - gap_start
+        nxt = gpu[bisect.bisect_left(starts, gap_end)]
+        launch = launches.get(nxt.get("args", {}).get("correlation"))
+        kind = "unattributed" if launch is None else "host late" if launch["ts"] >= gap_start else "queued"
+        idle[kind] += length
+        b = buckets[bisect.bisect_right(GAP_BUCKETS_US, length)]
+        b[0], b[1] = b[0] + 1, b[1] + length
+        before = gpu[bisect.bisect_left(starts, gap_start) - 1] if starts[0] < gap_start else None
+        gaps.append((length, gap_start, gap_end, kind, before, nxt))
+    in_gaps: dict[str, list] = defaultdict(lambda: [0, 0.0, 0.0])   # calls, call us, idle us they overlap
+    gap_ends = [g[2] for g in gaps]
+    for e in runtime:
+        name = e.get("name", "?")
+        if name in LAUNCH_NAMES:
+            continue
+        c = in_gaps[name]
+        c[0] += 1
+        c[1] += e["dur"]
+        i, end = bisect.bisect_right(gap_ends, e["ts"]), e["ts"] + e["dur"]
+        while i < len(gaps) and gaps[i][1] < end:   # the gaps (sorted, disjoint) this call overlaps
+            c[2] += min(end, gaps[i][2]) - max(e["ts"], gaps[i][1])
+            i += 1
+    window = hi - lo
+    busy_us = sum(e - s for s, e in busy)
+    calls = sorted(in_gaps.items(), key=lambda kv: (-kv[1][2], -kv[1][1]))[:top]
+    return {
+        "steps": n, "window_ms": window / 1e3, "step_ms": window / 1e3 / n,
+        "gpu_busy_pct": 100.0 * busy_us / window if window > 0 else 100.0,
+        "gpu_ops_per_step": len(gpu) / n, "gaps_per_step": len(gaps) / n,
+        "launch_calls_per_step": sum(1 for e in runtime if e.get("name") in LAUNCH_NAMES) / n,
+        "idle_ms_per_step": {k: v / 1e3 / n for k, v in idle.items()},
+        "gaps_by_length": [{"length": bucket_name(i), "gaps_per_step": c / n, "idle_ms_per_step": us / 1e3 / n}
+                           for i, (c, us) in enumerate(buckets)],
+        "runtime_calls": [{"call": k, "calls_per_step": c / n, "ms_per_step": ms / 1e3 / n,
+                           "idle_overlap_ms_per_step": ov / 1e3 / n} for k, (c, ms, ov) in calls],
+        "longest_gaps": [{"idle_us": length, "kind": kind, "after": (before or {}).get("name", "(start)")[:80],
+                          "before": nxt.get("name", "?")[:80]}
+                         for length, _, _, kind, before, nxt in sorted(gaps, key=lambda g: -g[0])[:top]],
+    }
+
+
+def timeline_table(res: dict) -> str:
+    """Markdown for :func:`kernel_timeline`: the idle time by cause and by gap length, the runtime
+    calls that overlap it, and the longest gaps."""
+    idle = res["idle_ms_per_step"]
+    lines = [f"{res['steps']} steps, {res['step_ms']:.1f} ms per step (first to last GPU event), GPU busy "
+             f"{res['gpu_busy_pct']:.1f} %, {res['gpu_ops_per_step']:,.0f} GPU ops and "
+             f"{res['launch_calls_per_step']:,.0f} launch calls per step; idle per step: host late "
+             f"{idle['host late']:.1f} ms, queued {idle['queued']:.1f} ms"
+             + (f", unattributed {idle['unattributed']:.1f} ms" if idle["unattributed"] else ""),
+             "", "| idle gap length | gaps per step | idle ms per step |", "|---|---|---|"]
+    lines += [f"| {g['length']} | {g['gaps_per_step']:,.1f} | {g['idle_ms_per_step']:.2f} |" for g in res["gaps_by_length"]]
+    if res["runtime_calls"]:
+        lines += ["", "| runtime call (not a launch) | calls per step | ms per step | idle ms it overlaps |",
+                  "|---|---|---|---|"]
+        lines += [f"| {c['call']} | {c['calls_per_step']:,.1f} | {c['ms_per_step']:.2f} | "
+                  f"{c['idle_overlap_ms_per_step']:.2f} |" for c in res["runtime_calls"]]
+    lines += ["", "| longest gaps (us) | kind | after kernel | before kernel |", "|---|---|---|---|"]
+    lines += [f"| {g['idle_us']:.0f} | {g['kind']} | {g['after']} | {g['before']} |" for g in res["longest_gaps"]]
+    return "\n".join(lines)
 
 
 PHASE_ORDER = ("forward/encoder", "forward/projector", "forward/llm", FORWARD_OTHER, REST, "optimizer",
