@@ -165,16 +165,22 @@ class SpeechLLM(nn.Module):
         rows, cols = to_device(rows, embeds.device), to_device(cols, embeds.device)
         return embeds.index_put((rows, cols), speech.to(embeds.dtype)), encoded
 
-    def _llm_kwargs(self, batch: Batch) -> dict:
-        """Attention arguments for the decoder: per-segment boundaries for packed rows; for padded
-        rows, plain causal attention where it is exact (right padding: a real token never sees a
-        pad) instead of a padding mask. Models whose masks come as a per-layer-type mapping
-        (Qwen2/3, Gemma2 …) get that mapping with no mask in it, so transformers does not build
-        one, nor read position ids back from the device to look for packed rows."""
-        if not batch.is_packed:
-            no_mask = self._no_mask()
-            return dict(attention_mask=no_mask if no_mask is not None else batch.attention_mask)
-        return self._packed_kwargs(batch.cu_seqlens, self._host_cu(batch), batch.max_seqlen)
+    def _decode(self, embeds: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """The LLM decoder's last hidden state. Packed rows attend per segment (:meth:`decode_packed`;
+        in training with a static decoder set, ``train.cuda_graphs``, through it). Padded rows get
+        plain causal attention where it is exact (right padding: a real token never sees a pad)
+        instead of a padding mask. Models whose masks come as a per-layer-type mapping (Qwen2/3,
+        Gemma2 …) get that mapping with no mask in it, so transformers does not build one, nor
+        read position ids back from the device to look for packed rows."""
+        if batch.is_packed:
+            args = (embeds, batch.position_ids, batch.cu_seqlens, self._host_cu(batch), batch.max_seqlen)
+            if self.static_decoder is not None and self.training and torch.is_grad_enabled():
+                return self.static_decoder(*args)
+            return self.decode_packed(*args)
+        no_mask = self._no_mask()
+        return self._base_llm().get_decoder()(
+            inputs_embeds=embeds, position_ids=batch.position_ids, use_cache=False,
+            attention_mask=no_mask if no_mask is not None else batch.attention_mask).last_hidden_state
 
     @staticmethod
     def _host_cu(batch: Batch) -> torch.Tensor:
@@ -245,12 +251,7 @@ class SpeechLLM(nn.Module):
         if getattr(conf, "final_logit_softcapping", None) or getattr(conf, "logit_scale", None):
             raise NotImplementedError(f"{type(base).__name__} post-processes its logits; west's loss path "
                                       "projects hidden states with the output embedding only")
-        if self.static_decoder is not None and batch.is_packed and self.training and torch.is_grad_enabled():
-            hidden = self.static_decoder(embeds, batch.position_ids, batch.cu_seqlens, self._host_cu(batch),
-                                         batch.max_seqlen)
-        else:
-            hidden = base.get_decoder()(inputs_embeds=embeds, position_ids=batch.position_ids, use_cache=False,
-                                        **self._llm_kwargs(batch)).last_hidden_state
+        hidden = self._decode(embeds, batch)
         h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, where)
         head = base.get_output_embeddings()
         if type(head) is not nn.Linear:
