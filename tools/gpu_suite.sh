@@ -42,7 +42,7 @@ while [ $# -gt 0 ]; do
 done
 has() { [[ ",$parts," == *",$1,"* ]]; }
 declare -A estimate=([build]=55 [train]=40 [bench]=430 [profile]=65 [compile]=110 [ckpt]=50 [syncs]=50
-                     [attention]=90 [headroom]=130 [big]=300 [gap]=85 [profile_compiled]=120 [graphs]=150 [kernels]=50)   # seconds on one H100/H200: measured, or guessed for new parts
+                     [attention]=90 [headroom]=130 [big]=300 [gap]=85 [profile_compiled]=120 [graphs]=150 [kernels]=75)   # seconds on one H100/H200: measured, or guessed for new parts
 failed=(); skipped=(); fallback=
 part() {   # name: run part_<name> in a subshell; a failed part is logged and the next one runs
   has "$1" || return 0
@@ -186,6 +186,7 @@ part_kernels() {
   [ "$device" = cuda ] || { log "kernels: skipped (a kernels-only trace needs CUDA)"; return 0; }
   log "kernels: kernels-only traces (no CPU operators recorded): GPU busy, idle gaps host late vs queued, by length"
   profile_run kernels pack,pack_encoder_padded,static --kernels_only
+  profile_run kernels_graphs pack --kernels_only --train.cuda_graphs true   # the decoder replayed
 }
 part_profile() {
   log "profile: where the GPU waits for the host, per phase of the step (tools/profile_step.py)"

@@ -13,7 +13,8 @@ table, a JSON, and the Chrome trace if asked for.
 nearly unslowed, and the idle gaps are split into host late and queued, by length
 (west.bench.trace_gaps.kernel_timeline). ``--train.compile true`` profiles the step with the
 repeated blocks compiled (west.train.compile); give enough ``--warmup_steps`` (4) for the
-compilations to happen before the profiled steps.
+compilations to happen before the profiled steps. ``--train.cuda_graphs true`` profiles packed
+modes with the LLM decoder replayed from CUDA graphs, as west-train runs it.
 
     python tools/profile_step.py --config recipes/aishell/conf/seed_gpu.yaml --model.llm.path exp/seed_llm \\
         --data data/train/data.list --data.cmvn data/train/global_cmvn.json --modes pack,pack_encoder_padded \\
@@ -117,6 +118,7 @@ def main(argv=None) -> int:
 
     import torch
 
+    from west.bench.benchmark import graphed_llm
     from west.bench.modes import model_overrides
     from west.bench.tool_setup import tool_setup
     from west.ranks import cuda_allocator_defaults
@@ -140,10 +142,14 @@ def main(argv=None) -> int:
         if len(batches) < need:   # few batches (big packs, few utterances): the warm-up reuses them
             print(f"[profile_step] {m.name}: {len(batches)} batches for {need} steps, taken in turn")
             batches = [batches[i % len(batches)] for i in range(need)]
-        with model_overrides(setup.runner.model, m.model):
+        with model_overrides(setup.runner.model, m.model), \
+                graphed_llm(setup.runner.model, m, setup.cfg.train, setup.device) as static:
             res = profile_mode(setup.runner, batches, args.warmup_steps, traces / f"{m.name}.json", args.kernels_only)
+            if static is not None:   # train.cuda_graphs: the decoder replayed, as in west-train
+                res["llm_graph"] = static.summary()
         results[m.name] = res
         graphs = f", {compilations()} graphs compiled so far" if setup.cfg.train.compile else ""
+        graphs += f", {res['llm_graph']}" if "llm_graph" in res else ""
         kind = ", kernels only" if args.kernels_only else ""
         print(f"\n### {m.name} ({m.configuration}{graphs}{kind})\n\n"
               f"{(timeline_table if args.kernels_only else table)(res)}", flush=True)
