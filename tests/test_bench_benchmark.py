@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from west.bench.costs import sdpa_flops
+from west.bench.costs import sdpa_flops, step_time_fit
 from west.bench.modes import ALL_MODES, standard_modes
 from west.bin import benchmark as cli
 
@@ -162,6 +162,32 @@ def test_dispatched_operators_per_mode(result):
     assert "Dispatched aten operators per training step" in md
     for r in m.values():
         assert f"| {r['method']} | {r['ops']['steps']} | {r['ops']['per_step']['total']:,.0f} |" in md
+
+
+def test_step_time_fit_in_the_json_and_notes(result):
+    """Each mode with 3+ timed steps of sizes 20 % apart gets time = fixed + per-token, fitted to its own
+    per-step times (the median over passes) against its batches' computed LLM positions."""
+    out, res = result
+    md = (out / "benchmark.md").read_text(encoding="utf-8")
+    fitted = {name: r for name, r in res["modes"].items() if "step_time_fit" in r}
+    assert fitted, {name: [b["computed_llm_tokens"] for b in r["batches"]] for name, r in res["modes"].items()}
+    for name, r in fitted.items():
+        f, tokens = r["step_time_fit"], [b["computed_llm_tokens"] for b in r["batches"]]
+        assert f == pytest.approx(step_time_fit(r["runs"][0]["step_s"], tokens))   # one pass: its own times
+        assert f"{name} {1e3 * f['fixed_s']:.0f} ms + {1e6 * f['per_token_s']:.2f} us/token ({len(tokens)} steps)" in md
+
+
+def test_step_time_fit_recovers_a_line_and_refuses_too_little():
+    tokens = [1000, 4000, 8000, 8000]
+    exact = step_time_fit([0.1 + 2e-5 * t for t in tokens], tokens)
+    assert exact == pytest.approx({"fixed_s": 0.1, "per_token_s": 2e-5, "steps": 4})
+    noisy = step_time_fit([0.12, 0.18, 0.25, 0.27], [1000, 4000, 8000, 8000])
+    assert noisy["fixed_s"] == pytest.approx(0.1, abs=0.02) and noisy["per_token_s"] > 0
+    assert step_time_fit([0.2, 0.3], [1000, 2000]) is None             # two steps: nothing to check a line by
+    assert step_time_fit([0.2, 0.3, 0.25], [8000, 8000, 8000]) is None  # one size: no slope
+    assert step_time_fit([0.40, 0.39, 0.41], [14326, 14600, 14720]) is None   # full batches of one budget
+    with pytest.raises(ValueError, match="3 step times for 2 batches"):
+        step_time_fit([0.1, 0.2, 0.3], [1, 2])
 
 
 def test_sdpa_flop_formula_with_gqa():

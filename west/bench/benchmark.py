@@ -41,7 +41,7 @@ from typing import Iterator, Optional, Sequence
 import torch
 
 from west.batch import Batch
-from west.bench.costs import batch_shapes, count_flops, summarize
+from west.bench.costs import batch_shapes, count_flops, step_time_fit, summarize
 from west.bench.memory import cap_lifted
 from west.bench.modes import WHISPER_PADDED, Mode, model_overrides
 from west.bench.op_counter import count_encoder_ops, count_step_ops
@@ -174,6 +174,10 @@ def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, trai
         r["sm_pct"] = statistics.median(sm) if sm else None
         r["host_per_step_s"] = {k: statistics.fmean(x.get(k, math.nan) for x in r["runs"]) / len(r["batches"])
                                 for k in HOST_SPLIT}
+        per_step = [statistics.median(t) for t in zip(*(x["step_s"] for x in r["runs"]))]
+        fit = step_time_fit(per_step, [b["computed_llm_tokens"] for b in r["batches"]])
+        if fit is not None:
+            r["step_time_fit"] = fit
         events = [x["allocator"] for x in r["runs"] if x.get("allocator")]
         if events:   # CUDA: caching-allocator events per timed step (0 in a steady state)
             r["allocator_per_step"] = {k: statistics.fmean(e[k] for e in events) / len(r["batches"]) for k in events[0]}

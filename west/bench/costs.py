@@ -215,3 +215,24 @@ def _subtree_flops(counts: dict, name: str) -> int:
         if not any(k.startswith(t + ".") for t in top):
             top.append(k)
     return int(sum(sum(counts[k].values()) for k in top))
+
+
+MIN_SPREAD = 0.2   # step_time_fit: the smallest batch at most 80 % of the largest
+
+
+def step_time_fit(step_s: Sequence[float], tokens: Sequence[int]) -> Optional[dict]:
+    """Least-squares ``time = fixed_s + per_token_s × tokens`` over one mode's timed steps (tokens:
+    each batch's computed LLM positions). ``fixed_s`` is what a step costs whatever its size (on a
+    GPU mostly the host's launches and the step's one synchronisation): it is why a sample with a
+    partial last batch, over-weighted in a short pass, understates the mode with the biggest
+    batches. None with fewer than 3 steps, or sizes within ``MIN_SPREAD`` of each other (all full
+    batches of one budget: the slope would be noise)."""
+    if len(step_s) != len(tokens):
+        raise ValueError(f"{len(step_s)} step times for {len(tokens)} batches")
+    if len(step_s) < 3 or max(tokens) - min(tokens) < MIN_SPREAD * max(tokens):
+        return None
+    n = len(step_s)
+    mx, my = sum(tokens) / n, sum(step_s) / n
+    sxx = sum((x - mx) ** 2 for x in tokens)
+    slope = sum((x - mx) * (y - my) for x, y in zip(tokens, step_s)) / sxx
+    return {"fixed_s": my - slope * mx, "per_token_s": slope, "steps": n}

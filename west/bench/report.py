@@ -164,6 +164,12 @@ def notes(res: dict) -> str:
         out.append("- host ms per step, queueing forward+backward+clip / blocked in the step's one read-back / "
                    "queueing the update (a read-back wait near 0 on a GPU: the host paces the step): "
                    + "; ".join(split))
+    fits = [f"{name} {1e3 * f['fixed_s']:.0f} ms + {1e6 * f['per_token_s']:.2f} us/token ({f['steps']} steps)"
+            for name, r in res["modes"].items() if (f := r.get("step_time_fit"))]
+    if fits:
+        out.append("- step time fitted as fixed + per computed LLM token (least squares over each mode's timed "
+                   "steps; the fixed part does not shrink with a batch, so a partial last batch weighs on a "
+                   "short pass): " + "; ".join(fits))
     allocs = [f"{name} " + ", ".join(f"{k} {v:.1f}" for k, v in a.items())
               for name, r in res["modes"].items() if (a := r.get("allocator_per_step"))]
     if allocs:
