@@ -87,13 +87,14 @@ def profile_mode(runner, batches, warmup: int, trace: Path, kernels_only: bool =
     opt, sched = runner.fresh(len(batches))
     for b in batches[:warmup]:
         runner.step(b, opt, sched)
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if runner.device.type == "cuda" else [])
-    ranges = phase_ranges(runner.model, opt)
-    if kernels_only:
-        acts, ranges = [ProfilerActivity.CUDA], contextlib.nullcontext()
+    if kernels_only:   # GPU events alone: no CPU operators and no ranges, whose recording slows the host
+        acts, ranges, step_range = [ProfilerActivity.CUDA], contextlib.nullcontext(), contextlib.nullcontext
+    else:
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if runner.device.type == "cuda" else [])
+        ranges, step_range = phase_ranges(runner.model, opt), lambda: record_function(STEP)
     with ranges, profile(activities=acts) as prof:
         for b in batches[warmup:]:
-            with record_function(STEP) if not kernels_only else contextlib.nullcontext():
+            with step_range():
                 runner.step(b, opt, sched)
         if runner.device.type == "cuda":
             torch.cuda.synchronize(runner.device)

@@ -266,11 +266,14 @@ class Trainer:
             self.guard.update(result.status == "nonfinite", self.step)  # may raise, on all ranks
             if self.preempted:
                 return False  # fit() saves at once: no evaluation in the time left
-            if self.cfg.eval_every and self.step % self.cfg.eval_every == 0:
+            evaluate = bool(self.cfg.eval_every) and self.step % self.cfg.eval_every == 0
+            if evaluate:
                 self.evaluate(logger)
-            if (self.cfg.save_every and self.step % self.cfg.save_every == 0) or self._best_save_due():
+            save = (self.cfg.save_every and self.step % self.cfg.save_every == 0) or self._best_save_due()
+            if save:
                 self.save()
-            allocator.read()   # what evaluation and saving allocated is not the next step's
+            if evaluate or save:
+                allocator.read()   # what evaluation and saving allocated is not the next step's
 
     def _agree_to_stop(self, n_ranks: int) -> None:
         self.preempted = self.preemption.requested or "a signal to another rank"
