@@ -36,7 +36,7 @@ EXTRAS = {
     "lora": ["peft>=0.21"],
     # Packing with TRL's SFTTrainer (west.hf.PackingMixin); also in dev, so its test runs in CI.
     "hf": ["trl>=1.16"],
-    "dev": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "peft>=0.21", "ruff>=0.6", "trl>=1.16"],
+    "dev": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "hypothesis>=6.100", "peft>=0.21", "ruff>=0.6", "trl>=1.16"],
 }
 
 setup(
