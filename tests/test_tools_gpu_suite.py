@@ -13,14 +13,15 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(
         ["bash", str(ROOT / "tools" / "gpu_suite.sh"), str(out), "--tiny", "--device", "cpu", "--python",
-         sys.executable, "--work_dir", str(tmp_path / "work"), "--parts", "build,attention,bench,train,graphs,headroom,profile,gap"],
+         sys.executable, "--work_dir", str(tmp_path / "work"), "--parts", "build,attention,bench,train,norm,graphs,headroom,profile,gap"],
         env=subprocess_env(), capture_output=True, text=True, timeout=900)
     log = (out / "suite.log").read_text(encoding="utf-8") if (out / "suite.log").exists() else ""
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + log[-3000:]
     suite = (out / "suite.md").read_text(encoding="utf-8")
     assert "| train_eager |" in suite and "time on training 10,000 utts (extrapolated from" in suite
     assert "### pack (" in suite and "| forward/llm |" in suite          # the profile's tables
-    assert "| train_no_pin_thread |" in suite and "| train_two_workers |" in suite   # gap: the loader's share
+    assert "| train_no_pin_thread |" in suite                           # gap: the loader's pin-memory thread
+    assert "| train_stock_norm |" in suite                              # norm: the stock RMSNorms
     assert "| host launch s | sync wait s | device allocs | alloc retries |" in suite
     assert "| train_graphs |" in suite and "LLM rows padded (eager) at 1024 tokens, 0 unpadded (train.cuda_graphs)" in suite
     assert "train.cuda_graphs true:" in suite   # the benchmark with it (without: the same command, on a GPU only)

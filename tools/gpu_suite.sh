@@ -5,7 +5,7 @@
 # syncs, trains with train.compile and checks the attention kernels. Tables, JSON and logs go to
 # OUT (at most 8 files, for the device tool).
 #
-#   bash tools/gpu_suite.sh OUT [--parts build,train,graphs,kernels,gap,profile_compiled,profile,syncs,attention,
+#   bash tools/gpu_suite.sh OUT [--parts build,train,norm,graphs,kernels,gap,profile_compiled,profile,syncs,attention,
 #        compile,ckpt,headroom,bench]
 #        [--num_utts 700]
 #        (parts run in the order given; a failed part is logged and the next one runs)
@@ -21,7 +21,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 [ $# -ge 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-parts=build,train,graphs,kernels,gap,profile_compiled,profile,syncs,attention,compile,ckpt,headroom,bench   # open questions first
+parts=build,train,norm,graphs,kernels,gap,profile_compiled,profile,syncs,attention,compile,ckpt,headroom,bench   # open questions first
 num_utts=700
 num_train=800
 memory_budget=24GiB
@@ -42,7 +42,8 @@ while [ $# -gt 0 ]; do
 done
 has() { [[ ",$parts," == *",$1,"* ]]; }
 declare -A estimate=([build]=55 [train]=40 [bench]=430 [profile]=65 [compile]=110 [ckpt]=50 [syncs]=50
-                     [attention]=90 [headroom]=130 [big]=300 [gap]=85 [profile_compiled]=120 [graphs]=150 [kernels]=75)   # seconds on one H100/H200: measured, or guessed for new parts
+                     [attention]=90 [headroom]=130 [big]=300 [gap]=45 [profile_compiled]=120 [graphs]=150 [kernels]=75
+                     [norm]=45)   # seconds on one H100/H200: measured, or guessed for new parts
 failed=(); skipped=(); fallback=
 part() {   # name: run part_<name> in a subshell; a failed part is logged and the next one runs
   has "$1" || return 0
@@ -197,9 +198,12 @@ part_profile_compiled() {   # train.compile cut GPU work per step by a quarter a
   profile_run profile_compiled pack --train.compile true --warmup_steps 4
 }
 part_gap() {   # west-train was 1.19x the benchmark's step at the same size (H100): what the loader costs
-  log "gap: west-train with the main thread pinning (no pin-memory thread), and with 2 loader workers"
+  log "gap: west-train with the main thread pinning (no pin-memory thread beside the launching thread)"
   train_run train_no_pin_thread --data.pin_memory false
-  train_run train_two_workers --data.num_workers 2
+}
+part_norm() {   # model.llm.fused_norm (on in part train): the LLM's 57 RMSNorms as the stock 8+15 operators
+  log "norm: west-train with the LLM's stock RMSNorms (model.llm.fused_norm false) against part train's fused ones"
+  train_run train_stock_norm --model.llm.fused_norm false
 }
 part_headroom() {   # item 6's two open comparisons: the benchmark's step at west-train's size, and MFU
   # without the LLM's checkpoint replay (31 % of the FLOPs under 24 GiB) at the largest pack the card holds

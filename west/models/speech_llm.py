@@ -28,6 +28,7 @@ from west.batch import Batch, to_device
 from west.models.config import POSTERIOR_TYPES, ConformerConfig, SpeechLLMConfig
 from west.models.ctc import segment_ctc
 from west.models.encoders import encoder_class
+from west.models.fused_norm import fuse_rms_norms
 from west.models.hf_attention import ATTN_NAME, packed_kwargs
 from west.models.llm import apply_lora, decoder_layers, llm_checkpointing, load_llm
 from west.models.loss import linear_cross_entropy
@@ -69,6 +70,8 @@ class SpeechLLM(nn.Module):
         freeze_encoder_blocks(self.encoder, cfg.freeze_encoder_blocks)
         if cfg.freeze_llm or cfg.lora is not None:
             llm.requires_grad_(False)
+        if cfg.llm.fused_norm:
+            fuse_rms_norms(llm)
         if cfg.llm.gradient_checkpointing:
             llm_checkpointing(llm, cfg.llm)
         self.llm = apply_lora(llm, cfg.lora) if cfg.lora is not None else llm
