@@ -23,15 +23,17 @@ def _stock_class(name: str):
 
 
 class RmsNormCalls(TorchFunctionMode):
-    """Counts torch.rms_norm calls (the function the fused route goes through)."""
+    """Counts torch.rms_norm calls (the function the fused route goes through) and those made
+    under autocast, which on CUDA would run them in float32 (its fp32 list)."""
 
     def __init__(self):
         super().__init__()
-        self.calls = 0
+        self.calls = self.under_autocast = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func in (torch.rms_norm, torch.nn.functional.rms_norm):
             self.calls += 1
+            self.under_autocast += torch.is_autocast_enabled(args[0].device.type)
         return func(*args, **(kwargs or {}))
 
 
@@ -90,6 +92,25 @@ def test_every_norm_of_a_qwen2_is_fused_and_its_logits_are_unchanged():
         got = fused(input_ids=ids).logits
     assert calls.calls == 7
     assert torch.equal(got, stock(input_ids=ids).logits)
+
+
+def test_the_norm_runs_outside_autocast_and_keeps_the_stock_dtype():
+    """Under autocast the stock module returns its input's dtype; so does the fused one, whose
+    torch.rms_norm call runs with autocast off (CUDA's autocast would make it float32)."""
+    stock = _tiny_qwen2(layers=1).float()          # an fp32 LLM under bf16 autocast, and a bf16 one
+    fused = copy.deepcopy(stock)
+    fuse_rms_norms(fused)
+    ids = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(3))
+    for dtype in (torch.float32, torch.bfloat16):
+        outs = []
+        for model in (stock.to(dtype), fused.to(dtype)):
+            norm = model.model.layers[0].input_layernorm
+            x = torch.randn(2, 9, 32, generator=torch.Generator().manual_seed(4)).to(dtype)
+            with torch.autocast("cpu", dtype=torch.bfloat16), RmsNormCalls() as calls:
+                outs.append((norm(x), model(input_ids=ids).logits))
+            assert calls.under_autocast == 0 and calls.calls == (1 + 3 if model is fused else 0)   # the norm, then the model's 3
+        assert outs[1][0].dtype == outs[0][0].dtype == dtype
+        assert torch.equal(outs[1][0], outs[0][0]) and torch.equal(outs[1][1], outs[0][1])
 
 
 @pytest.mark.parametrize("fused", [True, False])

@@ -10,6 +10,9 @@ before its weight product. On CUDA it is one fused kernel forward and one backwa
 (``aten::_fused_rms_norm``) that keeps the input and one float32 scale per row; elsewhere torch
 runs it as those same eight operations, so CPU results are the stock module's bit for bit.
 
+The call runs with autocast off: CUDA's autocast lists ``rms_norm`` among the float32 operators,
+which would return float32 where the stock module returns the input's dtype.
+
 Only classes whose forward is that formula are rerouted (:data:`STOCK_RMS_NORMS`; a test compares
 each against its own forward); the weight's product stays a separate operation, as in the stock
 module, so the output dtype and rounding are unchanged. Gemma's ``1 + weight`` norm and other
@@ -27,7 +30,11 @@ STOCK_RMS_NORMS = ("Qwen2RMSNorm", "Qwen3RMSNorm", "Qwen2MoeRMSNorm", "LlamaRMSN
 
 
 def _fused_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    normed = torch.rms_norm(hidden_states, (hidden_states.shape[-1],), None, self.variance_epsilon)
+    # CUDA's autocast runs rms_norm in float32 (its fp32 list): a float32 output would reach the
+    # projections (a cast per consumer, a float32 MLP input kept) and skip the stock rounding to
+    # the input's dtype. The kernel computes in float32 anyway; without autocast it returns that dtype.
+    with torch.autocast(hidden_states.device.type, enabled=False):
+        normed = torch.rms_norm(hidden_states, (hidden_states.shape[-1],), None, self.variance_epsilon)
     return self.weight * normed
 
 
