@@ -20,10 +20,13 @@ variants keep their own forward. Parameter names are unchanged: checkpoints load
 """
 from __future__ import annotations
 
+import contextlib
 import types
 
 import torch
 from torch import nn
+
+from west.models.precision import autocast_on
 
 # transformers' RMSNorm classes written as Qwen2's (tests/test_models_fused_norm.py checks each)
 STOCK_RMS_NORMS = ("Qwen2RMSNorm", "Qwen3RMSNorm", "Qwen2MoeRMSNorm", "LlamaRMSNorm", "MistralRMSNorm")
@@ -33,7 +36,8 @@ def _fused_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor
     # CUDA's autocast runs rms_norm in float32 (its fp32 list): a float32 output would reach the
     # projections (a cast per consumer, a float32 MLP input kept) and skip the stock rounding to
     # the input's dtype. The kernel computes in float32 anyway; without autocast it returns that dtype.
-    with torch.autocast(hidden_states.device.type, enabled=False):
+    kind = hidden_states.device.type
+    with torch.autocast(kind, enabled=False) if autocast_on(kind) else contextlib.nullcontext():
         normed = torch.rms_norm(hidden_states, (hidden_states.shape[-1],), None, self.variance_epsilon)
     return self.weight * normed
 
