@@ -201,7 +201,7 @@ part_gap() {   # west-train was 1.19x the benchmark's step at the same size (H10
   log "gap: west-train with the main thread pinning (no pin-memory thread beside the launching thread)"
   train_run train_no_pin_thread --data.pin_memory false
 }
-part_norm() {   # model.llm.fused_norm (on in part train): the LLM's 57 RMSNorms as the stock 8+15 operators
+part_norm() {   # model.llm.fused_norm (on in part train): the LLM's 57 RMSNorms as the stock 8+14 operators
   log "norm: west-train with the LLM's stock RMSNorms (model.llm.fused_norm false) against part train's fused ones"
   train_run train_stock_norm --model.llm.fused_norm false
 }
