@@ -21,12 +21,12 @@ variants keep their own forward. Parameter names are unchanged: checkpoints load
 from __future__ import annotations
 
 import contextlib
-import types
 
 import torch
 from torch import nn
 
 from west.models.precision import autocast_on
+from west.models.routing import route_forward, routed_to
 
 # transformers' RMSNorm classes written as Qwen2's (tests/test_models_fused_norm.py checks each)
 STOCK_RMS_NORMS = ("Qwen2RMSNorm", "Qwen3RMSNorm", "Qwen2MoeRMSNorm", "LlamaRMSNorm", "MistralRMSNorm")
@@ -52,11 +52,11 @@ def fuse_rms_norms(model: nn.Module) -> int:
     count = 0
     for module in model.modules():
         if is_stock_rms_norm(module):
-            module.forward = types.MethodType(_fused_forward, module)
+            route_forward(module, _fused_forward)
             count += 1
     return count
 
 
 def is_fused(module: nn.Module) -> bool:
     """Whether :func:`fuse_rms_norms` rerouted this module."""
-    return getattr(vars(module).get("forward"), "__func__", None) is _fused_forward
+    return routed_to(module, _fused_forward)

@@ -17,7 +17,6 @@ exact).
 from __future__ import annotations
 
 import contextlib
-import types
 from typing import Optional
 
 import torch
@@ -25,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from west.models.precision import autocast_on
+from west.models.routing import route_forward, routed_to
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 RECOMPUTED_SHARE = (2, 3)   # of the MLP's forward FLOPs: gate and up, two of its three equal products
@@ -78,7 +78,7 @@ def _frozen_mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def recomputes(mlp: nn.Module) -> bool:
     """Whether :func:`checkpoint_mlps` routed this MLP (its products run again in the backward)."""
-    return getattr(vars(mlp).get("forward"), "__func__", None) is _frozen_mlp_forward
+    return routed_to(mlp, _frozen_mlp_forward)
 
 
 def checkpoint_mlps(blocks: list[nn.Module], layers: Optional[int] = None) -> int:
@@ -96,5 +96,5 @@ def checkpoint_mlps(blocks: list[nn.Module], layers: Optional[int] = None) -> in
         if mlp is None or not is_swiglu(mlp):
             raise ValueError(f"model.llm.checkpoint_scope mlp: {type(block).__name__} has no SwiGLU mlp "
                              "(gate_proj, up_proj, down_proj without bias, SiLU); use checkpoint_scope layer")
-        mlp.forward = types.MethodType(_frozen_mlp_forward, mlp)
+        route_forward(mlp, _frozen_mlp_forward)
     return layers
