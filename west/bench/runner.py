@@ -10,6 +10,7 @@ from typing import Sequence
 import torch
 
 from west.batch import Batch
+from west.ranks import allow_cudnn_attention
 from west.train.config import TrainConfig
 from west.train.gpu_monitor import build_monitor
 from west.train.metrics import AllocatorEvents
@@ -27,6 +28,7 @@ class PassRunner:
 
     def __init__(self, model: torch.nn.Module, train: TrainConfig, device: torch.device, seed: int):
         self.model, self.train, self.device, self.seed = model, train, device, seed
+        allow_cudnn_attention(train.cudnn_attention)   # as west-train sets it
         self.init = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
     def fresh(self, n_steps: int):

@@ -41,6 +41,7 @@ class TrainConfig:
     precision: str = setting("fp32", choices=("fp32", "bf16"))  # bf16: autocast, master weights stay fp32
     grad_checkpointing: bool = False
     compile: bool = False                           # regional torch.compile of the repeated blocks
+    cudnn_attention: bool = False                   # let SDPA pick cuDNN attention (a graph built per new shape)
     cuda_graphs: bool = False                       # the frozen LLM decoder as CUDA graphs, rows padded to pack_tokens
     graph_segments: int = setting(256, min=1)       # cuda_graphs: segment slots per row (utterances + padding)
     graph_max_seqlen: int = setting(512, min=1)     # cuda_graphs: the longest segment the kernels are sized for

@@ -38,7 +38,7 @@ from west.batch import Batch
 from west.checkpoint import training as ckpt
 from west.checkpoint.base_llm import base_llm_of
 from west.checkpoint.integrity import PREFIX, check_checkpoint, latest_usable, set_aside
-from west.ranks import all_reduce_max, barrier, sum_counts_over_ranks, unwrap
+from west.ranks import all_reduce_max, allow_cudnn_attention, barrier, sum_counts_over_ranks, unwrap
 from west.train.compile import compilations, compile_regions
 from west.train.config import RunConfig, TrainConfig
 from west.train.cuda_graphs import static_decoder_for
@@ -92,6 +92,7 @@ class Trainer:
                  info: DistInfo, evaluator: Optional[Evaluator] = None, pack_tokens: int = 0) -> None:
         self.cfg, self.run, self.info = train, run, info
         self.data, self.evaluator = data, evaluator
+        allow_cudnn_attention(train.cudnn_attention)
         if train.grad_checkpointing:
             enable_grad_checkpointing(model)
         if train.compile:
