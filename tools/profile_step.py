@@ -16,6 +16,9 @@ repeated blocks compiled (west.train.compile); give enough ``--warmup_steps`` (4
 compilations to happen before the profiled steps. ``--train.cuda_graphs true`` profiles packed
 modes with the LLM decoder replayed from CUDA graphs, as west-train runs it.
 
+``--host_python`` runs the profiled steps under cProfile instead of torch.profiler: what the
+launching thread does in Python, by function, per step (west.bench.host_profile).
+
     python tools/profile_step.py --config recipes/aishell/conf/seed_gpu.yaml --model.llm.path exp/seed_llm \\
         --data data/train/data.list --data.cmvn data/train/global_cmvn.json --modes pack,pack_encoder_padded \\
         --steps 3 --out profile.json [--trace_dir traces]
@@ -29,6 +32,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
+from west.bench.host_profile import host_table, profile_calls, top_functions
 from west.bench.tool_setup import add_setup_args
 from west.bench.trace_gaps import PREFIX, STEP, analyse, kernel_timeline, load_events, table, timeline_table
 
@@ -77,16 +81,27 @@ def phase_ranges(model, optimizer) -> Iterator[None]:
             del encoder.forward_flat
 
 
-def profile_mode(runner, batches, warmup: int, trace: Path, kernels_only: bool = False) -> dict:
+def profile_mode(runner, batches, warmup: int, trace: Path, kernels_only: bool = False,
+                 host_python: bool = False) -> dict:
     """Warm-up steps, then one profiled step per remaining batch; writes the Chrome trace to
     ``trace`` and returns its analysis: by phase, or with ``kernels_only`` (CUDA) the GPU's
-    timeline alone, the host unslowed by operator recording."""
+    timeline alone, the host unslowed by operator recording; with ``host_python``, cProfile's
+    top functions per step instead (no trace)."""
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
     opt, sched = runner.fresh(len(batches))
     for b in batches[:warmup]:
         runner.step(b, opt, sched)
+    if host_python:
+        def steps() -> None:
+            for b in batches[warmup:]:
+                runner.step(b, opt, sched)
+            if runner.device.type == "cuda":
+                torch.cuda.synchronize(runner.device)
+        stats = profile_calls(steps)
+        runner.model.load_state_dict(runner.init)
+        return top_functions(stats, len(batches) - warmup)
     if kernels_only:   # GPU events alone: no CPU operators and no ranges, whose recording slows the host
         acts, ranges, step_range = [ProfilerActivity.CUDA], contextlib.nullcontext(), contextlib.nullcontext
     else:
@@ -115,6 +130,8 @@ def main(argv=None) -> int:
     p.add_argument("--kernels_only", action="store_true",
                    help="CUDA: record the GPU's kernels and the runtime calls alone, not the CPU operators "
                         "(whose recording slows the host being measured): busy time, idle gaps by cause and length")
+    p.add_argument("--host_python", action="store_true",
+                   help="run the profiled steps under cProfile: the launching thread's Python time by function")
     args, rest = p.parse_known_args(argv)
 
     import torch
@@ -145,19 +162,25 @@ def main(argv=None) -> int:
             batches = [batches[i % len(batches)] for i in range(need)]
         with model_overrides(setup.runner.model, m.model), \
                 graphed_llm(setup.runner.model, m, setup.cfg.train, setup.device) as static:
-            res = profile_mode(setup.runner, batches, args.warmup_steps, traces / f"{m.name}.json", args.kernels_only)
+            res = profile_mode(setup.runner, batches, args.warmup_steps, traces / f"{m.name}.json", args.kernels_only,
+                               args.host_python)
             if static is not None:   # train.cuda_graphs: the decoder replayed, as in west-train
                 res["llm_graph"] = static.summary()
         results[m.name] = res
         graphs = f", {compilations()} graphs compiled so far" if setup.cfg.train.compile else ""
         graphs += f", {res['llm_graph']}" if "llm_graph" in res else ""
-        kind = ", kernels only" if args.kernels_only else ""
-        print(f"\n### {m.name} ({m.configuration}{graphs}{kind})\n\n"
-              f"{(timeline_table if args.kernels_only else table)(res)}", flush=True)
+        kind = ", kernels only" if args.kernels_only else ", Python on the launching thread" if args.host_python else ""
+        render = timeline_table if args.kernels_only else host_table if args.host_python else table
+        print(f"\n### {m.name} ({m.configuration}{graphs}{kind})\n\n{render(res)}", flush=True)
     device = torch.cuda.get_device_name(setup.device) if setup.device.type == "cuda" else "cpu"
     if args.out:
         Path(args.out).write_text(json.dumps({"device": device, "torch": torch.__version__, "modes": results},
                                              indent=1), encoding="utf-8")
+    if args.host_python:
+        host = ", ".join(f"{k} {r['profiled_ms_per_step']:.0f} ms" for k, r in results.items())
+        print(f"[profile_step] {device}: the launching thread's profiled time per step: {host}")
+        return 0 if results else 1
+
     def pct(r: dict) -> str:
         return "n/a" if r["gpu_busy_pct"] is None else f"{r['gpu_busy_pct']:.0f} %"
     busy = ", ".join(f"{k} {pct(r)} ({r['step_ms']:.0f} ms per step)" for k, r in results.items())

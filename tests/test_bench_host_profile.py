@@ -1,0 +1,40 @@
+"""west.bench.host_profile: cProfile's figures per step, named by short paths."""
+from __future__ import annotations
+
+import time
+
+from west.bench.host_profile import host_table, profile_calls, short_name, top_functions
+
+
+def _busy(ms: float) -> None:
+    end = time.perf_counter() + ms / 1e3
+    while time.perf_counter() < end:
+        pass
+
+
+def _step() -> None:
+    for _ in range(3):
+        _busy(2.0)
+    sorted(range(10))
+
+
+def test_top_functions_are_per_step_and_ordered_by_own_time():
+    steps = 4
+    stats = profile_calls(lambda: [_step() for _ in range(steps)])
+    res = top_functions(stats, steps, top=50)
+    rows = {r["function"].split("(")[-1].rstrip(")"): r for r in res["functions"]}
+    assert rows["_busy"]["calls"] == 3 and rows["_step"]["calls"] == 1
+    assert rows["_busy"]["total_ms"] >= 6.0 * 0.9                # three 2 ms spins per step
+    assert rows["_step"]["total_ms"] >= rows["_busy"]["total_ms"]  # callees included
+    own = [r["own_ms"] for r in res["functions"]]
+    assert own == sorted(own, reverse=True)
+    assert res["profiled_ms_per_step"] >= 6.0 * 0.9
+    table = host_table(res)
+    assert "| function | calls per step |" in table and "_busy" in table
+
+
+def test_short_names():
+    assert short_name("/x/lib/python3.12/site-packages/transformers/models/qwen2/modeling_qwen2.py", 7, "forward") \
+        == "transformers/models/qwen2/modeling_qwen2.py:7(forward)"
+    assert short_name("/work/main/west/models/conformer.py", 90, "forward") == "west/models/conformer.py:90(forward)"
+    assert short_name("~", 0, "<built-in method torch._C._nn.linear>") == "<built-in method torch._C._nn.linear>"
