@@ -4,6 +4,7 @@ memory budget, west-train with the real loader)."""
 import json
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 from helpers.e2e import ROOT, subprocess_env
@@ -13,15 +14,18 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(
         ["bash", str(ROOT / "tools" / "gpu_suite.sh"), str(out), "--tiny", "--device", "cpu", "--python",
-         sys.executable, "--work_dir", str(tmp_path / "work"), "--parts", "build,attention,bench,train,norm,graphs,headroom,profile,gap"],
+         sys.executable, "--work_dir", str(tmp_path / "work"), "--parts", "build,attention,bench,train,norm,cudnn,graphs,headroom,profile,hostpy,gap,threads"],
         env=subprocess_env(), capture_output=True, text=True, timeout=900)
     log = (out / "suite.log").read_text(encoding="utf-8") if (out / "suite.log").exists() else ""
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + log[-3000:]
     suite = (out / "suite.md").read_text(encoding="utf-8")
     assert "| train_eager |" in suite and "time on training 10,000 utts (extrapolated from" in suite
     assert "### pack (" in suite and "| forward/llm |" in suite          # the profile's tables
+    assert "| train_one_thread |" in suite                              # threads: OMP_NUM_THREADS=1
     assert "| train_no_pin_thread |" in suite                           # gap: the loader's pin-memory thread
     assert "| train_stock_norm |" in suite                              # norm: the stock RMSNorms
+    assert "Python on the launching thread" in suite and "| `<method 'run_backward'" in suite   # hostpy
+    assert "| train_static |" in suite and "| train_static_cudnn |" in suite   # cudnn: static batches, SDPA off/on
     assert "| host launch s | sync wait s | device allocs | alloc retries |" in suite
     assert "| train_graphs |" in suite and "LLM rows padded (eager) at 1024 tokens, 0 unpadded (train.cuda_graphs)" in suite
     assert "train.cuda_graphs true:" in suite   # the benchmark with it (without: the same command, on a GPU only)
@@ -29,16 +33,21 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert "x the benchmark's" in suite                                  # headroom: west-train vs the benchmark
     headroom = (out / "benchmark_headroom.md").read_text(encoding="utf-8")
     assert "| sequence pack |" in headroom and "MFU" in headroom
-    bench = json.loads((out / "benchmark.json").read_text(encoding="utf-8"))
+    # ten files: past the device tool's 8 the JSON files travel in json.tar
+    assert sorted(p.name for p in out.iterdir()) == ["benchmark.md", "benchmark_headroom.md", "json.tar",
+                                                     "suite.log", "suite.md"]
+    with tarfile.open(out / "json.tar") as tar:
+        jsons = {Path(m.name).name: json.load(tar.extractfile(m)) for m in tar.getmembers() if m.isfile()}
+    assert sorted(jsons) == ["attention.json", "benchmark.json", "encoder_attention.json", "hostpy.json",
+                             "hostpy_graphs.json", "profile.json"]
+    bench = jsons["benchmark.json"]
     assert {"static", "dynamic", "pack", "pack_encoder_padded"} <= set(bench["modes"])
     assert all(r["ops"]["per_step"]["total"] > 0 for r in bench["modes"].values())
-    rows = json.loads((out / "encoder_attention.json").read_text(encoding="utf-8"))["rows"]
+    rows = jsons["encoder_attention.json"]["rows"]
     assert rows and not any("error" in r for r in rows)
     assert max(r["worst"] for r in rows) < 1e-4            # float32 on the CPU
-    assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["suite.log", "suite.md", "attention.json", "encoder_attention.json", "benchmark.json", "benchmark.md",
-         "benchmark_headroom.md", "profile.json"])
-    assert Path(out).is_dir()
+    host = jsons["hostpy.json"]["modes"]["pack"]
+    assert host["profiled_ms_per_step"] > 0 and host["functions"][0]["own_ms"] >= host["functions"][-1]["own_ms"]
 
 
 def test_parts_past_the_budget_are_skipped_and_said(tmp_path):
@@ -58,8 +67,6 @@ def test_parts_past_the_budget_are_skipped_and_said(tmp_path):
 def test_kernels_part_needs_cuda_and_more_than_eight_files_are_bundled(tmp_path):
     """The device tool returns at most 8 files from OUT: past that the suite packs its JSON files
     into json.tar. The kernels-only trace part says it needs CUDA and skips on the CPU."""
-    import tarfile
-
     out = tmp_path / "out"
     out.mkdir()
     for i in range(9):

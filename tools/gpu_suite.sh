@@ -5,8 +5,8 @@
 # syncs, trains with train.compile and checks the attention kernels. Tables, JSON and logs go to
 # OUT (at most 8 files, for the device tool).
 #
-#   bash tools/gpu_suite.sh OUT [--parts build,train,norm,graphs,kernels,gap,profile_compiled,profile,syncs,attention,
-#        compile,ckpt,headroom,bench]
+#   bash tools/gpu_suite.sh OUT [--parts build,cudnn,train,gap,threads,hostpy,kernels,profile_compiled,norm,graphs,
+#        profile,syncs,attention,compile,ckpt,headroom,bench]
 #        [--num_utts 700]
 #        (parts run in the order given; a failed part is logged and the next one runs)
 #   bash tools/gpu_suite.sh OUT --parts build,big    # Whisper-large-v3 + Qwen2-7B shapes, LoRA (a second call)
@@ -21,7 +21,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 [ $# -ge 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-parts=build,train,norm,graphs,kernels,gap,profile_compiled,profile,syncs,attention,compile,ckpt,headroom,bench   # open questions first
+parts=build,cudnn,train,gap,threads,hostpy,kernels,profile_compiled,norm,graphs,profile,syncs,attention,compile,ckpt,headroom,bench   # open questions first
 num_utts=700
 num_train=800
 memory_budget=24GiB
@@ -43,7 +43,7 @@ done
 has() { [[ ",$parts," == *",$1,"* ]]; }
 declare -A estimate=([build]=55 [train]=40 [bench]=430 [profile]=65 [compile]=110 [ckpt]=50 [syncs]=50
                      [attention]=90 [headroom]=130 [big]=300 [gap]=45 [profile_compiled]=120 [graphs]=150 [kernels]=75
-                     [norm]=45)   # seconds on one H100/H200: measured, or guessed for new parts
+                     [norm]=45 [cudnn]=110 [hostpy]=80 [threads]=45)   # seconds on one H100/H200: measured, or guessed for new parts
 failed=(); skipped=(); fallback=
 part() {   # name: run part_<name> in a subshell; a failed part is logged and the next one runs
   has "$1" || return 0
@@ -149,11 +149,12 @@ part_bench() {
   tail -n 40 "$out/benchmark.md"
 }
 
-train_run() {   # name, extra args...
-  local name=$1; shift
+train_run() {   # name, extra args... (rows packed to $pack tokens, unless $batching gives other batching flags)
+  local name=$1 sizing=(--batch_type pack --pack_tokens "$pack"); shift
+  [ -z "${batching:-}" ] || read -ra sizing <<<"$batching"
   rm -rf "$exp/$name"
   "$python" -m west.bin.train --config "$conf" "${common[@]}" --train_data "$data/train/data.list" \
-    --data.cmvn "$data/train/global_cmvn.json" --output_dir "$exp/$name" --batch_type pack --pack_tokens "$pack" \
+    --data.cmvn "$data/train/global_cmvn.json" --output_dir "$exp/$name" "${sizing[@]}" \
     --max_steps "$steps" --train.save_every 0 --train.save_at_epoch_end false --train.warmup_steps 5 \
     --train.log_every 5 --train.tensorboard false --train.progress_bar false --data.num_workers "$workers" \
     --data.pin_memory "$([ "$device" = cuda ] && echo true || echo false)" "$@" >>"$out/suite.log" 2>&1 || return 1
@@ -189,6 +190,11 @@ part_kernels() {
   profile_run kernels pack,pack_encoder_padded,static --kernels_only
   profile_run kernels_graphs pack --kernels_only --train.cuda_graphs true   # the decoder replayed
 }
+part_hostpy() {   # the graphs cut launches by 45 % and the host's time per step not at all (H200): where is it?
+  log "hostpy: the pack step's Python on the launching thread (cProfile), eager and with train.cuda_graphs"
+  profile_run hostpy pack --host_python
+  profile_run hostpy_graphs pack --host_python --train.cuda_graphs true
+}
 part_profile() {
   log "profile: where the GPU waits for the host, per phase of the step (tools/profile_step.py)"
   profile_run profile pack,pack_encoder_padded,static
@@ -200,6 +206,17 @@ part_profile_compiled() {   # train.compile cut GPU work per step by a quarter a
 part_gap() {   # west-train was 1.19x the benchmark's step at the same size (H100): what the loader costs
   log "gap: west-train with the main thread pinning (no pin-memory thread beside the launching thread)"
   train_run train_no_pin_thread --data.pin_memory false
+}
+part_threads() {   # west-train queued its step 1.27x slower than the benchmark (H200): 16 CPU threads beside 4 workers?
+  log "threads: west-train with OMP_NUM_THREADS=1 (one CPU thread for torch in the launching process)"
+  export OMP_NUM_THREADS=1
+  train_run train_one_thread
+}
+part_cudnn() {   # train.cudnn_attention (off by default): padded batches' SDPA through cuDNN, a graph per new shape
+  log "cudnn: west-train on static batches of $batch, SDPA without cuDNN attention (the default), then with it"
+  batching="--batch_type static --batch_size $batch"
+  train_run train_static
+  train_run train_static_cudnn --train.cudnn_attention true
 }
 part_norm() {   # model.llm.fused_norm (on in part train): the LLM's 57 RMSNorms as the stock 8+14 operators
   log "norm: west-train with the LLM's stock RMSNorms (model.llm.fused_norm false) against part train's fused ones"
@@ -279,10 +296,14 @@ part_big() {   # issue 23: fits 40 GiB at pack 8192; pack vs Whisper padded to 3
   conf=$big common=(--model.encoder.path "$wdir" --model.llm.path "$qdir" --train.device "$device")
   steps=$(( steps < 12 ? steps : 12 ))
   train_run big_pack --data.cmvn null
-  log "big: west-benchmark pack vs whisper_padded_30s, each at its largest size under 80GiB"
+  # sizes found under 80 GiB on one H200 (2026-11-27: pack 16,384 tokens 40.1 GiB, Whisper padded batch 128
+  # 72.5 GiB, 137 the largest); searching them again took over 4 minutes of a call
+  local big_pack=16384 big_batch=128; $tiny && { big_pack=$pack; big_batch=$batch; }
+  log "big: west-benchmark pack $big_pack tokens vs whisper_padded_30s batch $big_batch (sizes that fit 80 GiB)"
   "$python" -m west.bin.benchmark --config "$big" "${common[@]}" --data "$data/train/data.list" --data.cmvn null \
     --num_utts "$(( num_utts < 200 ? num_utts : 200 ))" --out_dir "$exp/bench_big" --repeats 1 --profile never \
-    --modes pack,whisper_padded_30s --memory_budget "$($tiny && echo 2GiB || echo 80GiB)" >>"$out/suite.log" 2>&1
+    --modes pack,whisper_padded_30s --pack_tokens "$big_pack" --batch_size "$big_batch" --no-count_ops \
+    >>"$out/suite.log" 2>&1
   cp "$exp/bench_big/benchmark.md" "$out/benchmark_big.md"
   tail -n 20 "$out/benchmark_big.md"
 }
