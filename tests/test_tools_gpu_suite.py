@@ -14,14 +14,14 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(
         ["bash", str(ROOT / "tools" / "gpu_suite.sh"), str(out), "--tiny", "--device", "cpu", "--python",
-         sys.executable, "--work_dir", str(tmp_path / "work"), "--parts", "build,attention,bench,train,norm,cudnn,graphs,headroom,profile,hostpy,gap,threads"],
+         sys.executable, "--work_dir", str(tmp_path / "work"), "--parts", "build,attention,bench,train,norm,cudnn,graphs,headroom,profile,hostpy,gap,contention"],
         env=subprocess_env(), capture_output=True, text=True, timeout=900)
     log = (out / "suite.log").read_text(encoding="utf-8") if (out / "suite.log").exists() else ""
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + log[-3000:]
     suite = (out / "suite.md").read_text(encoding="utf-8")
     assert "| train_eager |" in suite and "time on training 10,000 utts (extrapolated from" in suite
     assert "### pack (" in suite and "| forward/llm |" in suite          # the profile's tables
-    assert "| train_one_thread |" in suite                              # threads: OMP_NUM_THREADS=1
+    assert "| train_two_workers |" in suite and "| train_one_thread |" in suite   # contention
     assert "| train_no_pin_thread |" in suite                           # gap: the loader's pin-memory thread
     assert "| train_stock_norm |" in suite                              # norm: the stock RMSNorms
     assert "Python on the launching thread" in suite and "| `<method 'run_backward'" in suite   # hostpy

@@ -5,7 +5,7 @@
 # syncs, trains with train.compile and checks the attention kernels. Tables, JSON and logs go to
 # OUT (at most 8 files, for the device tool).
 #
-#   bash tools/gpu_suite.sh OUT [--parts build,cudnn,train,gap,threads,hostpy,kernels,profile_compiled,norm,graphs,
+#   bash tools/gpu_suite.sh OUT [--parts build,cudnn,train,gap,contention,hostpy,kernels,profile_compiled,norm,graphs,
 #        profile,syncs,attention,compile,ckpt,headroom,bench]
 #        [--num_utts 700]
 #        (parts run in the order given; a failed part is logged and the next one runs)
@@ -21,7 +21,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 [ $# -ge 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-parts=build,cudnn,train,gap,threads,hostpy,kernels,profile_compiled,norm,graphs,profile,syncs,attention,compile,ckpt,headroom,bench   # open questions first
+parts=build,cudnn,train,gap,contention,hostpy,kernels,profile_compiled,norm,graphs,profile,syncs,attention,compile,ckpt,headroom,bench   # open questions first
 num_utts=700
 num_train=800
 memory_budget=24GiB
@@ -43,7 +43,7 @@ done
 has() { [[ ",$parts," == *",$1,"* ]]; }
 declare -A estimate=([build]=55 [train]=40 [bench]=430 [profile]=65 [compile]=110 [ckpt]=50 [syncs]=50
                      [attention]=90 [headroom]=130 [big]=300 [gap]=45 [profile_compiled]=120 [graphs]=150 [kernels]=75
-                     [norm]=45 [cudnn]=110 [hostpy]=80 [threads]=45)   # seconds on one H100/H200: measured, or guessed for new parts
+                     [norm]=45 [cudnn]=110 [hostpy]=80 [contention]=90)   # seconds on one H100/H200: measured, or guessed for new parts
 failed=(); skipped=(); fallback=
 part() {   # name: run part_<name> in a subshell; a failed part is logged and the next one runs
   has "$1" || return 0
@@ -207,8 +207,9 @@ part_gap() {   # west-train was 1.19x the benchmark's step at the same size (H10
   log "gap: west-train with the main thread pinning (no pin-memory thread beside the launching thread)"
   train_run train_no_pin_thread --data.pin_memory false
 }
-part_threads() {   # west-train queued its step 1.27x slower than the benchmark (H200): 16 CPU threads beside 4 workers?
-  log "threads: west-train with OMP_NUM_THREADS=1 (one CPU thread for torch in the launching process)"
+part_contention() {   # west-train queued its step 1.27x slower than the benchmark (H200), which has no loader
+  log "contention: west-train with 2 loader workers instead of $workers, then with OMP_NUM_THREADS=1 (torch's CPU threads)"
+  train_run train_two_workers --data.num_workers 2
   export OMP_NUM_THREADS=1
   train_run train_one_thread
 }
