@@ -1,6 +1,7 @@
 """west.bench.host_profile: cProfile's figures per step, named by short paths."""
 from __future__ import annotations
 
+import gc
 import time
 
 from west.bench.host_profile import host_table, profile_calls, short_name, top_functions
@@ -20,8 +21,8 @@ def _step() -> None:
 
 def test_top_functions_are_per_step_and_ordered_by_own_time():
     steps = 4
-    stats = profile_calls(lambda: [_step() for _ in range(steps)])
-    res = top_functions(stats, steps, top=50)
+    stats, pauses = profile_calls(lambda: [_step() for _ in range(steps)])
+    res = top_functions(stats, steps, top=50, gc_pauses=pauses)
     rows = {r["function"].split("(")[-1].rstrip(")"): r for r in res["functions"]}
     assert rows["_busy"]["calls"] == 3 and rows["_step"]["calls"] == 1
     assert rows["_busy"]["total_ms"] >= 6.0 * 0.9                # three 2 ms spins per step
@@ -38,3 +39,15 @@ def test_short_names():
         == "transformers/models/qwen2/modeling_qwen2.py:7(forward)"
     assert short_name("/work/main/west/models/conformer.py", 90, "forward") == "west/models/conformer.py:90(forward)"
     assert short_name("~", 0, "<built-in method torch._C._nn.linear>") == "<built-in method torch._C._nn.linear>"
+
+
+def test_garbage_collections_are_counted_per_step_by_generation():
+    def step() -> None:
+        gc.collect(0)
+        gc.collect(2)
+
+    stats, pauses = profile_calls(lambda: [step() for _ in range(2)])
+    res = top_functions(stats, 2, gc_pauses=pauses)
+    assert res["gc_per_step"][0]["count"] >= 1 and res["gc_per_step"][2]["count"] >= 1
+    assert res["gc_per_step"][2]["ms"] > 0
+    assert "generation 2: " in host_table(res)

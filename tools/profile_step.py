@@ -99,9 +99,9 @@ def profile_mode(runner, batches, warmup: int, trace: Path, kernels_only: bool =
                 runner.step(b, opt, sched)
             if runner.device.type == "cuda":
                 torch.cuda.synchronize(runner.device)
-        stats = profile_calls(steps)
+        stats, pauses = profile_calls(steps)
         runner.model.load_state_dict(runner.init)
-        return top_functions(stats, len(batches) - warmup)
+        return top_functions(stats, len(batches) - warmup, gc_pauses=pauses)
     if kernels_only:   # GPU events alone: no CPU operators and no ranges, whose recording slows the host
         acts, ranges, step_range = [ProfilerActivity.CUDA], contextlib.nullcontext(), contextlib.nullcontext
     else:
