@@ -104,3 +104,33 @@ def test_host_split_attributes_the_step_to_its_phases():
     assert res.status == "ok"
     assert 0.02 <= res.launch_s < 0.2 <= res.update_s
     assert 0.0 <= res.sync_wait_s < 0.2
+
+
+def test_grad_norm_is_the_trainable_gradients_norm_before_clipping():
+    """The step clips the optimizer's parameters by their global norm and reports the norm before
+    clipping; a frozen parameter (no gradient, not in the optimizer) takes no part."""
+    from west.train.step import plan_step, train_step
+
+    batches = micro_batches(SAMPLES, 4, "pack")
+    ref = TokenModel()
+    ref.norm.weight.requires_grad_(False)
+    scale = 1.0 / sum(int((b.labels != -100).sum()) for b in batches)
+    for b in batches:
+        (ref(b)["loss_sum"] * scale).backward()
+    grads = {n: p.grad.clone() for n, p in ref.named_parameters() if p.grad is not None}
+    want = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads.values()])))
+
+    model = TokenModel()
+    model.norm.weight.requires_grad_(False)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    clip = want / 4
+    res = train_step(model, batches, plan_step(batches, len(batches)), opt, sched, device=torch.device("cpu"),
+                     world_size=1, grad_clip=clip)
+    assert res.grad_norm == pytest.approx(want, rel=1e-5)
+    for n, p in model.named_parameters():
+        if n in grads:   # SGD with lr 1: the step is the clipped gradient
+            torch.testing.assert_close(before[n] - p.detach(), grads[n] * (clip / want), rtol=1e-4, atol=1e-6)
+        else:
+            assert torch.equal(p.detach(), before[n])
