@@ -43,7 +43,7 @@ done
 has() { [[ ",$parts," == *",$1,"* ]]; }
 declare -A estimate=([build]=55 [train]=40 [bench]=430 [profile]=65 [compile]=110 [ckpt]=50 [syncs]=50
                      [attention]=90 [headroom]=130 [big]=300 [gap]=45 [profile_compiled]=120 [graphs]=150 [kernels]=75
-                     [norm]=45 [cudnn]=110 [hostpy]=80 [contention]=90)   # seconds on one H100/H200: measured, or guessed for new parts
+                     [norm]=45 [cudnn]=90 [hostpy]=80 [contention]=90)   # seconds on one H100/H200: measured, or guessed for new parts
 failed=(); skipped=(); fallback=
 part() {   # name: run part_<name> in a subshell; a failed part is logged and the next one runs
   has "$1" || return 0
@@ -215,9 +215,9 @@ part_contention() {   # west-train queued its step 1.27x slower than the benchma
 }
 part_cudnn() {   # train.cudnn_attention (off by default): padded batches' SDPA through cuDNN, a graph per new shape
   log "cudnn: west-train on static batches of $batch, SDPA without cuDNN attention (the default), then with it"
-  batching="--batch_type static --batch_size $batch"
-  train_run train_static
-  train_run train_static_cudnn --train.cudnn_attention true
+  batching="--batch_type static --batch_size $batch"   # 20 steps each: with cuDNN on, a new shape may cost ~1 s
+  train_run train_static --train.max_steps "$(( steps < 20 ? steps : 20 ))"
+  train_run train_static_cudnn --train.max_steps "$(( steps < 20 ? steps : 20 ))" --train.cudnn_attention true
 }
 part_norm() {   # model.llm.fused_norm (on in part train): the LLM's 57 RMSNorms as the stock 8+14 operators
   log "norm: west-train with the LLM's stock RMSNorms (model.llm.fused_norm false) against part train's fused ones"
