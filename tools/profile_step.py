@@ -133,6 +133,8 @@ def main(argv=None) -> int:
     p.add_argument("--host_python", action="store_true",
                    help="run the profiled steps under cProfile: the launching thread's Python time by function")
     args, rest = p.parse_known_args(argv)
+    if args.kernels_only and args.host_python:
+        p.error("--kernels_only and --host_python profile different things: give one")
 
     import torch
 

@@ -195,10 +195,10 @@ def train_step(model: nn.Module, micro_batches: Sequence[Batch], plan: StepPlan,
         counters = all_reduce_sum(_sum_counters(micro_batches))
         return StepResult("empty", math.nan, 0.0, 0, 0, math.nan, lr,
                           dict(zip(COUNTER_NAMES, map(int, counters))))
-    t0 = time.perf_counter()
     # the optimizer's parameters: a list at hand, where walking the modules (the frozen LLM's too)
     # cost half of clipping's host time at the seed's depth on the CPU
     params = [p for group in optimizer.param_groups for p in group["params"]]
+    t0 = time.perf_counter()
     queued = queue_step(model, micro_batches, plan, device=device, world_size=world_size,
                         grad_clip=grad_clip, precision=precision, params=params)
     t1 = time.perf_counter()
