@@ -15,7 +15,7 @@ from west.train.config import TrainConfig
 from west.train.gpu_monitor import build_monitor
 from west.train.metrics import AllocatorEvents
 from west.train.schedule import build_optimizer, build_scheduler
-from west.train.step import plan_step, train_step
+from west.train.step import plan_step, train_step, working_weights
 
 # StepResult's host seconds, summed over a pass: queueing forward/backward/clip, blocked in the
 # step's read-back, queueing the update
@@ -29,11 +29,14 @@ class PassRunner:
     def __init__(self, model: torch.nn.Module, train: TrainConfig, device: torch.device, seed: int):
         self.model, self.train, self.device, self.seed = model, train, device, seed
         allow_cudnn_attention(train.cudnn_attention)   # as west-train sets it
+        self.weights = working_weights(model, train.bf16_weights)
         self.init = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
     def fresh(self, n_steps: int):
         """The initial weights back, train mode, the seed, a new AdamW and schedule: (optimizer, scheduler)."""
         self.model.load_state_dict(self.init)
+        if self.weights is not None:
+            self.weights.refresh()   # the copies that exist, in one copy (the rest are made at first use)
         self.model.train()
         torch.manual_seed(self.seed)
         t = self.train
@@ -42,7 +45,7 @@ class PassRunner:
 
     def step(self, b: Batch, opt, sched):
         return train_step(self.model, [b], plan_step([b], 1), opt, sched, device=self.device, world_size=1,
-                          grad_clip=self.train.grad_clip, precision=self.train.precision)
+                          grad_clip=self.train.grad_clip, precision=self.train.precision, weights=self.weights)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":

@@ -49,7 +49,7 @@ from west.train.metrics import AllocatorEvents, EpochTotals, MetricsLogger, peak
 from west.train.preempt import Preemption
 from west.train.profiling import build_profiler
 from west.train.schedule import optimizer_from_config, scheduler_from_config
-from west.train.step import BadStepGuard, StepResult, plan_step, train_step
+from west.train.step import BadStepGuard, StepResult, plan_step, train_step, working_weights
 
 
 class TrainData(Protocol):
@@ -99,6 +99,7 @@ class Trainer:
             compile_regions(model)
         self.model = wrap_model(model, info, fsdp=train.fsdp, precision=train.precision,
                                 find_unused_parameters=train.find_unused_parameters)
+        self.weights = working_weights(self.model, train.bf16_weights, info.world_size)
         self.static = static_decoder_for(self.model, pack_tokens, train.graph_segments, train.graph_max_seqlen,
                                          train.precision, info.device) if train.cuda_graphs else None
         # The frozen base LLM (model.llm.path) that lean checkpoints refer to instead of storing it.
@@ -254,7 +255,7 @@ class Trainer:
             result: StepResult = train_step(
                 self.model, batches, plan, self.optimizer, self.scheduler, device=self.info.device,
                 world_size=self.info.world_size, grad_clip=self.cfg.grad_clip,
-                precision=self.cfg.precision)
+                precision=self.cfg.precision, weights=self.weights)
             self.step += 1
             wall = time.perf_counter() - t0
             rec = step_record(self.step, self.epoch, result, wall, peak_memory_mb(self.info.device),
