@@ -5,7 +5,7 @@
 # syncs, trains with train.compile and checks the attention kernels. Tables, JSON and logs go to
 # OUT (at most 8 files, for the device tool).
 #
-#   bash tools/gpu_suite.sh OUT [--parts build,cudnn,hostpy,train,weights,gap,contention,kernels,profile_compiled,norm,graphs,
+#   bash tools/gpu_suite.sh OUT [--parts build,train,weights,rotary,hostpy,cudnn,gap,contention,kernels,profile_compiled,norm,graphs,
 #        profile,syncs,attention,compile,ckpt,headroom,bench]
 #        [--num_utts 700]
 #        (parts run in the order given; a failed part is logged and the next one runs)
@@ -21,7 +21,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 [ $# -ge 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-parts=build,cudnn,hostpy,train,weights,gap,contention,kernels,profile_compiled,norm,graphs,profile,syncs,attention,compile,ckpt,headroom,bench   # open questions first
+parts=build,train,weights,rotary,hostpy,cudnn,gap,contention,kernels,profile_compiled,norm,graphs,profile,syncs,attention,compile,ckpt,headroom,bench   # open questions first
 num_utts=700
 num_train=800
 memory_budget=24GiB
@@ -43,7 +43,7 @@ done
 has() { [[ ",$parts," == *",$1,"* ]]; }
 declare -A estimate=([build]=55 [train]=40 [bench]=430 [profile]=65 [compile]=110 [ckpt]=50 [syncs]=50
                      [attention]=90 [headroom]=130 [big]=300 [gap]=45 [profile_compiled]=120 [graphs]=150 [kernels]=75
-                     [norm]=45 [cudnn]=90 [hostpy]=80 [contention]=90 [weights]=45)   # seconds on one H100/H200: measured, or guessed for new parts
+                     [norm]=45 [cudnn]=90 [hostpy]=80 [contention]=90 [weights]=45 [rotary]=45)   # seconds on one H100/H200: measured, or guessed for new parts
 failed=(); skipped=(); fallback=
 part() {   # name: run part_<name> in a subshell; a failed part is logged and the next one runs
   has "$1" || return 0
@@ -226,6 +226,10 @@ part_norm() {   # model.llm.fused_norm (on in part train): the LLM's 57 RMSNorms
 part_weights() {   # train.bf16_weights: the trainable Linear layers' autocast casts (~500 operators per step) gone
   log "weights: west-train with train.bf16_weights true (bf16 working copies) against part train's autocast casts"
   train_run train_bf16_weights --train.precision bf16 --train.bf16_weights true
+}
+part_rotary() {   # model.llm.fused_rotary: q and k's rotary embedding as one autograd node (~12 launches fewer per layer)
+  log "rotary: west-train with model.llm.fused_rotary true against part train's stock rotary embedding"
+  train_run train_fused_rotary --model.llm.fused_rotary true
 }
 part_headroom() {   # item 6's two open comparisons: the benchmark's step at west-train's size, and MFU
   # without the LLM's checkpoint replay (31 % of the FLOPs under 24 GiB) at the largest pack the card holds

@@ -29,6 +29,7 @@ from west.models.config import POSTERIOR_TYPES, ConformerConfig, SpeechLLMConfig
 from west.models.ctc import segment_ctc
 from west.models.encoders import encoder_class
 from west.models.fused_norm import fuse_rms_norms
+from west.models.fused_rotary import fuse_rotary
 from west.models.hf_attention import ATTN_NAME, packed_kwargs
 from west.models.llm import apply_lora, decoder_layers, llm_checkpointing, load_llm
 from west.models.loss import linear_cross_entropy
@@ -72,6 +73,8 @@ class SpeechLLM(nn.Module):
             llm.requires_grad_(False)
         if cfg.llm.fused_norm:
             fuse_rms_norms(llm)
+        if cfg.llm.fused_rotary:
+            fuse_rotary(llm)
         if cfg.llm.gradient_checkpointing:
             llm_checkpointing(llm, cfg.llm)
         self.llm = apply_lora(llm, cfg.lora) if cfg.lora is not None else llm
