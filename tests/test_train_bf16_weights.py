@@ -12,13 +12,13 @@ import torch
 from torch import nn
 
 from west.bench.op_counter import OpCounter
-from west.models.working_weights import WorkingWeights, uses_working_weights
+from west.models.working_weights import ATTR, WorkingWeights, uses_working_weights
 from west.schema import ConfigError
 from west.train.schedule import build_optimizer, build_scheduler
 from west.train.step import plan_step, train_step, working_weights
 
-from helpers.e2e import read_jsonl, tiny_llm, train_argv, write_lists
-from helpers.speech import lora_model, packed_batch, padded_batch, samples, tiny_model
+from helpers.e2e import read_jsonl, tiny_encoder, tiny_llm, train_argv, write_lists
+from helpers.speech import lora_model, packed_batch, padded_batch, samples, tiny_config, tiny_model
 from helpers.threads import torch_threads
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -47,10 +47,20 @@ def _steps(layout):
     return [[make(s[:3]), make(s[3:])], [make(s[1:4]), make(s[:1] + s[4:])], [make(s[2:]), make(s[:2])]]
 
 
-@pytest.mark.parametrize("kind", ["full", "lora"])
+def _wenet_model():
+    """WeNet's positional biases, which the Conformer casts itself (through west.models.working_weights.cast)."""
+    from west.models.speech_llm import SpeechLLM
+
+    cfg = tiny_config()
+    cfg.encoder = tiny_encoder(dropout=0.0, buckets_per_octave=2, pos_enc="wenet")
+    torch.manual_seed(0)
+    return SpeechLLM(cfg).eval()
+
+
+@pytest.mark.parametrize("kind", ["full", "lora", "wenet"])
 @pytest.mark.parametrize("layout,accum", [("pack", 1), ("pack", 2), ("padded", 2)])
 def test_training_equals_autocast_bit_for_bit(kind, layout, accum):
-    build = (lambda: tiny_model()) if kind == "full" else lora_model
+    build = {"full": tiny_model, "lora": lora_model, "wenet": _wenet_model}[kind]
     base, base_state, _ = _train(build(), _steps(layout), weights=False, accum=accum)
     model = build()
     ours, state, ww = _train(model, _steps(layout), weights=True, accum=accum)
@@ -74,16 +84,21 @@ def _casts(model, batch, ww=None):
     return counter.merged()["aten._to_copy"]
 
 
-def test_the_weight_casts_are_gone():
-    """Two dispatched casts fewer per routed tensor and step: autocast's in the forward, its
-    gradient's in the backward (once the copies exist)."""
+@pytest.mark.parametrize("pos_enc", ["relative", "wenet"])
+def test_the_weight_casts_are_gone(pos_enc):
+    """Two dispatched casts fewer per tensor used and step: autocast's (or the model's own, for
+    WeNet's positional biases) in the forward, its gradient's in the backward (once the copies exist)."""
+    build = tiny_model if pos_enc == "relative" else _wenet_model
     batch = packed_batch(samples(), 400)
-    stock = _casts(tiny_model(), batch)
-    model = tiny_model()
+    stock = _casts(build(), batch)
+    model = build()
     ww = WorkingWeights(model)
     _casts(model, batch, ww)                 # the first forward makes the copies
-    used = sum(c.tensor is not None for c in ww.copies)   # not the LM head's: the loss reads its weight
-    assert used >= len(ww) - 1 and stock - _casts(model, batch, ww) == 2 * used
+    used = len(ww.used())   # the Linear and convolution layers' tensors, not the norms' or the LM head's
+    assert used > 0 and stock - _casts(model, batch, ww) == 2 * used
+    names = [n for n, p in model.named_parameters() if getattr(p, ATTR).tensor is not None]
+    assert any(".depthwise." in n for n in names) and any("subsampling.conv." in n for n in names)
+    assert any("pos_bias" in n for n in names) == (pos_enc == "wenet")   # relative adds them in float32
 
 
 def test_a_changed_master_is_never_used_stale():

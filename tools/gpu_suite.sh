@@ -223,7 +223,7 @@ part_norm() {   # model.llm.fused_norm (on in part train): the LLM's 57 RMSNorms
   log "norm: west-train with the LLM's stock RMSNorms (model.llm.fused_norm false) against part train's fused ones"
   train_run train_stock_norm --model.llm.fused_norm false
 }
-part_weights() {   # train.bf16_weights: the trainable Linear layers' autocast casts (~500 operators per step) gone
+part_weights() {   # train.bf16_weights: autocast's weight casts (~620 operators per step) gone
   log "weights: west-train with train.bf16_weights true (bf16 working copies) against part train's autocast casts"
   train_run train_bf16_weights --train.precision bf16 --train.bf16_weights true
 }

@@ -24,6 +24,7 @@ from torch import nn
 from west.batch import host_to_device, to_device
 from west.models.attention import SegmentPlan
 from west.models.flex import DocumentMask
+from west.models.working_weights import autocast_weights
 
 
 class _GatherRows(torch.autograd.Function):
@@ -52,7 +53,8 @@ def same_conv1d(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
     the convolution kernel in eager mode, :func:`depthwise_conv1d` inside a compiled graph."""
     if torch.compiler.is_compiling():
         return depthwise_conv1d(x, conv)
-    return F.conv1d(x, conv.weight, conv.bias, padding=(conv.kernel_size[0] - 1) // 2, groups=conv.groups)
+    return F.conv1d(x, *autocast_weights(x, conv.weight, conv.bias), padding=(conv.kernel_size[0] - 1) // 2,
+                    groups=conv.groups)
 
 
 def depthwise_conv1d(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
