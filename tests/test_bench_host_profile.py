@@ -32,6 +32,30 @@ def test_top_functions_are_per_step_and_ordered_by_own_time():
     assert res["profiled_ms_per_step"] >= 6.0 * 0.9
     table = host_table(res)
     assert "| function | calls per step |" in table and "_busy" in table
+    assert res["west_by_total"] == []          # this file is not west's: nothing listed, no second table
+    assert "west's functions" not in table
+
+
+def test_west_functions_by_time_with_callees():
+    """West's own functions ordered by time including callees: where in the step the host's time goes."""
+    import torch
+
+    from west.batch import to_device
+    from west.models.projector import group_frames
+
+    def step() -> None:
+        for _ in range(5):
+            group_frames(torch.randn(7, 4), [3, 4], 2)
+        to_device(torch.arange(3), "cpu")
+
+    stats, _ = profile_calls(lambda: [step() for _ in range(2)])
+    res = top_functions(stats, 2, top=50)
+    names = [r["function"] for r in res["west_by_total"]]
+    assert names and all(n.startswith("west/") for n in names)
+    assert any("(group_frames)" in n for n in names) and any("(to_device)" in n for n in names)
+    totals = [r["total_ms"] for r in res["west_by_total"]]
+    assert totals == sorted(totals, reverse=True)
+    assert "west's functions by time with callees:" in host_table(res)
 
 
 def test_short_names():

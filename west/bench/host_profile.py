@@ -55,15 +55,18 @@ def profile_calls(fn: Callable[[], None]) -> tuple[pstats.Stats, list[tuple[int,
 
 def top_functions(stats: pstats.Stats, steps: int, top: int = 25,
                   gc_pauses: Sequence[tuple[int, float]] = ()) -> dict:
-    """The ``top`` functions by own time, per step: calls, own ms, ms including callees; the
-    profiled time per step (the sum of all own times); the collector's pauses per step by generation."""
+    """The ``top`` functions by own time, per step: calls, own ms, ms including callees; west's own
+    ``top`` functions by time including callees (where in the step the host's time goes: the
+    encoder, the projector's and splice's index work, copies to the device); the profiled time per
+    step (the sum of all own times); the collector's pauses per step by generation."""
     rows = [dict(function=short_name(*key), calls=nc / steps, own_ms=tt * 1e3 / steps, total_ms=ct * 1e3 / steps)
             for key, (_, nc, tt, ct, _) in stats.stats.items()]
     rows.sort(key=lambda r: -r["own_ms"])
     collections = {g: dict(count=sum(1 for k, _ in gc_pauses if k == g) / steps,
                            ms=sum(s for k, s in gc_pauses if k == g) * 1e3 / steps) for g in (0, 1, 2)}
+    west = sorted((r for r in rows if r["function"].startswith("west/")), key=lambda r: -r["total_ms"])
     return {"steps": steps, "profiled_ms_per_step": sum(r["own_ms"] for r in rows), "functions": rows[:top],
-            "gc_per_step": collections}
+            "west_by_total": west[:top], "gc_per_step": collections}
 
 
 def host_table(res: dict) -> str:
@@ -72,6 +75,10 @@ def host_table(res: dict) -> str:
     lines = [f"{res['steps']} steps, {res['profiled_ms_per_step']:.1f} ms of the launching thread per step "
              f"(cProfile; its own overhead included); garbage collections per step, {gcs}", "",
              "| function | calls per step | own ms per step | ms per step with callees |", "|---|---|---|---|"]
-    lines += [f"| `{r['function']}` | {r['calls']:,.1f} | {r['own_ms']:.2f} | {r['total_ms']:.2f} |"
-              for r in res["functions"]]
+    row = "| `{function}` | {calls:,.1f} | {own_ms:.2f} | {total_ms:.2f} |".format
+    lines += [row(**r) for r in res["functions"]]
+    if res.get("west_by_total"):
+        lines += ["", "west's functions by time with callees:", "",
+                  "| function | calls per step | own ms per step | ms per step with callees |", "|---|---|---|---|"]
+        lines += [row(**r) for r in res["west_by_total"]]
     return "\n".join(lines)
