@@ -15,7 +15,7 @@ from west.bench.op_counter import OpCounter
 from west.models.working_weights import ATTR, WorkingWeights, uses_working_weights
 from west.schema import ConfigError
 from west.train.schedule import build_optimizer, build_scheduler
-from west.train.step import plan_step, train_step, working_weights
+from west.train.step import autocast, plan_step, train_step, working_weights
 
 from helpers.e2e import read_jsonl, tiny_encoder, tiny_llm, train_argv, write_lists
 from helpers.speech import lora_model, packed_batch, padded_batch, samples, tiny_config, tiny_model
@@ -99,6 +99,31 @@ def test_the_weight_casts_are_gone(pos_enc):
     names = [n for n, p in model.named_parameters() if getattr(p, ATTR).tensor is not None]
     assert any(".depthwise." in n for n in names) and any("subsampling.conv." in n for n in names)
     assert any("pos_bias" in n for n in names) == (pos_enc == "wenet")   # relative adds them in float32
+
+
+def test_a_backward_outside_the_step_leaks_nothing_into_the_next_pass():
+    """The benchmark counts the encoder's operators with a backward of its own between timed
+    passes: the copies' gradients it leaves are cleared, so each pass trains as from scratch."""
+    from west.bench.op_counter import count_encoder_ops
+    from west.bench.runner import PassRunner
+    from west.train.config import TrainConfig
+
+    batches = [packed_batch(samples()[:3], 200), packed_batch(samples()[3:], 200)]
+    train = TrainConfig(precision="bf16", bf16_weights=True, grad_clip=0.5, warmup_steps=1)
+    runner = PassRunner(tiny_model(), train, CPU, seed=0)
+
+    def one_pass():
+        opt, sched = runner.fresh(len(batches))
+        return [runner.step(b, opt, sched).loss for b in batches]
+
+    first = one_pass()
+    count_encoder_ops(runner.model, batches, CPU, "bf16")
+    assert all(c.tensor is None or c.tensor.grad is None for c in runner.weights.copies)
+    for precision in ("bf16", "fp32"):   # gradients left on the copies, then on the masters
+        with autocast(CPU, precision):
+            x = runner.model.encoder.forward_flat(batches[0].feats, cu_seqlens=batches[0].host.feat_cu_seqlens)[0]
+        x.float().sum().backward()
+        assert one_pass() == first
 
 
 def test_a_changed_master_is_never_used_stale():

@@ -32,6 +32,7 @@ from typing import Iterator, Sequence
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from west.models.working_weights import clear_working_grads
 from west.train.step import autocast
 
 PHASES = ("forward", "backward", "optimizer", "other")
@@ -147,6 +148,7 @@ def count_encoder_ops(model: torch.nn.Module, batches: Sequence, device: torch.d
                 x.backward(grad)
         del x, grad
         model.zero_grad(set_to_none=True)   # as every step ends: the next backward stores, not adds
+        clear_working_grads(model)          # train.bf16_weights' copies likewise
     return summary(counter, len(with_feats))
 
 

@@ -10,6 +10,7 @@ from typing import Sequence
 import torch
 
 from west.batch import Batch
+from west.models.working_weights import clear_working_grads
 from west.ranks import allow_cudnn_attention
 from west.train.config import TrainConfig
 from west.train.gpu_monitor import build_monitor
@@ -35,8 +36,10 @@ class PassRunner:
     def fresh(self, n_steps: int):
         """The initial weights back, train mode, the seed, a new AdamW and schedule: (optimizer, scheduler)."""
         self.model.load_state_dict(self.init)
+        self.model.zero_grad(set_to_none=True)   # no gradient left by work between passes
         if self.weights is not None:
             self.weights.refresh()   # the copies that exist, in one copy (the rest are made at first use)
+            clear_working_grads(self.model)   # a backward run outside a step (the encoder's op count) left some
         self.model.train()
         torch.manual_seed(self.seed)
         t = self.train

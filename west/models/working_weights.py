@@ -96,6 +96,16 @@ def cast(param: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return param.to(dtype)
 
 
+def clear_working_grads(model: nn.Module) -> None:
+    """Release the gradients the working copies of ``model``'s parameters hold: what
+    ``model.zero_grad(set_to_none=True)`` does for the parameters themselves, for code that runs
+    a backward outside the training step (whose :meth:`WorkingWeights.collect_grads` moves them)."""
+    for p in model.parameters():
+        copy = getattr(p, ATTR, None)
+        if copy is not None and copy.tensor is not None:
+            copy.tensor.grad = None
+
+
 def _linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, *autocast_weights(x, self.weight, self.bias))
 
