@@ -39,7 +39,7 @@ class TrainConfig:
                                                      "must be two numbers in [0, 1)"))
     eps: float = 1e-8
     precision: str = setting("fp32", choices=("fp32", "bf16"))  # bf16: autocast, master weights stay fp32
-    bf16_weights: bool = setting(False, rule=(      # trainable Linear layers multiply with bf16 copies
+    bf16_weights: bool = setting(False, rule=(      # trainable weights enter bf16 products as bf16 copies
         lambda v, t: not v or t.precision == "bf16", "needs train.precision bf16"))
     grad_checkpointing: bool = False
     compile: bool = False                           # regional torch.compile of the repeated blocks
