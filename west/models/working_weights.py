@@ -106,17 +106,17 @@ def clear_working_grads(model: nn.Module) -> None:
             copy.tensor.grad = None
 
 
-def _linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+def _working_linear(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, *autocast_weights(x, self.weight, self.bias))
 
 
-def _conv_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def _working_conv(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return self._conv_forward(x, *autocast_weights(x, self.weight, self.bias))
 
 
 def uses_working_weights(module: nn.Module) -> bool:
     """Whether :class:`WorkingWeights` routed this layer."""
-    return routed_to(module, _linear_forward) or routed_to(module, _conv_forward)
+    return routed_to(module, _working_linear) or routed_to(module, _working_conv)
 
 
 class WorkingWeights:
@@ -129,10 +129,11 @@ class WorkingWeights:
             if p.requires_grad and p.dtype == torch.float32 and not hasattr(p, ATTR):
                 setattr(p, ATTR, _Copy(p))
                 self.copies.append(getattr(p, ATTR))
-        self._modules = list(model.modules())
-        for module in self._modules:
+        self.routed = 0   # layers whose forward multiplies with the copies
+        for module in model.modules():
             if type(module) in ROUTED and module.weight.requires_grad and module.weight.dtype == torch.float32:
-                route_forward(module, _linear_forward if type(module) is nn.Linear else _conv_forward)
+                route_forward(module, _working_linear if type(module) is nn.Linear else _working_conv)
+                self.routed += 1
         self._grads: list[Optional[torch.Tensor]] = [None] * len(self.copies)   # float32, made at first need
 
     def __len__(self) -> int:
@@ -144,8 +145,7 @@ class WorkingWeights:
 
     def describe(self) -> str:
         """One line for the run's log."""
-        routed = sum(uses_working_weights(m) for m in self._modules)
-        return (f"train.bf16_weights: {routed} Linear/Conv layers and the code that casts parameters itself "
+        return (f"train.bf16_weights: {self.routed} Linear/Conv layers and the code that casts parameters itself "
                 f"multiply with bf16 working copies (made at first use, of up to {len(self.copies)} float32 tensors)")
 
     def collect_grads(self) -> None:

@@ -33,8 +33,8 @@ from west.train.distributed import grad_sync
 
 
 def working_weights(model: nn.Module, enabled: bool, world_size: int = 1) -> Optional[WorkingWeights]:
-    """``train.bf16_weights``: the model's trainable Linear layers multiply with bf16 working copies
-    (None when off). One process only: DDP reduces the gradients autograd gives the parameters,
+    """``train.bf16_weights``: the model's trainable float32 weights enter bf16 products as working
+    copies (None when off). One process only: DDP reduces the gradients autograd gives the parameters,
     while the masters get theirs from the copies; FSDP2 already gathers bf16 copies itself."""
     if not enabled:
         return None
