@@ -5,7 +5,7 @@
 # syncs, trains with train.compile and checks the attention kernels. Tables, JSON and logs go to
 # OUT (at most 8 files, for the device tool).
 #
-#   bash tools/gpu_suite.sh OUT [--parts build,train,weights,rotary,hostpy,cudnn,gap,contention,kernels,profile_compiled,norm,graphs,
+#   bash tools/gpu_suite.sh OUT [--parts build,train,marks,weights,rotary,hostpy,gap,cudnn,contention,kernels,profile_compiled,norm,graphs,
 #        profile,syncs,attention,compile,ckpt,headroom,bench]
 #        [--num_utts 700]
 #        (parts run in the order given; a failed part is logged and the next one runs)
@@ -21,7 +21,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 [ $# -ge 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-parts=build,train,weights,rotary,hostpy,cudnn,gap,contention,kernels,profile_compiled,norm,graphs,profile,syncs,attention,compile,ckpt,headroom,bench   # open questions first
+parts=build,train,marks,weights,rotary,hostpy,gap,cudnn,contention,kernels,profile_compiled,norm,graphs,profile,syncs,attention,compile,ckpt,headroom,bench   # open questions first
 num_utts=700
 num_train=800
 memory_budget=24GiB
@@ -43,7 +43,7 @@ done
 has() { [[ ",$parts," == *",$1,"* ]]; }
 declare -A estimate=([build]=55 [train]=40 [bench]=430 [profile]=65 [compile]=110 [ckpt]=50 [syncs]=50
                      [attention]=90 [headroom]=130 [big]=300 [gap]=45 [profile_compiled]=120 [graphs]=150 [kernels]=75
-                     [norm]=45 [cudnn]=90 [hostpy]=80 [contention]=90 [weights]=45 [rotary]=45)   # seconds on one H100/H200: measured, or guessed for new parts
+                     [norm]=45 [cudnn]=90 [hostpy]=80 [contention]=90 [weights]=45 [rotary]=45 [marks]=60)   # seconds on one H100/H200: measured, or guessed for new parts
 failed=(); skipped=(); fallback=
 part() {   # name: run part_<name> in a subshell; a failed part is logged and the next one runs
   has "$1" || return 0
@@ -190,10 +190,15 @@ part_kernels() {
   profile_run kernels pack,pack_encoder_padded,static --kernels_only
   profile_run kernels_graphs pack --kernels_only --train.cuda_graphs true   # the decoder replayed
 }
+part_marks() {   # which phases of the step the host paces, with nothing slowing it (a profiler did, 2.4x)
+  log "marks: unprofiled steps marked at phase boundaries (host and GPU clocks), per mode; then with both operator cuts"
+  profile_run marks pack,pack_encoder_padded,static --phase_marks --steps 6
+  profile_run marks_cuts pack --phase_marks --train.precision bf16 --train.bf16_weights true --model.llm.fused_rotary true
+}
 part_hostpy() {   # the graphs cut launches by 45 % and the host's time per step not at all (H200): where is it?
-  log "hostpy: the pack step's Python on the launching thread (cProfile), eager and with train.cuda_graphs"
+  log "hostpy: the pack step's Python on the launching thread (cProfile), eager and with train.cuda_graphs (marked first)"
   profile_run hostpy pack --host_python
-  profile_run hostpy_graphs pack --host_python --train.cuda_graphs true
+  profile_run hostpy_graphs pack --host_python --phase_marks --train.cuda_graphs true
 }
 part_profile() {
   log "profile: where the GPU waits for the host, per phase of the step (tools/profile_step.py)"

@@ -19,6 +19,11 @@ modes with the LLM decoder replayed from CUDA graphs, as west-train runs it.
 ``--host_python`` runs the profiled steps under cProfile instead of torch.profiler: what the
 launching thread does in Python, by function, per step (west.bench.host_profile).
 
+``--phase_marks`` first runs the same steps with no profiler at all, marked at each phase boundary
+(west.bench.step_phases): per phase, the host's time, the GPU's, and how far the host was ahead
+of the GPU at its start and end, so which phases the host paces once nothing slows it. Alone it
+runs nothing else; with ``--host_python`` or ``--kernels_only``, those follow.
+
     python tools/profile_step.py --config recipes/aishell/conf/seed_gpu.yaml --model.llm.path exp/seed_llm \\
         --data data/train/data.list --data.cmvn data/train/global_cmvn.json --modes pack,pack_encoder_padded \\
         --steps 3 --out profile.json [--trace_dir traces]
@@ -33,66 +38,65 @@ from pathlib import Path
 from typing import Iterator
 
 from west.bench.host_profile import host_table, profile_calls, top_functions
+from west.bench.step_phases import StepClock, lag_table, phase_hooks, phases, summarize
 from west.bench.tool_setup import add_setup_args
 from west.bench.trace_gaps import PREFIX, STEP, analyse, kernel_timeline, load_events, table, timeline_table
 
 
 @contextlib.contextmanager
 def phase_ranges(model, optimizer) -> Iterator[None]:
-    """``west:`` profiler ranges around the model's forward and its parts and the optimizer step,
-    from hooks (the production step is unchanged). The encoder runs through ``forward_flat``, a
-    method, which fires no module hooks: it is wrapped on the instance for the block."""
+    """``west:`` profiler ranges around the model's forward and its parts and the optimizer step
+    (west.bench.step_phases.phase_hooks: the production step is unchanged)."""
     from torch.profiler import record_function
 
     open_ranges = []
 
-    def opener(name: str):
-        def hook(*args) -> None:
-            r = record_function(PREFIX + name)
-            r.__enter__()
-            open_ranges.append(r)
-        return hook
+    def enter(name: str) -> None:
+        r = record_function(PREFIX + name)
+        r.__enter__()
+        open_ranges.append(r)
 
-    def closer(*args) -> None:
-        open_ranges.pop().__exit__(None, None, None)
-
-    parts = {"forward": model, "forward/projector": getattr(model, "projector", None),
-             "forward/llm": model._base_llm().get_decoder() if hasattr(model, "_base_llm") else None}
-    handles = []
-    for name, module in parts.items():
-        if module is not None:
-            handles += [module.register_forward_pre_hook(opener(name)),
-                        module.register_forward_hook(closer, always_call=True)]
-    handles += [optimizer.register_step_pre_hook(opener("optimizer")), optimizer.register_step_post_hook(closer)]
-    encoder = getattr(model, "encoder", None)
-    if encoder is not None:
-        inner = encoder.forward_flat
-
-        def forward_flat(*args, **kwargs):
-            with record_function(PREFIX + "forward/encoder"):
-                return inner(*args, **kwargs)
-        encoder.forward_flat = forward_flat
-    try:
+    with phase_hooks(model, optimizer, enter, lambda name: open_ranges.pop().__exit__(None, None, None)):
         yield
-    finally:
-        for h in handles:
-            h.remove()
-        if encoder is not None:
-            del encoder.forward_flat
+
+
+def marked_steps(runner, batches, opt, sched) -> dict:
+    """The steps unprofiled, with a mark at each phase boundary (west.bench.step_phases): the
+    host's and the GPU's time per phase and how far the host ran ahead of the GPU at each."""
+    import statistics
+
+    clock = StepClock(runner.device.type == "cuda")
+    steps, waits = [], []
+    with clock.hooks(runner.model, opt):
+        for b in batches:
+            clock.mark("step")
+            res = runner.step(b, opt, sched)
+            clock.mark("end")
+            steps.append(phases(clock.read()))
+            waits.append(res.sync_wait_s)
+    out = summarize(steps, gpu=clock.cuda)
+    out["read_back_wait_ms"] = 1e3 * statistics.median(waits)   # inside the "read-back" phase
+    return out
 
 
 def profile_mode(runner, batches, warmup: int, trace: Path, kernels_only: bool = False,
-                 host_python: bool = False) -> dict:
+                 host_python: bool = False, phase_marks: bool = False) -> dict:
     """Warm-up steps, then one profiled step per remaining batch; writes the Chrome trace to
     ``trace`` and returns its analysis: by phase, or with ``kernels_only`` (CUDA) the GPU's
     timeline alone, the host unslowed by operator recording; with ``host_python``, cProfile's
-    top functions per step instead (no trace)."""
+    top functions per step instead (no trace). ``phase_marks``: first the same batches unprofiled,
+    marked at the phase boundaries (:func:`marked_steps`, under the result's "phase_marks"); with
+    neither of the others, nothing else."""
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
     opt, sched = runner.fresh(len(batches))
     for b in batches[:warmup]:
         runner.step(b, opt, sched)
+    marked = marked_steps(runner, batches[warmup:], opt, sched) if phase_marks else None
+    if marked is not None and not (host_python or kernels_only):
+        runner.model.load_state_dict(runner.init)
+        return {"phase_marks": marked}
     if host_python:
         def steps() -> None:
             for b in batches[warmup:]:
@@ -101,22 +105,26 @@ def profile_mode(runner, batches, warmup: int, trace: Path, kernels_only: bool =
                 torch.cuda.synchronize(runner.device)
         stats, pauses = profile_calls(steps)
         runner.model.load_state_dict(runner.init)
-        return top_functions(stats, len(batches) - warmup, gc_pauses=pauses)
-    if kernels_only:   # GPU events alone: no CPU operators and no ranges, whose recording slows the host
-        acts, ranges, step_range = [ProfilerActivity.CUDA], contextlib.nullcontext(), contextlib.nullcontext
+        res = top_functions(stats, len(batches) - warmup, gc_pauses=pauses)
     else:
-        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if runner.device.type == "cuda" else [])
-        ranges, step_range = phase_ranges(runner.model, opt), lambda: record_function(STEP)
-    with ranges, profile(activities=acts) as prof:
-        for b in batches[warmup:]:
-            with step_range():
-                runner.step(b, opt, sched)
-        if runner.device.type == "cuda":
-            torch.cuda.synchronize(runner.device)
-    prof.export_chrome_trace(str(trace))
-    runner.model.load_state_dict(runner.init)
-    events = load_events(trace)
-    return kernel_timeline(events, len(batches) - warmup) if kernels_only else analyse(events)
+        if kernels_only:   # GPU events alone: no CPU operators and no ranges, whose recording slows the host
+            acts, ranges, step_range = [ProfilerActivity.CUDA], contextlib.nullcontext(), contextlib.nullcontext
+        else:
+            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if runner.device.type == "cuda" else [])
+            ranges, step_range = phase_ranges(runner.model, opt), lambda: record_function(STEP)
+        with ranges, profile(activities=acts) as prof:
+            for b in batches[warmup:]:
+                with step_range():
+                    runner.step(b, opt, sched)
+            if runner.device.type == "cuda":
+                torch.cuda.synchronize(runner.device)
+        prof.export_chrome_trace(str(trace))
+        runner.model.load_state_dict(runner.init)
+        events = load_events(trace)
+        res = kernel_timeline(events, len(batches) - warmup) if kernels_only else analyse(events)
+    if marked is not None:
+        res["phase_marks"] = marked
+    return res
 
 
 def main(argv=None) -> int:
@@ -132,6 +140,9 @@ def main(argv=None) -> int:
                         "(whose recording slows the host being measured): busy time, idle gaps by cause and length")
     p.add_argument("--host_python", action="store_true",
                    help="run the profiled steps under cProfile: the launching thread's Python time by function")
+    p.add_argument("--phase_marks", action="store_true",
+                   help="first run the profiled steps unprofiled, with a mark (a CUDA event) at each phase boundary: "
+                        "the host's and the GPU's time per phase and how far the host was ahead; alone, only that")
     args, rest = p.parse_known_args(argv)
     if args.kernels_only and args.host_python:
         p.error("--kernels_only and --host_python profile different things: give one")
@@ -156,6 +167,7 @@ def main(argv=None) -> int:
     traces = Path(args.trace_dir) if args.trace_dir else work
     traces.mkdir(parents=True, exist_ok=True)
     results = {}
+    marks_only = args.phase_marks and not (args.host_python or args.kernels_only)
     for m in setup.modes:
         need = args.warmup_steps + args.steps
         batches = setup.batches(m, need)
@@ -165,19 +177,31 @@ def main(argv=None) -> int:
         with model_overrides(setup.runner.model, m.model), \
                 graphed_llm(setup.runner.model, m, setup.cfg.train, setup.device) as static:
             res = profile_mode(setup.runner, batches, args.warmup_steps, traces / f"{m.name}.json", args.kernels_only,
-                               args.host_python)
+                               args.host_python, args.phase_marks)
             if static is not None:   # train.cuda_graphs: the decoder replayed, as in west-train
                 res["llm_graph"] = static.summary()
         results[m.name] = res
         graphs = f", {compilations()} graphs compiled so far" if setup.cfg.train.compile else ""
         graphs += f", {res['llm_graph']}" if "llm_graph" in res else ""
         kind = ", kernels only" if args.kernels_only else ", Python on the launching thread" if args.host_python else ""
+        if "phase_marks" in res:
+            marks = res["phase_marks"]
+            print(f"\n### {m.name} ({m.configuration}{graphs}, unprofiled, marked at phase boundaries)\n\n"
+                  f"{lag_table(marks)}; read-back wait {marks['read_back_wait_ms']:.1f} ms", flush=True)
+        if marks_only:
+            continue
         render = timeline_table if args.kernels_only else host_table if args.host_python else table
         print(f"\n### {m.name} ({m.configuration}{graphs}{kind})\n\n{render(res)}", flush=True)
     device = torch.cuda.get_device_name(setup.device) if setup.device.type == "cuda" else "cpu"
     if args.out:
         Path(args.out).write_text(json.dumps({"device": device, "torch": torch.__version__, "modes": results},
                                              indent=1), encoding="utf-8")
+    if marks_only:
+        def paced(t: dict) -> str:
+            return (f"{t['host_paced_ms']:.0f} of {t['step_ms']:.0f} ms paced by the host" if t["gpu"]
+                    else f"{t['step_ms']:.0f} ms per step (no GPU)")
+        print(f"[profile_step] {device}: " + ", ".join(f"{k} {paced(r['phase_marks'])}" for k, r in results.items()))
+        return 0 if results else 1
     if args.host_python:
         host = ", ".join(f"{k} {r['profiled_ms_per_step']:.0f} ms" for k, r in results.items())
         print(f"[profile_step] {device}: the launching thread's profiled time per step: {host}")

@@ -1,0 +1,68 @@
+"""west.bench.step_phases: the phase boundaries of a real step, and the lag arithmetic that reads
+a GPU's marks (fed by hand here: the CPU has no second clock)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from west.bench.step_phases import StepClock, lag_table, phases, summarize
+from west.train.step import plan_step, train_step
+
+from helpers.speech import packed_batch, padded_batch, samples, tiny_model
+
+PACKED_ORDER = ["batch to device", "input embeddings", "encoder forward", "encoder rows", "projector", "splice",
+                "LLM forward", "loss", "loss backward", "LLM backward", "splice, projector backward",
+                "encoder backward, clip, read-back", "optimizer", "step end"]
+
+
+def marked_step(model, batch, clock: StepClock) -> list[dict]:
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    with clock.hooks(model, opt):
+        clock.mark("step")
+        train_step(model, [batch], plan_step([batch], 1), opt, sched, device=torch.device("cpu"), world_size=1,
+                   grad_clip=1.0)
+        clock.mark("end")
+    return phases(clock.read())
+
+
+@pytest.mark.parametrize("layout", ["pack", "padded"])
+def test_every_boundary_of_a_real_step_is_marked_in_order_and_the_hooks_go_away(layout):
+    model = tiny_model()
+    batch = packed_batch(samples(), 256) if layout == "pack" else padded_batch(samples())
+    forward_flat = model.encoder.forward_flat
+    got = marked_step(model, batch, StepClock(cuda=False))
+    assert [p["phase"] for p in got] == PACKED_ORDER
+    assert all(p["host_ms"] >= 0 and p["gpu_ms"] == p["host_ms"] and p["lag_end_ms"] == 0 for p in got)
+    assert got[PACKED_ORDER.index("encoder forward")]["host_ms"] > 0
+    # nothing stays behind: no module hooks, the encoder's own method back, no marks
+    assert model.encoder.forward_flat == forward_flat and "forward_flat" not in vars(model.encoder)
+    for m in model.modules():
+        assert not m._forward_hooks and not m._forward_pre_hooks
+    clock = StepClock(cuda=False)
+    model(batch)["loss_sum"].backward()   # unhooked: no marks
+    assert clock.read() == []
+
+
+def test_lags_say_which_phases_the_host_paces():
+    # (mark, host ms, GPU ms): the GPU reaches a mark after the host queued it
+    step = [("step", 0.0, 0.01), ("forward/encoder", 1.0, 1.02), ("after forward/encoder", 5.0, 12.0),
+            ("forward/llm", 11.9, 12.2), ("end", 20.0, 20.3)]
+    got = phases(step)
+    assert [p["phase"] for p in got] == ["batch to device", "encoder forward", "encoder rows", "LLM forward"]
+    assert got[1] == pytest.approx({"phase": "encoder forward", "host_ms": 4.0, "gpu_ms": 10.98,
+                                    "lag_start_ms": 0.02, "lag_end_ms": 7.0}, abs=1e-9)
+    slower = [(n, 2 * h, 2 * g) for n, h, g in step]   # a step twice as long: the medians are the others'
+    res = summarize([got, phases(step), phases(slower)], gpu=True)
+    assert [r["host_paced"] for r in res["phases"]] == [True, False, False, True]
+    assert res["phases"][0]["host_ms"] == 1.0 and res["step_ms"] == pytest.approx(20.0)
+    assert res["host_paced_ms"] == pytest.approx(1.0 + 8.1)
+    text = lag_table(res)
+    assert "| encoder forward | 4.0 | 11.0 | 0.0 | 7.0 |  |" in text and "9.1 ms of it in phases the host paces" in text
+    cpu = summarize([got], gpu=False)
+    assert cpu["host_paced_ms"] is None and cpu["phases"][0]["host_paced"] is None
+    assert "no GPU" in lag_table(cpu)
+    with pytest.raises(ValueError, match="different phases"):
+        summarize([got, got[:2]], gpu=True)
+    with pytest.raises(ValueError, match="no steps"):
+        summarize([], gpu=True)

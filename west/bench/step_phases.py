@@ -1,0 +1,184 @@
+"""The phases of a training step, and where the host and the GPU are at each boundary, unprofiled.
+
+:func:`phase_hooks` finds the boundaries: the model's forward, its encoder, projector and LLM
+decoder, the gradients arriving at the decoder's output and input and at the encoder's output,
+and the optimizer step. It uses hooks, so the production step runs unchanged. ``tools/profile_step.py``
+opens profiler ranges there. :class:`StepClock` drops marks there instead.
+
+Why marks: a profiler slows the host it measures (2.4x per step at the seed's shapes on an
+H200), so the profiled trace cannot say which phases the host paces once the profiler is off.
+A mark costs a clock read and, on CUDA, one event queued on the current stream. After the step
+each mark says when the host reached it and when the GPU did. The difference, the *lag*, is how
+much work the host had queued ahead. A lag near zero means the GPU had caught up and was waiting
+for the host's next launch. A phase that ends with near-zero lag, and starts with near-zero lag,
+is paced by the host. On a CPU the operators run as they are called: every lag is zero and the
+table gives the host's time per phase.
+"""
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from typing import Callable, Iterator, Optional
+
+import torch
+
+# Where the gradient hooks mark, by the tensor whose gradient arrived.
+GRAD_POINTS = ("llm output", "llm input", "encoder output")
+
+# What runs from each boundary to the next, in a packed step's order (a mark names what it starts).
+TIMELINE_NAMES = {
+    "step": "batch to device", "forward": "input embeddings", "forward/encoder": "encoder forward",
+    "after forward/encoder": "encoder rows", "forward/projector": "projector",
+    "after forward/projector": "splice", "forward/llm": "LLM forward", "after forward/llm": "loss",
+    "after forward": "loss backward", "llm output": "LLM backward", "llm input": "splice, projector backward",
+    "encoder output": "encoder backward, clip, read-back", "optimizer": "optimizer",
+    "after optimizer": "step end", "end": "end",
+}
+
+
+@contextlib.contextmanager
+def phase_hooks(model: torch.nn.Module, optimizer: torch.optim.Optimizer, enter: Callable[[str], None],
+                leave: Callable[[str], None], grad: Optional[Callable[[str], None]] = None) -> Iterator[None]:
+    """Call ``enter(part)`` / ``leave(part)`` around the model's forward (``forward``), its
+    ``forward/encoder``, ``forward/projector`` and ``forward/llm``, and the ``optimizer`` step; with
+    ``grad``, also ``grad(point)`` when a gradient reaches a :data:`GRAD_POINTS` tensor (on
+    autograd's thread). The encoder runs through ``forward_flat``, a method, which fires no module
+    hooks: it is wrapped on the instance for the block."""
+    def pre(name: str):
+        return lambda *args: enter(name)
+
+    def post(name: str, point: Optional[str] = None):
+        def hook(module, args, output) -> None:
+            leave(name)
+            if point is not None:
+                _on_grad(getattr(output, "last_hidden_state", output), point)
+        return hook
+
+    def _on_grad(t, point: str) -> None:
+        if grad is not None and isinstance(t, torch.Tensor) and t.requires_grad:
+            t.register_hook(lambda g: grad(point))
+
+    def llm_input(module, args, kwargs) -> None:
+        enter("forward/llm")
+        _on_grad(kwargs.get("inputs_embeds", args[0] if args else None), "llm input")
+
+    decoder = model._base_llm().get_decoder() if hasattr(model, "_base_llm") else None
+    handles = [model.register_forward_pre_hook(pre("forward")), model.register_forward_hook(post("forward"),
+                                                                                            always_call=True)]
+    if getattr(model, "projector", None) is not None:
+        handles += [model.projector.register_forward_pre_hook(pre("forward/projector")),
+                    model.projector.register_forward_hook(post("forward/projector"), always_call=True)]
+    if decoder is not None:
+        handles += [decoder.register_forward_pre_hook(llm_input, with_kwargs=True),
+                    decoder.register_forward_hook(post("forward/llm", "llm output"), always_call=True)]
+    handles += [optimizer.register_step_pre_hook(pre("optimizer")),
+                optimizer.register_step_post_hook(lambda *args: leave("optimizer"))]
+    encoder = getattr(model, "encoder", None)
+    if encoder is not None:
+        inner = encoder.forward_flat
+
+        def forward_flat(*args, **kwargs):
+            enter("forward/encoder")
+            try:
+                out = inner(*args, **kwargs)
+            finally:
+                leave("forward/encoder")
+            _on_grad(out[0], "encoder output")
+            return out
+        encoder.forward_flat = forward_flat
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        if encoder is not None:
+            del encoder.forward_flat
+
+
+class StepClock:
+    """Marks at phase boundaries: the host's clock, and on CUDA an event on the current stream."""
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+        self.marks: list[tuple[str, float, Optional[torch.cuda.Event]]] = []
+
+    def mark(self, name: str) -> None:
+        event = None
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+        self.marks.append((name, time.perf_counter(), event))
+
+    @contextlib.contextmanager
+    def hooks(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Iterator[None]:
+        with phase_hooks(model, optimizer, self.mark, lambda part: self.mark("after " + part), self.mark):
+            yield
+
+    def read(self) -> list[tuple[str, float, float]]:
+        """(name, host ms, GPU ms) of every mark since the first, in the host's order; clears the marks.
+        Waits for the last event. On a CPU the GPU column repeats the host's."""
+        marks, self.marks = sorted(self.marks, key=lambda m: m[1]), []
+        if not marks:
+            return []
+        if self.cuda:
+            marks[-1][2].synchronize()
+        h0, e0 = marks[0][1], marks[0][2]
+        out = []
+        for name, host, event in marks:
+            ms = 1e3 * (host - h0)
+            out.append((name, ms, e0.elapsed_time(event) if self.cuda else ms))
+        return out
+
+
+def phases(marks: list[tuple[str, float, float]]) -> list[dict]:
+    """Consecutive marks of one step -> one phase each, named by :data:`TIMELINE_NAMES` for the mark
+    that opens it: host ms, GPU ms (the span between the GPU reaching its two marks, idle included)
+    and the lag at its start and end (GPU time minus host time at the mark)."""
+    out = []
+    for (a, ha, ga), (_, hb, gb) in zip(marks, marks[1:]):
+        out.append({"phase": TIMELINE_NAMES.get(a, a), "host_ms": hb - ha, "gpu_ms": gb - ga,
+                    "lag_start_ms": ga - ha, "lag_end_ms": gb - hb})
+    return out
+
+
+def summarize(steps: list[list[dict]], gpu: bool, paced_ms: float = 0.5) -> dict:
+    """Medians over steps, phase by phase (steps whose phases differ from the first's are refused).
+    On a GPU a phase is *host-paced* when its lag is under ``paced_ms`` at both ends: the GPU
+    waited on the host when it began and again when it ended. Without one (``gpu`` false) there
+    is no lag to read: ``host_paced`` is None."""
+    if not steps:
+        raise ValueError("no steps to summarize")
+    names = [p["phase"] for p in steps[0]]
+    for s in steps[1:]:
+        if [p["phase"] for p in s] != names:
+            raise ValueError(f"steps have different phases: {names} and {[p['phase'] for p in s]}")
+    rows = []
+    for i, name in enumerate(names):
+        row = {"phase": name}
+        for key in ("host_ms", "gpu_ms", "lag_start_ms", "lag_end_ms"):
+            row[key] = statistics.median(s[i][key] for s in steps)
+        row["host_paced"] = (row["lag_start_ms"] < paced_ms and row["lag_end_ms"] < paced_ms) if gpu else None
+        rows.append(row)
+    paced = sum(r["host_ms"] for r in rows if r["host_paced"]) if gpu else None
+    return {"steps": len(steps), "gpu": gpu, "step_ms": sum(r["host_ms"] for r in rows), "host_paced_ms": paced,
+            "paced_below_ms": paced_ms, "phases": rows}
+
+
+def lag_table(res: dict) -> str:
+    """Markdown table of :func:`summarize`'s result, and one line that reads it."""
+    if not res["gpu"]:
+        lines = ["| phase | host ms |", "|---|---|"]
+        lines += [f"| {r['phase']} | {r['host_ms']:.1f} |" for r in res["phases"]]
+        lines += ["", f"{res['steps']} steps, medians: {res['step_ms']:.1f} ms per step (no GPU: the host's time alone)"]
+        return "\n".join(lines)
+    lines = ["| phase | host ms | GPU ms (span) | host ahead at start, ms | at end, ms | paced by the host |",
+             "|---|---|---|---|---|---|"]
+    for r in res["phases"]:
+        lines.append(f"| {r['phase']} | {r['host_ms']:.1f} | {r['gpu_ms']:.1f} | {r['lag_start_ms']:.1f} | "
+                     f"{r['lag_end_ms']:.1f} | {'yes' if r['host_paced'] else ''} |")
+    lines.append("")
+    lines.append(f"{res['steps']} steps, medians: {res['step_ms']:.1f} ms per step, "
+                 f"{res['host_paced_ms']:.1f} ms of it in phases the host paces "
+                 f"(the GPU less than {res['paced_below_ms']} ms behind at both ends)")
+    return "\n".join(lines)
