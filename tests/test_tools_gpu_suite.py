@@ -28,6 +28,7 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert "| train_fused_rotary |" in suite                            # rotary: one autograd node
     assert "Python on the launching thread" in suite and "| `<method 'run_backward'" in suite   # hostpy
     assert suite.count("unprofiled, marked at phase boundaries") == 5   # marks: 3 modes, with the cuts; hostpy_graphs
+    assert "| train_marks |" in suite and "train_marks, phase by phase (train.phase_marks)" in suite   # west-train marked
     assert "| train_static |" in suite and "| train_static_cudnn |" in suite   # cudnn: static batches, SDPA off/on
     assert "| host launch s | sync wait s | device allocs | alloc retries |" in suite
     assert "| train_graphs |" in suite and "LLM rows padded (eager) at 1024 tokens, 0 unpadded (train.cuda_graphs)" in suite

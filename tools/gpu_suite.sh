@@ -43,7 +43,7 @@ done
 has() { [[ ",$parts," == *",$1,"* ]]; }
 declare -A estimate=([build]=55 [train]=40 [bench]=430 [profile]=65 [compile]=110 [ckpt]=50 [syncs]=50
                      [attention]=90 [headroom]=130 [big]=300 [gap]=45 [profile_compiled]=120 [graphs]=150 [kernels]=75
-                     [norm]=45 [cudnn]=90 [hostpy]=80 [contention]=90 [weights]=45 [rotary]=45 [marks]=60)   # seconds on one H100/H200: measured, or guessed for new parts
+                     [norm]=45 [cudnn]=90 [hostpy]=80 [contention]=90 [weights]=45 [rotary]=45 [marks]=105)   # seconds on one H100/H200: measured, or guessed for new parts
 failed=(); skipped=(); fallback=
 part() {   # name: run part_<name> in a subshell; a failed part is logged and the next one runs
   has "$1" || return 0
@@ -191,9 +191,10 @@ part_kernels() {
   profile_run kernels_graphs pack --kernels_only --train.cuda_graphs true   # the decoder replayed
 }
 part_marks() {   # which phases of the step the host paces, with nothing slowing it (a profiler did, 2.4x)
-  log "marks: unprofiled steps marked at phase boundaries (host and GPU clocks), per mode; then with both operator cuts"
+  log "marks: unprofiled steps marked at phase boundaries (host and GPU clocks), per mode, then with both operator cuts; west-train marked"
   profile_run marks pack,pack_encoder_padded,static --phase_marks --steps 6
   profile_run marks_cuts pack --phase_marks --train.precision bf16 --train.bf16_weights true --model.llm.fused_rotary true
+  train_run train_marks --train.phase_marks true   # west-train's phases: which of them its 1.27x is in
 }
 part_hostpy() {   # the graphs cut launches by 45 % and the host's time per step not at all (H200): where is it?
   log "hostpy: the pack step's Python on the launching thread (cProfile), eager and with train.cuda_graphs (marked first)"

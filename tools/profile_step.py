@@ -20,7 +20,7 @@ modes with the LLM decoder replayed from CUDA graphs, as west-train runs it.
 launching thread does in Python, by function, per step (west.bench.host_profile).
 
 ``--phase_marks`` first runs the same steps with no profiler at all, marked at each phase boundary
-(west.bench.step_phases): per phase, the host's time, the GPU's, and how far the host was ahead
+(west.train.phase_marks): per phase, the host's time, the GPU's, and how far the host was ahead
 of the GPU at its start and end, so which phases the host paces once nothing slows it. Alone it
 runs nothing else; with ``--host_python`` or ``--kernels_only``, those follow.
 
@@ -38,15 +38,15 @@ from pathlib import Path
 from typing import Iterator
 
 from west.bench.host_profile import host_table, profile_calls, top_functions
-from west.bench.step_phases import StepClock, lag_table, phase_hooks, phases, summarize
 from west.bench.tool_setup import add_setup_args
 from west.bench.trace_gaps import PREFIX, STEP, analyse, kernel_timeline, load_events, table, timeline_table
+from west.train.phase_marks import StepClock, lag_table, phase_hooks, summarize
 
 
 @contextlib.contextmanager
 def phase_ranges(model, optimizer) -> Iterator[None]:
     """``west:`` profiler ranges around the model's forward and its parts and the optimizer step
-    (west.bench.step_phases.phase_hooks: the production step is unchanged)."""
+    (west.train.phase_marks.phase_hooks: the production step is unchanged)."""
     from torch.profiler import record_function
 
     open_ranges = []
@@ -61,19 +61,17 @@ def phase_ranges(model, optimizer) -> Iterator[None]:
 
 
 def marked_steps(runner, batches, opt, sched) -> dict:
-    """The steps unprofiled, with a mark at each phase boundary (west.bench.step_phases): the
+    """The steps unprofiled, with a mark at each phase boundary (west.train.phase_marks): the
     host's and the GPU's time per phase and how far the host ran ahead of the GPU at each."""
     import statistics
 
     clock = StepClock(runner.device.type == "cuda")
     steps, waits = [], []
-    with clock.hooks(runner.model, opt):
-        for b in batches:
-            clock.mark("step")
+    for b in batches:
+        with clock.around_step(runner.model, opt):
             res = runner.step(b, opt, sched)
-            clock.mark("end")
-            steps.append(phases(clock.read()))
-            waits.append(res.sync_wait_s)
+        steps.append(clock.last)
+        waits.append(res.sync_wait_s)
     out = summarize(steps, gpu=clock.cuda)
     out["read_back_wait_ms"] = 1e3 * statistics.median(waits)   # inside the "read-back" phase
     return out

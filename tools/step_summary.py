@@ -6,7 +6,8 @@ the medians: step time, utterances and real LLM tokens per second, loader wait, 
 SM % (NVML, when sampled), peak allocated memory, and the host's split of the step (queueing
 forward/backward/clip, then blocked in the step's one read-back: near 0 on a GPU when the host
 paces the step), and the mean per step of the CUDA caching allocator's device allocations and
-flush-and-retry events (0 in a steady state). Not a test.
+flush-and-retry events (0 in a steady state). A run with ``train.phase_marks`` also gets its
+phases' table: host and GPU ms per phase and how far the host was ahead of the GPU. Not a test.
 
     python tools/step_summary.py exp/run/train_log.jsonl --name pack --skip 5
 """
@@ -16,6 +17,9 @@ import argparse
 import json
 import statistics
 from pathlib import Path
+
+from west.train.phase_marks import lag_table
+from west.train.phase_marks import summarize as phase_summary
 
 COLUMNS = (("step_time_s", "step s", "{:.3f}"), ("utts_per_s", "utts/s", "{:.0f}"),
            ("tokens_per_s", "LLM tokens/s", "{:,.0f}"), ("data_wait_s", "loader wait s", "{:.4f}"),
@@ -37,6 +41,9 @@ def summarize(path: Path, skip: int) -> dict:
         out[key] = (statistics.fmean if key in EVENTS else statistics.median)(values) if values else None
     if out["peak_mem_mb"] is not None:
         out["peak_mem_mb"] = max(s["peak_mem_mb"] for s in steps) / 1024
+    marked = [s["phase_marks"] for s in steps if "phase_marks" in s]
+    if marked:   # train.phase_marks: the phases' medians (west.train.phase_marks)
+        out["phase_marks"] = phase_summary([m["phases"] for m in marked], gpu=marked[0]["gpu"])
     return out
 
 
@@ -50,6 +57,8 @@ def main(argv=None) -> int:
     head = "| run | steps | " + " | ".join(title for _, title, _ in COLUMNS) + " |"
     cells = [fmt.format(s[key]) if s[key] is not None else "–" for key, _, fmt in COLUMNS]
     print(f"{head}\n|{'---|' * (len(COLUMNS) + 2)}\n| {a.name} | {s['steps']} | " + " | ".join(cells) + " |")
+    if "phase_marks" in s:
+        print(f"\n{a.name}, phase by phase (train.phase_marks):\n\n{lag_table(s['phase_marks'])}")
     return 0
 
 

@@ -33,6 +33,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from west.models.working_weights import clear_working_grads
+from west.train.phase_marks import phase_hooks
 from west.train.step import autocast
 
 PHASES = ("forward", "backward", "optimizer", "other")
@@ -88,26 +89,20 @@ class OpCounter(TorchDispatchMode):
         return out
 
 
-@contextlib.contextmanager
-def step_phases(counter: OpCounter, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Iterator[None]:
-    """Label ``model(...)`` as forward and ``optimizer.step()`` as optimizer while the block runs."""
-    def enter(name: str):
-        def hook(*args) -> None:   # returns None: a forward hook's return value would replace the output
+def step_phases(counter: OpCounter, model: torch.nn.Module,
+                optimizer: torch.optim.Optimizer) -> contextlib.AbstractContextManager:
+    """Label ``model(...)`` as forward and ``optimizer.step()`` as optimizer while the block runs
+    (the forward's parts count as forward)."""
+    top = ("forward", "optimizer")
+
+    def enter(name: str) -> None:
+        if name in top:
             counter._stack.append(name)
-        return hook
 
-    def leave(*args) -> None:
-        counter._stack.pop()
-
-    handles = [model.register_forward_pre_hook(enter("forward")),
-               model.register_forward_hook(leave, always_call=True),
-               optimizer.register_step_pre_hook(enter("optimizer")),
-               optimizer.register_step_post_hook(leave)]
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
+    def leave(name: str) -> None:
+        if name in top:
+            counter._stack.pop()
+    return phase_hooks(model, optimizer, enter, leave)
 
 
 def count_step_ops(runner, batches: Sequence, warmup_steps: int = 1) -> dict:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import random
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Iterator, Optional, Protocol
 
@@ -46,6 +47,7 @@ from west.train.distributed import DistInfo, wrap_model
 from west.train.evaluate import Evaluator
 from west.train.gpu_monitor import build_monitor
 from west.train.metrics import AllocatorEvents, EpochTotals, MetricsLogger, peak_memory_mb, step_record
+from west.train.phase_marks import StepClock
 from west.train.preempt import Preemption
 from west.train.profiling import build_profiler
 from west.train.schedule import optimizer_from_config, scheduler_from_config
@@ -118,6 +120,7 @@ class Trainer:
         self.evaluated: tuple[int, dict] = (-1, {})  # step and figures of the latest dev evaluation
         self.best: Optional[dict] = None  # the best evaluation so far by train.best_metric
         self.preemption = Preemption(train.preempt_signals)  # handlers set while fit() runs
+        self.clock = StepClock(info.device.type == "cuda") if train.phase_marks else None
         self.preempted: Optional[str] = None  # the signal, once all ranks agreed to stop
 
     def _total_steps(self) -> int:
@@ -252,14 +255,17 @@ class Trainer:
                 self._agree_to_stop(plan.stop_ranks)
             if plan.global_real_batches == 0:
                 return True  # fit() looks at self.preempted before the epoch-end work
-            result: StepResult = train_step(
-                self.model, batches, plan, self.optimizer, self.scheduler, device=self.info.device,
-                world_size=self.info.world_size, grad_clip=self.cfg.grad_clip,
-                precision=self.cfg.precision, weights=self.weights)
+            marks = self.clock.around_step(unwrap(self.model), self.optimizer) if self.clock else nullcontext()
+            with marks:
+                result: StepResult = train_step(
+                    self.model, batches, plan, self.optimizer, self.scheduler, device=self.info.device,
+                    world_size=self.info.world_size, grad_clip=self.cfg.grad_clip,
+                    precision=self.cfg.precision, weights=self.weights)
             self.step += 1
             wall = time.perf_counter() - t0
+            marked = {"phase_marks": {"gpu": self.clock.cuda, "phases": self.clock.last}} if self.clock else {}
             rec = step_record(self.step, self.epoch, result, wall, peak_memory_mb(self.info.device),
-                              {"data_wait_s": data_s, **monitor.read(), **allocator.read()})
+                              {"data_wait_s": data_s, **monitor.read(), **allocator.read(), **marked})
             logger.log_step(rec)
             logger.log_audit(self.step, self.epoch, [k for b in batches for k in b.keys])
             self.totals.add(rec, result.loss_sum)

@@ -3,7 +3,8 @@
 :func:`phase_hooks` finds the boundaries: the model's forward, its encoder, projector and LLM
 decoder, the gradients arriving at the decoder's output and input and at the encoder's output,
 and the optimizer step. It uses hooks, so the production step runs unchanged. ``tools/profile_step.py``
-opens profiler ranges there. :class:`StepClock` drops marks there instead.
+opens profiler ranges there, the operator counter labels its counts, and :class:`StepClock` drops
+marks there (``train.phase_marks`` in west-train, ``profile_step.py --phase_marks``).
 
 Why marks: a profiler slows the host it measures (2.4x per step at the seed's shapes on an
 H200), so the profiled trace cannot say which phases the host paces once the profiler is off.
@@ -27,7 +28,7 @@ import torch
 GRAD_POINTS = ("llm output", "llm input", "encoder output")
 
 # What runs from each boundary to the next, in a packed step's order (a mark names what it starts).
-TIMELINE_NAMES = {
+PHASE_NAMES = {
     "step": "batch to device", "forward": "input embeddings", "forward/encoder": "encoder forward",
     "after forward/encoder": "encoder rows", "forward/projector": "projector",
     "after forward/projector": "splice", "forward/llm": "LLM forward", "after forward/llm": "loss",
@@ -102,9 +103,14 @@ class StepClock:
     def __init__(self, cuda: bool) -> None:
         self.cuda = cuda
         self.marks: list[tuple[str, float, Optional[torch.cuda.Event]]] = []
+        self.last: list[dict] = []   # the phases of the step :meth:`around_step` marked last
 
     def mark(self, name: str) -> None:
+        """A mark now. None while a CUDA graph is being captured (``train.cuda_graphs``' first step): a
+        timing event has no place in a graph, and that step is not a steady one anyway."""
         event = None
+        if self.cuda and torch.cuda.is_current_stream_capturing():
+            return
         if self.cuda:
             event = torch.cuda.Event(enable_timing=True)
             event.record()
@@ -114,6 +120,17 @@ class StepClock:
     def hooks(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Iterator[None]:
         with phase_hooks(model, optimizer, self.mark, lambda part: self.mark("after " + part), self.mark):
             yield
+
+    @contextlib.contextmanager
+    def around_step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Iterator[None]:
+        """Mark the step run in the block (hooks only meanwhile) and keep its phases in :attr:`last`.
+        On CUDA this waits for the step's last kernels (the optimizer's, after the step's read-back)."""
+        self.marks = []
+        with self.hooks(model, optimizer):
+            self.mark("step")
+            yield
+            self.mark("end")
+        self.last = phases(self.read())
 
     def read(self) -> list[tuple[str, float, float]]:
         """(name, host ms, GPU ms) of every mark since the first, in the host's order; clears the marks.
@@ -132,37 +149,38 @@ class StepClock:
 
 
 def phases(marks: list[tuple[str, float, float]]) -> list[dict]:
-    """Consecutive marks of one step -> one phase each, named by :data:`TIMELINE_NAMES` for the mark
+    """Consecutive marks of one step -> one phase each, named by :data:`PHASE_NAMES` for the mark
     that opens it: host ms, GPU ms (the span between the GPU reaching its two marks, idle included)
     and the lag at its start and end (GPU time minus host time at the mark)."""
     out = []
     for (a, ha, ga), (_, hb, gb) in zip(marks, marks[1:]):
-        out.append({"phase": TIMELINE_NAMES.get(a, a), "host_ms": hb - ha, "gpu_ms": gb - ga,
+        out.append({"phase": PHASE_NAMES.get(a, a), "host_ms": hb - ha, "gpu_ms": gb - ga,
                     "lag_start_ms": ga - ha, "lag_end_ms": gb - hb})
     return out
 
 
 def summarize(steps: list[list[dict]], gpu: bool, paced_ms: float = 0.5) -> dict:
-    """Medians over steps, phase by phase (steps whose phases differ from the first's are refused).
-    On a GPU a phase is *host-paced* when its lag is under ``paced_ms`` at both ends: the GPU
-    waited on the host when it began and again when it ended. Without one (``gpu`` false) there
-    is no lag to read: ``host_paced`` is None."""
+    """Medians over steps, phase by phase, of the steps with the most common sequence of phases
+    (a step of dummy batches, without speech, has fewer; ``left_out`` counts the others). On a GPU
+    a phase is *host-paced* when its lag is under ``paced_ms`` at both ends: the GPU waited on the
+    host when it began and again when it ended. Without one (``gpu`` false) there is no lag to read:
+    ``host_paced`` is None."""
     if not steps:
         raise ValueError("no steps to summarize")
-    names = [p["phase"] for p in steps[0]]
-    for s in steps[1:]:
-        if [p["phase"] for p in s] != names:
-            raise ValueError(f"steps have different phases: {names} and {[p['phase'] for p in s]}")
+    sequences = [tuple(p["phase"] for p in s) for s in steps]
+    names = max(sequences, key=sequences.count)
+    kept = [s for s, seq in zip(steps, sequences) if seq == names]
     rows = []
     for i, name in enumerate(names):
         row = {"phase": name}
         for key in ("host_ms", "gpu_ms", "lag_start_ms", "lag_end_ms"):
-            row[key] = statistics.median(s[i][key] for s in steps)
+            row[key] = statistics.median(s[i][key] for s in kept)
         row["host_paced"] = (row["lag_start_ms"] < paced_ms and row["lag_end_ms"] < paced_ms) if gpu else None
         rows.append(row)
     paced = sum(r["host_ms"] for r in rows if r["host_paced"]) if gpu else None
-    return {"steps": len(steps), "gpu": gpu, "step_ms": sum(r["host_ms"] for r in rows), "host_paced_ms": paced,
-            "paced_below_ms": paced_ms, "phases": rows}
+    return {"steps": len(kept), "left_out": len(steps) - len(kept), "gpu": gpu,
+            "step_ms": sum(r["host_ms"] for r in rows), "host_paced_ms": paced, "paced_below_ms": paced_ms,
+            "phases": rows}
 
 
 def lag_table(res: dict) -> str:
@@ -178,7 +196,8 @@ def lag_table(res: dict) -> str:
         lines.append(f"| {r['phase']} | {r['host_ms']:.1f} | {r['gpu_ms']:.1f} | {r['lag_start_ms']:.1f} | "
                      f"{r['lag_end_ms']:.1f} | {'yes' if r['host_paced'] else ''} |")
     lines.append("")
-    lines.append(f"{res['steps']} steps, medians: {res['step_ms']:.1f} ms per step, "
+    other = f" ({res['left_out']} with other phases left out)" if res.get("left_out") else ""
+    lines.append(f"{res['steps']} steps{other}, medians: {res['step_ms']:.1f} ms per step, "
                  f"{res['host_paced_ms']:.1f} ms of it in phases the host paces "
                  f"(the GPU less than {res['paced_below_ms']} ms behind at both ends)")
     return "\n".join(lines)
