@@ -5,7 +5,7 @@
 # syncs, trains with train.compile and checks the attention kernels. Tables, JSON and logs go to
 # OUT (at most 8 files, for the device tool).
 #
-#   bash tools/gpu_suite.sh OUT [--parts build,train,marks,weights,rotary,hostpy,gap,cudnn,contention,kernels,profile_compiled,norm,graphs,
+#   bash tools/gpu_suite.sh OUT [--parts build,train,marks,pyspy,weights,rotary,gap,hostpy,cudnn,contention,kernels,profile_compiled,norm,graphs,
 #        profile,syncs,attention,compile,ckpt,headroom,bench]
 #        [--num_utts 700]
 #        (parts run in the order given; a failed part is logged and the next one runs)
@@ -21,7 +21,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 [ $# -ge 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-parts=build,train,marks,weights,rotary,hostpy,gap,cudnn,contention,kernels,profile_compiled,norm,graphs,profile,syncs,attention,compile,ckpt,headroom,bench   # open questions first
+parts=build,train,marks,pyspy,weights,rotary,gap,hostpy,cudnn,contention,kernels,profile_compiled,norm,graphs,profile,syncs,attention,compile,ckpt,headroom,bench   # open questions first
 num_utts=700
 num_train=800
 memory_budget=24GiB
@@ -33,6 +33,7 @@ budget=0
 steps=40
 workers=4
 prof_steps=3; prof_utts=300   # profiled steps per mode and the utterances they come from (profile, profile_compiled)
+launcher=()                    # what profile_run runs its tool under (part pyspy: the sampling profiler)
 while [ $# -gt 0 ]; do
   case $1 in
     --parts|--num_utts|--memory_budget|--python|--work_dir|--device|--steps|--num_train|--budget) declare "${1#--}=$2"; shift 2 ;;
@@ -43,7 +44,7 @@ done
 has() { [[ ",$parts," == *",$1,"* ]]; }
 declare -A estimate=([build]=55 [train]=40 [bench]=430 [profile]=65 [compile]=110 [ckpt]=50 [syncs]=50
                      [attention]=90 [headroom]=130 [big]=300 [gap]=45 [profile_compiled]=120 [graphs]=150 [kernels]=75
-                     [norm]=45 [cudnn]=90 [hostpy]=80 [contention]=90 [weights]=45 [rotary]=45 [marks]=105)   # seconds on one H100/H200: measured, or guessed for new parts
+                     [norm]=45 [cudnn]=90 [hostpy]=80 [contention]=90 [weights]=45 [rotary]=45 [marks]=105 [pyspy]=70)   # seconds on one H100/H200: measured, or guessed for new parts
 failed=(); skipped=(); fallback=
 part() {   # name: run part_<name> in a subshell; a failed part is logged and the next one runs
   has "$1" || return 0
@@ -177,12 +178,12 @@ part_syncs() {
     --data.cmvn "$data/train/global_cmvn.json" --num_utts 200 --steps 5 --pack_tokens "$pack" \
     --batch_size "$batch" --max_tokens_in_batch "$max_tokens" --out "$out/syncs.json" 2>&1 | tee -a "$out/suite.log" | tail -7
 }
-profile_run() {   # json name, modes, extra args...
+profile_run() {   # json name, modes, extra args... (run under ${launcher[@]} when set: a sampling profiler)
   local name=$1 modes=$2; shift 2
-  "$python" "$repo/tools/profile_step.py" --config "$conf" "${common[@]}" --data "$data/train/data.list" \
+  ${launcher[@]+"${launcher[@]}"} "$python" "$repo/tools/profile_step.py" --config "$conf" "${common[@]}" --data "$data/train/data.list" \
     --data.cmvn "$data/train/global_cmvn.json" --num_utts "$(( num_utts < prof_utts ? num_utts : prof_utts ))" --steps "$prof_steps" \
     --modes "$modes" --pack_tokens "$pack" --batch_size "$batch" --max_tokens_in_batch "$max_tokens" \
-    --out "$out/$name.json" "$@" 2>&1 | tee -a "$out/suite.log" | sed -n '/^### /,$p' | tee -a "$out/suite.md"
+    --out "$out/$name.json" "$@" 2>&1 | tee -a "$out/suite.log" | sed -n -e '/^py-spy> /d' -e '/^### /,$p' | tee -a "$out/suite.md"
 }
 part_kernels() {
   [ "$device" = cuda ] || { log "kernels: skipped (a kernels-only trace needs CUDA)"; return 0; }
@@ -195,6 +196,20 @@ part_marks() {   # which phases of the step the host paces, with nothing slowing
   profile_run marks pack,pack_encoder_padded,static --phase_marks --steps 6
   profile_run marks_cuts pack --phase_marks --train.precision bf16 --train.bf16_weights true --model.llm.fused_rotary true
   train_run train_marks --train.phase_marks true   # west-train's phases: which of them its 1.27x is in
+}
+part_pyspy() {   # where the launching thread's time goes in C++ and the driver too (cProfile sees Python only)
+  local spy warm=2 rate=200 n=$(( prof_steps * 6 ))
+  spy=$(command -v py-spy || true)
+  [ -n "$spy" ] || [ ! -x /tmp/site/bin/py-spy ] || spy=/tmp/site/bin/py-spy
+  [ -n "$spy" ] || { log "pyspy: skipped (no py-spy: tools/gpu_wheels.sh puts its wheel into .whl/)"; return 0; }
+  log "pyspy: native stack samples of pack steps, the backward on the launching thread (py-spy, tools/stack_summary.py)"
+  rm -f "$work_dir/pyspy_stacks.txt"
+  launcher=("$spy" record --native --idle --rate "$rate" --format raw -o "$work_dir/pyspy_stacks.txt" --)
+  profile_run pyspy_marks pack --phase_marks --single_thread_backward --steps "$n" --warmup_steps "$warm"
+  launcher=()
+  [ -s "$work_dir/pyspy_stacks.txt" ] || { log "pyspy: no samples (py-spy may not be allowed to trace here: suite.log)"; return 1; }
+  "$python" "$repo/tools/stack_summary.py" "$work_dir/pyspy_stacks.txt" --rate "$rate" --steps "$(( n + warm ))" \
+    --out "$out/pyspy.json" | tee -a "$out/suite.md"
 }
 part_hostpy() {   # the graphs cut launches by 45 % and the host's time per step not at all (H200): where is it?
   log "hostpy: the pack step's Python on the launching thread (cProfile), eager and with train.cuda_graphs (marked first)"

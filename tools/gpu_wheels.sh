@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What tools/gpu_suite.sh needs on a lent GPU machine that its image lacks (no network there):
-# x86-64 wheels for Python 3.12 of west's data stack, and the top of jieba's word list (the
+# x86-64 wheels for Python 3.12 of west's data stack, py-spy, and the top of jieba's word list (the
 # corpus synthesizer's vocabulary source; jieba itself ships no wheel). Written to REPO/.whl/,
 # which git ignores through .git/info/exclude and the device tool carries (`carry: [".whl"]`).
 #
@@ -19,6 +19,9 @@ for p in manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_24_x86_64 manyli
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$pyver" --implementation cp \
   "${platforms[@]}" -d "$dest" espeakng-loader soxr soundfile cffi pycparser kaldi-native-fbank kaldiio \
   editdistance 2> >(grep -v "is ignored: it is neither" >&2)
+# py-spy (the suite's part pyspy: native stack samples of the launching thread): one static binary
+python3 -m pip download -q --no-deps --only-binary=:all: --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 \
+  -d "$dest" py-spy 2> >(grep -v "is ignored: it is neither" >&2)
 dict=$("${PYTHON:-$repo/.venv/bin/python}" -c 'import importlib.resources as r; print(r.files("jieba").joinpath("dict.txt"))')
 sort -k2,2nr "$dict" | awk "NR <= 20000" >"$dest/jieba_dict.txt"   # awk reads on: no SIGPIPE
 ls -la "$dest"

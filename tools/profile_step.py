@@ -24,6 +24,11 @@ launching thread does in Python, by function, per step (west.bench.host_profile)
 of the GPU at its start and end, so which phases the host paces once nothing slows it. Alone it
 runs nothing else; with ``--host_python`` or ``--kernels_only``, those follow.
 
+``--single_thread_backward`` runs every step's backward on the launching thread
+(``torch.autograd.set_multithreading_enabled(False)``) instead of autograd's thread per CUDA
+device, so that cProfile or a sampling profiler of that thread (py-spy, ``tools/stack_summary.py``)
+sees the backward too; its marks say whether the step's time changes with it.
+
     python tools/profile_step.py --config recipes/aishell/conf/seed_gpu.yaml --model.llm.path exp/seed_llm \\
         --data data/train/data.list --data.cmvn data/train/global_cmvn.json --modes pack,pack_encoder_padded \\
         --steps 3 --out profile.json [--trace_dir traces]
@@ -138,6 +143,9 @@ def main(argv=None) -> int:
                         "(whose recording slows the host being measured): busy time, idle gaps by cause and length")
     p.add_argument("--host_python", action="store_true",
                    help="run the profiled steps under cProfile: the launching thread's Python time by function")
+    p.add_argument("--single_thread_backward", action="store_true",
+                   help="run the backward on the launching thread (torch.autograd.set_multithreading_enabled(False)) "
+                        "instead of autograd's CUDA device thread: what a sampling profiler of that thread sees")
     p.add_argument("--phase_marks", action="store_true",
                    help="first run the profiled steps unprofiled, with a mark (a CUDA event) at each phase boundary: "
                         "the host's and the GPU's time per phase and how far the host was ahead; alone, only that")
@@ -174,14 +182,16 @@ def main(argv=None) -> int:
             batches = [batches[i % len(batches)] for i in range(need)]
         with model_overrides(setup.runner.model, m.model), \
                 graphed_llm(setup.runner.model, m, setup.cfg.train, setup.device) as static:
-            res = profile_mode(setup.runner, batches, args.warmup_steps, traces / f"{m.name}.json", args.kernels_only,
-                               args.host_python, args.phase_marks)
+            with torch.autograd.set_multithreading_enabled(not args.single_thread_backward):
+                res = profile_mode(setup.runner, batches, args.warmup_steps, traces / f"{m.name}.json",
+                                   args.kernels_only, args.host_python, args.phase_marks)
             if static is not None:   # train.cuda_graphs: the decoder replayed, as in west-train
                 res["llm_graph"] = static.summary()
         results[m.name] = res
         graphs = f", {compilations()} graphs compiled so far" if setup.cfg.train.compile else ""
         graphs += f", {res['llm_graph']}" if "llm_graph" in res else ""
         kind = ", kernels only" if args.kernels_only else ", Python on the launching thread" if args.host_python else ""
+        graphs += ", backward on the launching thread" if args.single_thread_backward else ""
         if "phase_marks" in res:
             marks = res["phase_marks"]
             print(f"\n### {m.name} ({m.configuration}{graphs}, unprofiled, marked at phase boundaries)\n\n"

@@ -1,0 +1,78 @@
+"""west.bench.stack_samples and tools/stack_summary.py on py-spy's raw format (lines written as
+py-spy 0.4 writes them with --native --threads; py-spy itself is not needed here)."""
+import json
+import sys
+
+import pytest
+
+from west.bench.stack_samples import library, parse_raw, summarize, table
+
+from helpers.e2e import ROOT
+
+STEP = "main (profile_step.py:177);PassRunner.step (west/bench/runner.py:50);train_step (west/train/step.py:221)"
+RAW = "\n".join([
+    # the model's build: outside any step, left out
+    "thread (24388): MainThread;0x7fc99784524a (libc.so.6);<module> (profile_step.py:41);"
+    "_find_and_load (<frozen importlib._bootstrap>:1176) 40",
+    # forward: a Linear through autocast down to the driver's launch
+    f"thread (24388): MainThread;{STEP};queue_step (west/train/step.py:174);"
+    "SpeechLLM.forward (west/models/speech_llm.py:232);at::autocast::WrapFunction_<...>::call (libtorch_cpu.so);"
+    "cudaLaunchKernel (libcudart.so.12);0x7f00aa (libcuda.so.1) 6",
+    f"thread (24388): MainThread;{STEP};queue_step (west/train/step.py:175);"
+    "SpeechLLM.forward (west/models/speech_llm.py:240);Qwen2Model.forward (transformers/models/qwen2/modeling_qwen2.py:380);"
+    "_PyEval_EvalFrameDefault (libpython3.12.so.1.0) 4",
+    # backward, run on the launching thread
+    f"thread (24388): MainThread;{STEP};queue_step (west/train/step.py:175);Tensor.backward (torch/_tensor.py:623);"
+    "torch::autograd::Engine::execute (libtorch_cpu.so);malloc (libc.so.6) 8",
+    f"thread (24388): MainThread;{STEP};take_gil (libpython3.12.so.1.0) 2",
+    "thread (24393): tqdm_monitor;Thread.run (threading.py:1012) 3",
+])
+
+
+def test_parse_keeps_threads_frames_and_counts_and_refuses_other_text():
+    stacks = parse_raw(RAW + "\n\n")
+    assert len(stacks) == 6 and stacks[0].thread == "thread (24388): MainThread"
+    assert stacks[1].frames[-1] == "0x7f00aa (libcuda.so.1)" and stacks[1].count == 6
+    assert parse_raw("a (x.py:1);b (libc.so.6) 3")[0].thread == ""   # no --threads: no thread frame
+    with pytest.raises(ValueError, match="line 2"):
+        parse_raw("a (x.py:1) 3\nnot a stack")
+    assert [library(f) for f in ("f (west/x.py:3)", "g (<frozen os>:1)", "0x1 (libcuda.so.1)", "h (?)", "bare")] == [
+        "python", "python", "libcuda", "?", "?"]
+
+
+def test_summary_in_milliseconds_per_step_of_the_samples_inside_train_step():
+    res = summarize(parse_raw(RAW), rate_hz=100.0, steps=2)
+    # a sample at 100 Hz is 10 ms, over 2 steps 5 ms per step: the steps' 20 samples are 100 ms per step
+    assert res["samples"] == 20 and res["samples_outside_steps"] == 43 and res["ms_per_step"] == pytest.approx(100.0)
+    assert dict(res["by_library"]) == pytest.approx({"libcuda": 30.0, "libpython3.12": 30.0, "libc": 40.0})
+    parts = dict(res["categories"])
+    assert parts["CUDA driver and runtime (launches, copies, events)"] == pytest.approx(30.0)
+    assert parts["autocast's casts"] == pytest.approx(30.0)
+    assert parts["autograd engine (backward)"] == pytest.approx(40.0)
+    assert parts["waiting for the GIL"] == pytest.approx(10.0) and parts["garbage collector"] == 0
+    funcs = dict(res["python"])   # by function, lines merged; frames in every sample (train_step) dropped
+    assert funcs["SpeechLLM.forward (west/models/speech_llm.py)"] == pytest.approx(50.0)
+    assert funcs["Qwen2Model.forward (transformers/models/qwen2/modeling_qwen2.py)"] == pytest.approx(20.0)
+    assert funcs["queue_step (west/train/step.py)"] == pytest.approx(90.0)   # not in the GIL sample
+    assert "train_step (west/train/step.py)" not in funcs and "PassRunner.step (west/bench/runner.py)" not in funcs
+    text = table(res)
+    assert text.startswith("20 samples in 2 steps at 100 Hz: 100.0 ms per step")
+    assert "| `libc` | 40.0 | 40 % |" in text and "| `autograd engine (backward)` | 40.0 | 40 % |" in text
+    with pytest.raises(ValueError, match="positive"):
+        summarize(parse_raw(RAW), rate_hz=0, steps=2)
+
+
+def test_stack_summary_cli_writes_json_and_says_when_no_step_was_sampled(tmp_path, capsys):
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import stack_summary
+    finally:
+        sys.path.pop(0)
+    raw = tmp_path / "stacks.txt"
+    raw.write_text(RAW, encoding="utf-8")
+    assert stack_summary.main([str(raw), "--rate", "100", "--steps", "2", "--out", str(tmp_path / "s.json")]) == 0
+    assert json.loads((tmp_path / "s.json").read_text(encoding="utf-8"))["ms_per_step"] == pytest.approx(100.0)
+    assert "| library (own time) |" in capsys.readouterr().out
+    raw.write_text(RAW.splitlines()[0], encoding="utf-8")
+    assert stack_summary.main([str(raw), "--rate", "100", "--steps", "2"]) == 1
+    assert "no sample inside train_step" in capsys.readouterr().out

@@ -1,0 +1,112 @@
+"""Where the launching thread's time goes, from py-spy's native stack samples (``--format raw``).
+
+cProfile (west.bench.host_profile) sees Python functions only, slows what it measures, and
+shows an operator's C++ side as one builtin. A sampling profiler with native frames
+(``py-spy record --native``) costs the process little and sees through to torch's dispatcher,
+autocast, autograd, the CUDA driver's launch path and libc. Its raw output is one line per
+distinct stack: ``thread (TID): NAME;frame;frame;... COUNT``, the root first. A frame is
+``function (file.py:line)`` for Python code and ``symbol (library)`` for native code.
+
+Only samples inside ``train_step`` are kept (the model's build and the warm-up pass are not the
+step). On CUDA autograd runs the backward on a thread of its own, which py-spy does not see;
+``tools/profile_step.py --single_thread_backward`` runs it on the launching thread instead.
+"""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+
+STEP_FRAME = "train_step (west/train/step.py"
+
+# Named parts of the host's work, by a substring of any frame of a sample (a sample counts once per part).
+CATEGORIES = {
+    "CUDA driver and runtime (launches, copies, events)": ("(libcuda.so", "(libcudart.so"),
+    "autocast's casts": ("autocast",),
+    "autograd engine (backward)": ("torch::autograd::Engine::",),
+    "caching allocators": ("CachingAllocator", "CachingHostAllocator"),
+    "waiting for the GIL": ("take_gil",),
+    "garbage collector": ("gc_collect",),
+}
+
+
+@dataclass(frozen=True)
+class Stack:
+    thread: str
+    frames: tuple[str, ...]   # root first
+    count: int
+
+
+def parse_raw(text: str) -> list[Stack]:
+    """py-spy's raw (collapsed) output -> stacks; lines without a count are refused by line number."""
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        stack, _, count = line.rstrip().rpartition(" ")
+        if not stack or not count.isdigit():
+            raise ValueError(f"line {n}: not 'frame;frame;... COUNT': {line[:80]!r}")
+        frames = stack.split(";")
+        thread = frames[0] if frames[0].startswith("thread (") else ""
+        out.append(Stack(thread, tuple(frames[1:] if thread else frames), int(count)))
+    return out
+
+
+def library(frame: str) -> str:
+    """``python`` for a Python frame, else the native library's stem (``libtorch_cpu``), ``?`` if unknown."""
+    where = frame[frame.rfind("(") + 1:-1] if frame.endswith(")") else "?"
+    if ".py:" in where or where.startswith("<"):
+        return "python"
+    return where.split(".so")[0] or "?"
+
+
+def _function(frame: str) -> str:
+    """A Python frame without its line: ``queue_step (west/train/step.py)``."""
+    name, _, where = frame.rpartition(" (")
+    return f"{name} ({where.rsplit(':', 1)[0]})" if where.endswith(")") and ":" in where else frame
+
+
+def in_step(stacks: list[Stack], frame: str = STEP_FRAME) -> list[Stack]:
+    return [s for s in stacks if any(f.startswith(frame) for f in s.frames)]
+
+
+def summarize(stacks: list[Stack], rate_hz: float, steps: int, top: int = 20) -> dict:
+    """Milliseconds per step (samples / rate / steps) of the step's samples: own time by library
+    and by leaf frame, each of :data:`CATEGORIES`, and west's and transformers' Python functions
+    with their callees."""
+    if rate_hz <= 0 or steps <= 0:
+        raise ValueError("rate_hz and steps must be positive")
+    kept = in_step(stacks)
+    per_step = 1e3 / rate_hz / steps
+    total = sum(s.count for s in kept)
+    by_lib, by_leaf, by_part, by_func = (collections.Counter() for _ in range(4))
+    for s in kept:
+        leaf = s.frames[-1]
+        by_lib[library(leaf)] += s.count
+        by_leaf[leaf] += s.count
+        for part, marks in CATEGORIES.items():
+            if any(m in f for f in s.frames for m in marks):
+                by_part[part] += s.count
+        for f in {_function(f) for f in s.frames if "(west/" in f or "(transformers/" in f}:
+            by_func[f] += s.count
+
+    def ms(counter: collections.Counter, n: int = top) -> list[tuple[str, float]]:
+        return [(k, v * per_step) for k, v in counter.most_common(n)]
+    for f in [f for f, v in by_func.items() if v >= 0.99 * total]:   # the step's own frames: all of it
+        del by_func[f]
+    return {"steps": steps, "rate_hz": rate_hz, "samples": total, "samples_outside_steps": sum(s.count for s in stacks) - total,
+            "ms_per_step": total * per_step, "by_library": ms(by_lib), "by_leaf": ms(by_leaf),
+            "categories": [(k, by_part.get(k, 0) * per_step) for k in CATEGORIES], "python": ms(by_func)}
+
+
+def table(res: dict) -> str:
+    """Markdown tables of :func:`summarize`'s result."""
+    def rows(title: str, items: list[tuple[str, float]]) -> list[str]:
+        share = res["ms_per_step"] or 1.0
+        out = [f"| {title} | ms per step | share |", "|---|---|---|"]
+        out += [f"| `{name[:110]}` | {v:.1f} | {100 * v / share:.0f} % |" for name, v in items]
+        return out + [""]
+    head = (f"{res['samples']} samples in {res['steps']} steps at {res['rate_hz']:.0f} Hz: {res['ms_per_step']:.1f} ms "
+            f"per step sampled in train_step ({res['samples_outside_steps']} samples outside the steps left out)")
+    return "\n".join([head, ""] + rows("library (own time)", res["by_library"]) + rows("part (with callees)", res["categories"])
+                     + rows("frame (own time)", res["by_leaf"]) + rows("west / transformers function (with callees)",
+                                                                       res["python"])).rstrip()
