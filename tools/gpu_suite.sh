@@ -198,13 +198,14 @@ part_marks() {   # which phases of the step the host paces, with nothing slowing
   train_run train_marks --train.phase_marks true   # west-train's phases: which of them its 1.27x is in
 }
 part_pyspy() {   # where the launching thread's time goes in C++ and the driver too (cProfile sees Python only)
-  local spy warm=2 rate=200 n=$(( prof_steps * 6 ))
+  local spy warm=2 rate=100 n=$(( prof_steps * 10 ))
   spy=$(command -v py-spy || true)
   [ -n "$spy" ] || [ ! -x /tmp/site/bin/py-spy ] || spy=/tmp/site/bin/py-spy
   [ -n "$spy" ] || { log "pyspy: skipped (no py-spy: tools/gpu_wheels.sh puts its wheel into .whl/)"; return 0; }
   log "pyspy: native stack samples of pack steps, the backward on the launching thread (py-spy, tools/stack_summary.py)"
   rm -f "$work_dir/pyspy_stacks.txt"
-  launcher=("$spy" record --native --idle --rate "$rate" --format raw -o "$work_dir/pyspy_stacks.txt" --)
+  # bounded: native unwinding through CUDA's libraries is untried here (a stuck py-spy ends; its tool runs on)
+  launcher=(timeout 240 "$spy" record --native --idle --rate "$rate" --format raw -o "$work_dir/pyspy_stacks.txt" --)
   profile_run pyspy_marks pack --phase_marks --single_thread_backward --steps "$n" --warmup_steps "$warm"
   launcher=()
   [ -s "$work_dir/pyspy_stacks.txt" ] || { log "pyspy: no samples (py-spy may not be allowed to trace here: suite.log)"; return 1; }
