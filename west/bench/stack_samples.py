@@ -88,11 +88,11 @@ def summarize(stacks: list[Stack], rate_hz: float, steps: int, top: int = 20) ->
                 by_part[part] += s.count
         for f in {_function(f) for f in s.frames if "(west/" in f or "(transformers/" in f}:
             by_func[f] += s.count
+    for f in [f for f, v in by_func.items() if v >= 0.99 * total]:   # the step's own frames: all of it
+        del by_func[f]
 
     def ms(counter: collections.Counter, n: int = top) -> list[tuple[str, float]]:
         return [(k, v * per_step) for k, v in counter.most_common(n)]
-    for f in [f for f, v in by_func.items() if v >= 0.99 * total]:   # the step's own frames: all of it
-        del by_func[f]
     return {"steps": steps, "rate_hz": rate_hz, "samples": total, "samples_outside_steps": sum(s.count for s in stacks) - total,
             "ms_per_step": total * per_step, "by_library": ms(by_lib), "by_leaf": ms(by_leaf),
             "categories": [(k, by_part.get(k, 0) * per_step) for k in CATEGORIES], "python": ms(by_func)}
