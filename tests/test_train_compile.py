@@ -162,3 +162,16 @@ def test_conformer_block_with_one_attention_group_compiles_whole(pos_enc, attent
                 torch.testing.assert_close(grads[1][n], want, rtol=1e-3, atol=1e-4 * float(want.abs().max()), msg=n)
         seen.append(compilations() - before)
     assert seen[-1] == graphs and seen[-1] == seen[-4], f"graphs after each batch: {seen}"   # per layout, unpadded
+
+
+@pytest.mark.parametrize("scope", ["encoder", "llm"])
+def test_compile_scope_wraps_only_that_side(scope):
+    """train.compile_scope: the Conformer blocks alone, or the LLM's decoder layers alone (nothing
+    runs here: torch.compile wraps lazily, so which forwards are wrapped is the whole answer)."""
+    model = SpeechLLM(tiny_config())
+    encoder, llm = list(model.encoder.blocks), list(model.llm.model.layers)
+    assert compile_regions(model, scope) == len(encoder if scope == "encoder" else llm)
+    wrapped = [b for b in encoder + llm if "forward" in vars(b)]   # compile_regions sets the instance's forward
+    assert wrapped == (encoder if scope == "encoder" else llm)
+    with pytest.raises(ValueError, match="compile_scope"):
+        compile_regions(SpeechLLM(tiny_config()), "projector")

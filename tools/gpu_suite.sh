@@ -6,7 +6,7 @@
 # OUT (at most 8 files, for the device tool).
 #
 #   bash tools/gpu_suite.sh OUT [--parts build,train,marks,pyspy,weights,rotary,gap,hostpy,cudnn,contention,kernels,profile_compiled,norm,graphs,
-#        profile,syncs,attention,compile,ckpt,headroom,bench]
+#        profile,syncs,attention,compile,compile_encoder,ckpt,headroom,bench]
 #        [--num_utts 700]
 #        (parts run in the order given; a failed part is logged and the next one runs)
 #   bash tools/gpu_suite.sh OUT --parts build,big    # Whisper-large-v3 + Qwen2-7B shapes, LoRA (a second call)
@@ -21,7 +21,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 [ $# -ge 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-parts=build,train,marks,pyspy,weights,rotary,gap,hostpy,cudnn,contention,kernels,profile_compiled,norm,graphs,profile,syncs,attention,compile,ckpt,headroom,bench   # open questions first
+parts=build,train,marks,pyspy,weights,rotary,gap,hostpy,cudnn,contention,kernels,profile_compiled,norm,graphs,profile,syncs,attention,compile,compile_encoder,ckpt,headroom,bench   # open questions first
 num_utts=700
 num_train=800
 memory_budget=24GiB
@@ -44,7 +44,7 @@ done
 has() { [[ ",$parts," == *",$1,"* ]]; }
 declare -A estimate=([build]=55 [train]=40 [bench]=430 [profile]=65 [compile]=110 [ckpt]=50 [syncs]=50
                      [attention]=90 [headroom]=130 [big]=300 [gap]=45 [profile_compiled]=120 [graphs]=150 [kernels]=75
-                     [norm]=45 [cudnn]=90 [hostpy]=80 [contention]=90 [weights]=45 [rotary]=45 [marks]=105 [pyspy]=70)   # seconds on one H100/H200: measured, or guessed for new parts
+                     [norm]=45 [cudnn]=90 [hostpy]=80 [contention]=90 [weights]=45 [rotary]=45 [marks]=105 [pyspy]=70 [compile_encoder]=90)   # seconds on one H100/H200: measured, or guessed for new parts
 failed=(); skipped=(); fallback=
 part() {   # name: run part_<name> in a subshell; a failed part is logged and the next one runs
   has "$1" || return 0
@@ -314,6 +314,10 @@ EOF2
 part_compile() {
   log "compile: the same with train.compile true"
   train_run train_compiled --train.compile true
+}
+part_compile_encoder() {   # the encoder's small kernels (host-paced?) compiled, the LLM's large ones left eager
+  log "compile_encoder: the train part with the Conformer blocks compiled alone (train.compile_scope encoder)"
+  train_run train_compile_encoder --train.compile true --train.compile_scope encoder
 }
 part_big() {   # issue 23: fits 40 GiB at pack 8192; pack vs Whisper padded to 30 s under 80 GB
   big=$repo/recipes/aishell/conf/whisper_7b_lora.yaml

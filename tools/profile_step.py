@@ -169,7 +169,8 @@ def main(argv=None) -> int:
               "a kernels-only trace has nothing but GPU events")
         return 2
     if setup.cfg.train.compile:
-        print(f"[profile_step] train.compile: {compile_regions(setup.runner.model)} blocks compiled in place")
+        print(f"[profile_step] train.compile: {compile_regions(setup.runner.model, setup.cfg.train.compile_scope)} blocks "
+              f"compiled in place ({setup.cfg.train.compile_scope})")
     traces = Path(args.trace_dir) if args.trace_dir else work
     traces.mkdir(parents=True, exist_ok=True)
     results = {}

@@ -17,16 +17,28 @@ from __future__ import annotations
 
 from torch import nn
 
+SCOPES = ("all", "encoder", "llm")
 
-def compile_regions(model: nn.Module) -> int:
-    """Compile every repeated block of ``model`` (``model.fsdp_units()``: the units FSDP shards
-    one by one) in place; returns how many were wrapped."""
+
+def compile_regions(model: nn.Module, scope: str = "all") -> int:
+    """Compile the repeated blocks of ``model`` (``model.fsdp_units()``: the units FSDP shards one
+    by one) in place: all of them, or only the speech encoder's or only the LLM's (``scope``,
+    ``train.compile_scope``: the encoder's many small kernels and the LLM's few large ones gain
+    differently); returns how many were wrapped."""
     import torch  # heavy
 
+    if scope not in SCOPES:
+        raise ValueError(f"train.compile_scope: {scope!r} is not one of {SCOPES}")
     units = getattr(model, "fsdp_units", None)
     if units is None:
         raise ValueError(f"train.compile: {type(model).__name__} lists no repeated blocks (fsdp_units())")
     blocks = list(units())
+    if scope != "all":
+        encoder = getattr(model, "encoder", None)
+        if encoder is None or not hasattr(encoder, "fsdp_units"):
+            raise ValueError(f"train.compile_scope {scope}: {type(model).__name__} has no speech encoder to tell apart")
+        own = {id(b) for b in encoder.fsdp_units()}
+        blocks = [b for b in blocks if (id(b) in own) == (scope == "encoder")]
     for block in blocks:
         block.forward = torch.compile(block.forward)
     return len(blocks)

@@ -43,6 +43,7 @@ class TrainConfig:
         lambda v, t: not v or t.precision == "bf16", "needs train.precision bf16"))
     grad_checkpointing: bool = False
     compile: bool = False                           # regional torch.compile of the repeated blocks
+    compile_scope: str = setting("all", choices=("all", "encoder", "llm"))   # which blocks train.compile compiles
     cudnn_attention: bool = False                   # let SDPA pick cuDNN attention (a graph built per new shape)
     cuda_graphs: bool = False                       # the frozen LLM decoder as CUDA graphs, rows padded to pack_tokens
     graph_segments: int = setting(256, min=1)       # cuda_graphs: segment slots per row (utterances + padding)

@@ -98,7 +98,7 @@ class Trainer:
         if train.grad_checkpointing:
             enable_grad_checkpointing(model)
         if train.compile:
-            compile_regions(model)
+            compile_regions(model, train.compile_scope)
         self.model = wrap_model(model, info, fsdp=train.fsdp, precision=train.precision,
                                 find_unused_parameters=train.find_unused_parameters)
         self.weights = working_weights(self.model, train.bf16_weights, info.world_size)
