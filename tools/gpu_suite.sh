@@ -213,9 +213,9 @@ part_pyspy() {   # where the launching thread's time goes in C++ and the driver 
     --out "$out/pyspy.json" | tee -a "$out/suite.md"
 }
 part_hostpy() {   # the graphs cut launches by 45 % and the host's time per step not at all (H200): where is it?
-  log "hostpy: the pack step's Python on the launching thread (cProfile), eager and with train.cuda_graphs (marked first)"
-  profile_run hostpy pack --host_python
-  profile_run hostpy_graphs pack --host_python --phase_marks --train.cuda_graphs true
+  log "hostpy: the pack step's Python on the launching thread (cProfile, the backward on that thread too), eager and with train.cuda_graphs (marked first)"
+  profile_run hostpy pack --host_python --single_thread_backward
+  profile_run hostpy_graphs pack --host_python --single_thread_backward --phase_marks --train.cuda_graphs true
 }
 part_profile() {
   log "profile: where the GPU waits for the host, per phase of the step (tools/profile_step.py)"

@@ -4,7 +4,8 @@ The complement of :mod:`west.bench.trace_gaps`, which shows *that* the GPU waits
 this shows what the launching thread was doing meanwhile, by function (own time and time
 including callees). A builtin such as ``torch._C._nn.linear`` carries the C++ side of an operator
 (dispatch, autograd recording, the launch); ``run_backward`` carries the whole backward, which
-autograd runs on its own device thread, out of cProfile's sight, while this thread waits. The
+on CUDA autograd runs on its own device thread, out of cProfile's sight, while this thread waits
+(``tools/profile_step.py --single_thread_backward`` keeps it on this thread). The
 garbage collector's pauses are timed beside (``gc.callbacks``): cProfile does not show them.
 """
 from __future__ import annotations
