@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import statistics
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -68,8 +69,6 @@ def phase_ranges(model, optimizer) -> Iterator[None]:
 def marked_steps(runner, batches, opt, sched) -> dict:
     """The steps unprofiled, with a mark at each phase boundary (west.train.phase_marks): the
     host's and the GPU's time per phase and how far the host ran ahead of the GPU at each."""
-    import statistics
-
     clock = StepClock(runner.device.type == "cuda")
     steps, waits = [], []
     for b in batches:

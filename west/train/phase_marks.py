@@ -25,15 +25,15 @@ from typing import Callable, Iterator, Optional
 import torch
 
 # Where the gradient hooks mark, by the tensor whose gradient arrived.
-GRAD_POINTS = ("llm output", "llm input", "encoder output")
+LLM_OUTPUT, LLM_INPUT, ENCODER_OUTPUT = GRAD_POINTS = ("llm output", "llm input", "encoder output")
 
 # What runs from each boundary to the next, in a packed step's order (a mark names what it starts).
 PHASE_NAMES = {
     "step": "batch to device", "forward": "input embeddings", "forward/encoder": "encoder forward",
     "after forward/encoder": "encoder rows", "forward/projector": "projector",
     "after forward/projector": "splice", "forward/llm": "LLM forward", "after forward/llm": "loss",
-    "after forward": "loss backward", "llm output": "LLM backward", "llm input": "splice, projector backward",
-    "encoder output": "encoder backward, clip, read-back", "optimizer": "optimizer",
+    "after forward": "loss backward", LLM_OUTPUT: "LLM backward", LLM_INPUT: "splice, projector backward",
+    ENCODER_OUTPUT: "encoder backward, clip, read-back", "optimizer": "optimizer",
     "after optimizer": "step end", "end": "end",
 }
 
@@ -62,7 +62,7 @@ def phase_hooks(model: torch.nn.Module, optimizer: torch.optim.Optimizer, enter:
 
     def llm_input(module, args, kwargs) -> None:
         enter("forward/llm")
-        _on_grad(kwargs.get("inputs_embeds", args[0] if args else None), "llm input")
+        _on_grad(kwargs.get("inputs_embeds", args[0] if args else None), LLM_INPUT)
 
     decoder = model._base_llm().get_decoder() if hasattr(model, "_base_llm") else None
     handles = [model.register_forward_pre_hook(pre("forward")), model.register_forward_hook(post("forward"),
@@ -72,7 +72,7 @@ def phase_hooks(model: torch.nn.Module, optimizer: torch.optim.Optimizer, enter:
                     model.projector.register_forward_hook(post("forward/projector"), always_call=True)]
     if decoder is not None:
         handles += [decoder.register_forward_pre_hook(llm_input, with_kwargs=True),
-                    decoder.register_forward_hook(post("forward/llm", "llm output"), always_call=True)]
+                    decoder.register_forward_hook(post("forward/llm", LLM_OUTPUT), always_call=True)]
     handles += [optimizer.register_step_pre_hook(pre("optimizer")),
                 optimizer.register_step_post_hook(lambda *args: leave("optimizer"))]
     encoder = getattr(model, "encoder", None)
@@ -85,7 +85,7 @@ def phase_hooks(model: torch.nn.Module, optimizer: torch.optim.Optimizer, enter:
                 out = inner(*args, **kwargs)
             finally:
                 leave("forward/encoder")
-            _on_grad(out[0], "encoder output")
+            _on_grad(out[0], ENCODER_OUTPUT)
             return out
         encoder.forward_flat = forward_flat
     try:
