@@ -12,31 +12,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import torch
 
+from west.bench.kernel_checks import median_ms, random_lengths, relative_error
 from west.models.attention import BACKENDS, reference_attention, varlen_attention
 from west.models.varlen_kernels import _flash_kernel, _torch_varlen_kernel, choose_backend
 
 
-def segments(total: int, lo: int, hi: int, gen: torch.Generator) -> list[int]:
-    out, left = [], total
-    while left > 0:
-        n = min(left, int(torch.randint(lo, hi + 1, (1,), generator=gen)))
-        out.append(n)
-        left -= n
-    return out
-
-
 def cu_of(lens: list[int], device) -> torch.Tensor:
     return torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=device)
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach().double(), b.detach().double()
-    return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b).clamp_min(1e-30))
 
 
 def usable(backend: str, device: torch.device) -> bool:
@@ -61,9 +46,9 @@ def check(backend: str, lens: list[int], hq: int, hkv: int, d: int, dtype, devic
     r = [t.to(device).requires_grad_(True) for t in base]
     ref = reference_attention(*r, cu, causal=causal)
     ref.backward(gout.to(device))
-    res = {"out": rel(out, ref)}
+    res = {"out": relative_error(out, ref)}
     for name, a, b in zip("qkv", x, r):
-        res[f"d{name}"] = rel(a.grad, b.grad)
+        res[f"d{name}"] = relative_error(a.grad, b.grad)
     res["nan"] = bool(torch.isnan(out).any()) or any(bool(torch.isnan(t.grad).any()) for t in x)
     return res
 
@@ -79,18 +64,7 @@ def time_backend(backend: str, lens: list[int], hq: int, hkv: int, d: int, dtype
             t.grad = None
         varlen_attention(q, k, v, cu, max(lens), causal=True, backend=backend).backward(g)
 
-    for _ in range(3):
-        once()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        once()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+    return median_ms(once, device, repeats)
 
 
 def main(argv=None) -> int:
@@ -117,11 +91,11 @@ def main(argv=None) -> int:
         row = {"backend": backend, "checks": []}
         try:
             for seed, causal in ((1, True), (2, False), (3, True)):
-                lens = segments(a.check_tokens, lo, hi, gen)
+                lens = random_lengths(a.check_tokens, lo, hi, gen)
                 row["checks"].append({"causal": causal, **check(backend, lens, hq, hkv, d, dtype, device, causal, seed)})
             row["worst"] = max(max(c[k] for k in ("out", "dq", "dk", "dv")) for c in row["checks"])
             row["nan"] = any(c["nan"] for c in row["checks"])
-            row["ms"] = time_backend(backend, segments(a.time_tokens, lo, hi, gen), hq, hkv, d, dtype, device,
+            row["ms"] = time_backend(backend, random_lengths(a.time_tokens, lo, hi, gen), hq, hkv, d, dtype, device,
                                      a.repeats)
         except Exception as e:  # report and go on: one broken kernel must not hide the others
             row["error"] = f"{type(e).__name__}: {e}"[:300]

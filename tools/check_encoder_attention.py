@@ -19,11 +19,10 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import statistics
-import time
 
 import torch
 
+from west.bench.kernel_checks import median_ms, random_lengths, relative_error
 from west.models.attention import bucket_length
 from west.models.config import ConformerConfig
 from west.models.conformer import RelPositionAttention, relative_sinusoids
@@ -32,20 +31,6 @@ from west.models.layout import FrameLayout
 VARIANTS = {"flex": ("flex", 8), "sdpa_segments (8/octave)": ("sdpa_segments", 8),
             "sdpa_segments (one group)": ("sdpa_segments", 0),
             "varlen (wenet: pos in q, k)": ("varlen", 0)}   # pos_enc wenet only: a cu_seqlens kernel
-
-
-def lengths(total: int, lo: int, hi: int, gen: torch.Generator) -> list[int]:
-    out, left = [], total
-    while left > 0:
-        n = min(left, int(torch.randint(lo, hi + 1, (1,), generator=gen)))
-        out.append(n)
-        left -= n
-    return out
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach().double().cpu(), b.detach().double().cpu()   # the reference lives on the CPU
-    return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b).clamp_min(1e-30))
 
 
 def run(module: RelPositionAttention, x: torch.Tensor, lens: list[int], buckets) -> torch.Tensor:
@@ -70,13 +55,13 @@ def check(module, variant: str, lens, dtype, device, seed: int, train: bool) -> 
     xt = x64.to(device, dtype).requires_grad_(train)
     with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32), torch.set_grad_enabled(train):
         out = run(mod, xt, lens, buckets)
-    res = {"out": rel(out.float(), ref), "nan": bool(torch.isnan(out).any())}
+    res = {"out": relative_error(out.float(), ref), "nan": bool(torch.isnan(out).any())}
     if train:
         out.float().backward(gout.to(device).float())
-        res["dx"] = rel(xt.grad, xr.grad)
+        res["dx"] = relative_error(xt.grad, xr.grad)
         for name in ("pos_bias_u", "pos_bias_v", "linear_pos.weight", "linear_q.weight"):
             got, want = mod.get_parameter(name).grad, ref_mod.get_parameter(name).grad
-            res[f"d{name}"] = rel(got, want)
+            res[f"d{name}"] = relative_error(got, want)
     return res
 
 
@@ -93,17 +78,7 @@ def time_and_kernels(module, variant: str, lens, dtype, device, repeats: int) ->
             out = run(mod, x, lens, buckets)
         out.float().backward(g)
 
-    for _ in range(3):
-        once()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        once()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
+    ms = median_ms(once, device, repeats)
     kernels = 0
     if device.type == "cuda":
         from torch.profiler import ProfilerActivity, profile
@@ -112,7 +87,7 @@ def time_and_kernels(module, variant: str, lens, dtype, device, repeats: int) ->
             once()
             torch.cuda.synchronize()
         kernels = sum(e.count for e in prof.key_averages() if e.device_type.name == "CUDA")
-    return statistics.median(times) * 1e3, kernels
+    return ms, kernels
 
 
 def main(argv=None) -> int:
@@ -141,11 +116,11 @@ def main(argv=None) -> int:
                 continue
             row = {"pos_enc": pos_enc, "variant": variant}
             try:
-                row["checks"] = [check(module, variant, lengths(a.check_rows, lo, hi, gen), dtype, device, s,
+                row["checks"] = [check(module, variant, random_lengths(a.check_rows, lo, hi, gen), dtype, device, s,
                                        train or VARIANTS[variant][0] != "flex") for s in (1, 2)]
                 row["worst"] = max(v for c in row["checks"] for k, v in c.items() if k != "nan")
                 row["nan"] = any(c["nan"] for c in row["checks"])
-                row["ms"], row["kernels"] = time_and_kernels(module, variant, lengths(a.time_rows, lo, hi, gen),
+                row["ms"], row["kernels"] = time_and_kernels(module, variant, random_lengths(a.time_rows, lo, hi, gen),
                                                              dtype, device, a.repeats) if train else (None, 0)
             except Exception as e:  # report and go on: one broken path must not hide the others
                 row["error"] = f"{type(e).__name__}: {e}"[:300]

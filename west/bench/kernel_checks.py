@@ -1,0 +1,44 @@
+"""What the attention-kernel checks (tools/check_attention_cuda.py, tools/check_encoder_attention.py)
+share: random utterance lengths, a relative error against a float64 reference, and a median time
+with the device drained on both sides of each call (a launch returns before its kernels run)."""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+
+def random_lengths(total: int, lo: int, hi: int, gen: torch.Generator) -> list[int]:
+    """Lengths drawn uniformly from [lo, hi] until they add up to ``total`` (the last one cut to fit)."""
+    out, left = [], total
+    while left > 0:
+        n = min(left, int(torch.randint(lo, hi + 1, (1,), generator=gen)))
+        out.append(n)
+        left -= n
+    return out
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    """‖a − b‖ / ‖b‖ in float64 on the CPU (where the references live)."""
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
+    return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b).clamp_min(1e-30))
+
+
+def median_ms(fn: Callable[[], object], device: torch.device, repeats: int, warmup: int = 3) -> float:
+    """Median wall time of ``fn()`` in ms after ``warmup`` untimed calls, synchronising CUDA around each."""
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
