@@ -14,7 +14,7 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(
         ["bash", str(ROOT / "tools" / "gpu_suite.sh"), str(out), "--tiny", "--device", "cpu", "--python",
-         sys.executable, "--work_dir", str(tmp_path / "work"), "--parts", "build,attention,bench,train,marks,pyspy,weights,rotary,norm,cudnn,graphs,headroom,profile,hostpy,gap,contention"],
+         sys.executable, "--work_dir", str(tmp_path / "work"), "--parts", "build,attention,bench,train,marks,pyspy,weights,rotary,norm,cudnn,graphs,headroom,profile,hostpy,gap,floor,contention"],
         env=subprocess_env(), capture_output=True, text=True, timeout=900)
     log = (out / "suite.log").read_text(encoding="utf-8") if (out / "suite.log").exists() else ""
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + log[-3000:]
@@ -23,6 +23,7 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert "### pack (" in suite and "| forward/llm |" in suite          # the profile's tables
     assert "| train_two_workers |" in suite and "| train_one_thread |" in suite   # contention
     assert "| train_no_pin_thread |" in suite                           # gap: the loader's pin-memory thread
+    assert "| autocast |" in suite and "[launch_floor] cpu:" in suite     # floor: host time per operator
     assert "| train_stock_norm |" in suite                              # norm: the stock RMSNorms
     assert "| train_bf16_weights |" in suite                            # weights: bf16 working copies
     assert "| train_fused_rotary |" in suite                            # rotary: one autograd node
@@ -45,7 +46,7 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     with tarfile.open(out / "json.tar") as tar:
         jsons = {Path(m.name).name: json.load(tar.extractfile(m)) for m in tar.getmembers() if m.isfile()}
     assert sorted(set(jsons) - {"pyspy.json", "pyspy_marks.json"}) == [   # those two where py-spy is installed
-        "attention.json", "benchmark.json", "encoder_attention.json", "hostpy.json", "hostpy_graphs.json", "marks.json",
+        "attention.json", "benchmark.json", "encoder_attention.json", "floor.json", "hostpy.json", "hostpy_graphs.json", "marks.json",
         "marks_cuts.json", "profile.json"]
     bench = jsons["benchmark.json"]
     assert {"static", "dynamic", "pack", "pack_encoder_padded"} <= set(bench["modes"])

@@ -5,7 +5,7 @@
 # syncs, trains with train.compile and checks the attention kernels. Tables, JSON and logs go to
 # OUT (at most 8 files, for the device tool).
 #
-#   bash tools/gpu_suite.sh OUT [--parts build,train,marks,pyspy,weights,rotary,gap,hostpy,cudnn,contention,kernels,profile_compiled,norm,graphs,
+#   bash tools/gpu_suite.sh OUT [--parts build,train,marks,pyspy,weights,rotary,gap,floor,hostpy,cudnn,contention,kernels,profile_compiled,norm,graphs,
 #        profile,syncs,attention,compile,compile_encoder,ckpt,headroom,bench]
 #        [--num_utts 700]
 #        (parts run in the order given; a failed part is logged and the next one runs)
@@ -21,7 +21,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 [ $# -ge 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-parts=build,train,marks,pyspy,weights,rotary,gap,hostpy,cudnn,contention,kernels,profile_compiled,norm,graphs,profile,syncs,attention,compile,compile_encoder,ckpt,headroom,bench   # open questions first
+parts=build,train,marks,pyspy,weights,rotary,gap,floor,hostpy,cudnn,contention,kernels,profile_compiled,norm,graphs,profile,syncs,attention,compile,compile_encoder,ckpt,headroom,bench   # open questions first
 num_utts=700
 num_train=800
 memory_budget=24GiB
@@ -44,7 +44,7 @@ done
 has() { [[ ",$parts," == *",$1,"* ]]; }
 declare -A estimate=([build]=55 [train]=40 [bench]=430 [profile]=65 [compile]=110 [ckpt]=50 [syncs]=50
                      [attention]=90 [headroom]=130 [big]=300 [gap]=45 [profile_compiled]=120 [graphs]=150 [kernels]=75
-                     [norm]=45 [cudnn]=90 [hostpy]=80 [contention]=90 [weights]=45 [rotary]=45 [marks]=105 [pyspy]=70 [compile_encoder]=90)   # seconds on one H100/H200: measured, or guessed for new parts
+                     [norm]=45 [cudnn]=90 [hostpy]=80 [contention]=90 [weights]=45 [rotary]=45 [marks]=105 [pyspy]=70 [compile_encoder]=90 [floor]=20)   # seconds on one H100/H200: measured, or guessed for new parts
 failed=(); skipped=(); fallback=
 part() {   # name: run part_<name> in a subshell; a failed part is logged and the next one runs
   has "$1" || return 0
@@ -211,6 +211,11 @@ part_pyspy() {   # where the launching thread's time goes in C++ and the driver 
   [ -s "$work_dir/pyspy_stacks.txt" ] || { log "pyspy: no samples (py-spy may not be allowed to trace here: suite.log)"; return 1; }
   "$python" "$repo/tools/stack_summary.py" "$work_dir/pyspy_stacks.txt" --rate "$rate" --steps "$(( n + warm ))" \
     --out "$out/pyspy.json" | tee -a "$out/suite.md"
+}
+part_floor() {   # ~37 µs of host time per launch over the H200's step: this machine's floor, or more?
+  log "floor: host time per dispatched operator apart from any model (launch, allocation, autograd, autocast)"
+  local sizes=(); $tiny && sizes=(--ops 200 --repeats 1)
+  "$python" "$repo/tools/launch_floor.py" --device "$device" "${sizes[@]}" --out "$out/floor.json" | tee -a "$out/suite.md"
 }
 part_hostpy() {   # the graphs cut launches by 45 % and the host's time per step not at all (H200): where is it?
   log "hostpy: the pack step's Python on the launching thread (cProfile, the backward on that thread too), eager and with train.cuda_graphs (marked first)"
