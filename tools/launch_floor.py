@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from west.bench.launch_floor import WORKLOADS, floor_table, measure
+from west.ranks import cuda_allocator_defaults
 
 
 def main(argv=None) -> int:
@@ -26,6 +27,7 @@ def main(argv=None) -> int:
     p.add_argument("--step_ops", type=int, default=0, help="a step's launching operators, to scale the floor to")
     p.add_argument("--out", help="JSON file for the rows")
     a = p.parse_args(argv)
+    cuda_allocator_defaults()   # the allocator west's commands run with
     device = torch.device(a.device)
     rows = [measure(w, device, a.ops, a.width, a.repeats) for w in WORKLOADS]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
