@@ -5,7 +5,7 @@
 # syncs, trains with train.compile and checks the attention kernels. Tables, JSON and logs go to
 # OUT (at most 8 files, for the device tool).
 #
-#   bash tools/gpu_suite.sh OUT [--parts build,train,marks,pyspy,weights,rotary,gap,floor,hostpy,cudnn,contention,kernels,profile_compiled,norm,graphs,
+#   bash tools/gpu_suite.sh OUT [--parts build,train,marks,pyspy,weights,rotary,floor,gap,hostpy,cudnn,contention,kernels,profile_compiled,norm,graphs,
 #        profile,syncs,attention,compile,compile_encoder,ckpt,headroom,bench]
 #        [--num_utts 700]
 #        (parts run in the order given; a failed part is logged and the next one runs)
@@ -21,7 +21,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 [ $# -ge 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-parts=build,train,marks,pyspy,weights,rotary,gap,floor,hostpy,cudnn,contention,kernels,profile_compiled,norm,graphs,profile,syncs,attention,compile,compile_encoder,ckpt,headroom,bench   # open questions first
+parts=build,train,marks,pyspy,weights,rotary,floor,gap,hostpy,cudnn,contention,kernels,profile_compiled,norm,graphs,profile,syncs,attention,compile,compile_encoder,ckpt,headroom,bench   # open questions first
 num_utts=700
 num_train=800
 memory_budget=24GiB
