@@ -39,7 +39,7 @@ def main(argv=None) -> int:
             f"{by['autograd']['host_us_per_op']:.1f} with autograd, {by['autocast']['host_us_per_op']:.1f} "
             f"with autocast too")
     if a.step_ops:
-        lo, hi = (a.step_ops * by[w]["host_us_per_op"] / 1e3 for w in ("autograd", "autocast"))
+        lo, hi = sorted(a.step_ops * by[w]["host_us_per_op"] / 1e3 for w in ("autograd", "autocast"))
         line += f"; a host-paced step of {a.step_ops:,} operators: {lo:.0f}-{hi:.0f} ms"
     print("\n" + line)
     if a.out:
