@@ -5,7 +5,7 @@
 # syncs, trains with train.compile and checks the attention kernels. Tables, JSON and logs go to
 # OUT (at most 8 files, for the device tool).
 #
-#   bash tools/gpu_suite.sh OUT [--parts build,train,marks,pyspy,weights,rotary,floor,gap,hostpy,cudnn,contention,kernels,profile_compiled,norm,graphs,
+#   bash tools/gpu_suite.sh OUT [--parts build,train,marks,queues,floor,weights,rotary,pyspy,gap,hostpy,cudnn,contention,kernels,profile_compiled,norm,graphs,
 #        profile,syncs,attention,compile,compile_encoder,ckpt,headroom,bench]
 #        [--num_utts 700]
 #        (parts run in the order given; a failed part is logged and the next one runs)
@@ -21,7 +21,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 [ $# -ge 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-parts=build,train,marks,pyspy,weights,rotary,floor,gap,hostpy,cudnn,contention,kernels,profile_compiled,norm,graphs,profile,syncs,attention,compile,compile_encoder,ckpt,headroom,bench   # open questions first
+parts=build,train,marks,queues,floor,weights,rotary,pyspy,gap,hostpy,cudnn,contention,kernels,profile_compiled,norm,graphs,profile,syncs,attention,compile,compile_encoder,ckpt,headroom,bench   # open questions first
 num_utts=700
 num_train=800
 memory_budget=24GiB
@@ -44,7 +44,7 @@ done
 has() { [[ ",$parts," == *",$1,"* ]]; }
 declare -A estimate=([build]=55 [train]=40 [bench]=430 [profile]=65 [compile]=110 [ckpt]=50 [syncs]=50
                      [attention]=90 [headroom]=130 [big]=300 [gap]=45 [profile_compiled]=120 [graphs]=150 [kernels]=75
-                     [norm]=45 [cudnn]=90 [hostpy]=80 [contention]=90 [weights]=45 [rotary]=45 [marks]=105 [pyspy]=70 [compile_encoder]=90 [floor]=20)   # seconds on one H100/H200: measured, or guessed for new parts
+                     [norm]=45 [cudnn]=90 [hostpy]=80 [contention]=90 [weights]=45 [rotary]=45 [marks]=105 [pyspy]=70 [compile_encoder]=90 [floor]=20 [queues]=70)   # seconds on one H100/H200: measured, or guessed for new parts
 failed=(); skipped=(); fallback=
 part() {   # name: run part_<name> in a subshell; a failed part is logged and the next one runs
   has "$1" || return 0
@@ -150,11 +150,12 @@ part_bench() {
   tail -n 40 "$out/benchmark.md"
 }
 
-train_run() {   # name, extra args... (rows packed to $pack tokens, unless $batching gives other batching flags)
+train_run() {   # name, extra args... (rows packed to $pack tokens, unless $batching gives other batching flags;
+                #   run under ${launcher[@]} when set)
   local name=$1 sizing=(--batch_type pack --pack_tokens "$pack"); shift
   [ -z "${batching:-}" ] || read -ra sizing <<<"$batching"
   rm -rf "$exp/$name"
-  "$python" -m west.bin.train --config "$conf" "${common[@]}" --train_data "$data/train/data.list" \
+  ${launcher[@]+"${launcher[@]}"} "$python" -m west.bin.train --config "$conf" "${common[@]}" --train_data "$data/train/data.list" \
     --data.cmvn "$data/train/global_cmvn.json" --output_dir "$exp/$name" "${sizing[@]}" \
     --max_steps "$steps" --train.save_every 0 --train.save_at_epoch_end false --train.warmup_steps 5 \
     --train.log_every 5 --train.tensorboard false --train.progress_bar false --data.num_workers "$workers" \
@@ -196,6 +197,16 @@ part_marks() {   # which phases of the step the host paces, with nothing slowing
   profile_run marks pack,pack_encoder_padded,static --phase_marks --steps 6
   profile_run marks_cuts pack --phase_marks --train.precision bf16 --train.bf16_weights true --model.llm.fused_rotary true
   train_run train_marks --train.phase_marks true   # west-train's phases: which of them its 1.27x is in
+}
+part_queues() {   # a stream holds about 1,000 pending launches: where the GPU is the slower side (the LLM's
+  # large products) the host stops there, and cannot bank that time for the phases it paces (the encoder's
+  # small kernels). CUDA_SCALE_LAUNCH_QUEUES=4x deepens the queue (a driver setting, read at CUDA's start;
+  # one report of hangs on Jetson, hence the timeouts)
+  log "queues: pack with CUDA_SCALE_LAUNCH_QUEUES=4x (a 4x deeper launch queue): marked benchmark steps, then west-train"
+  export CUDA_SCALE_LAUNCH_QUEUES=4x
+  launcher=(timeout 150)
+  profile_run marks_queues pack --phase_marks --steps 6
+  train_run train_queues
 }
 part_pyspy() {   # where the launching thread's time goes in C++ and the driver too (cProfile sees Python only)
   local spy warm=2 rate=100 n=$(( prof_steps * 10 ))
