@@ -1,7 +1,9 @@
-"""The helpers the attention-kernel check tools share (west.bench.kernel_checks)."""
+"""The helpers the attention-kernel check tools share (west.bench.kernel_checks) and their timing
+(west.bench.timing)."""
 import torch
 
-from west.bench.kernel_checks import median_ms, random_lengths, relative_error
+from west.bench.kernel_checks import random_lengths, relative_error
+from west.bench.timing import host_and_device_ms, median_ms
 
 
 def test_random_lengths_fill_the_total_within_the_range():
@@ -24,3 +26,10 @@ def test_median_ms_warms_up_then_times_each_call():
     ms = median_ms(lambda: calls.append(1), torch.device("cpu"), repeats=5, warmup=2)
     assert len(calls) == 7
     assert 0.0 <= ms < 1000.0
+
+
+def test_host_and_device_ms_warm_up_then_time_each_call():
+    calls = []
+    host, drained = host_and_device_ms(lambda: calls.append(1), torch.device("cpu"), repeats=3, warmup=1)
+    assert len(calls) == 4
+    assert 0.0 <= host <= drained

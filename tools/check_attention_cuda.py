@@ -15,7 +15,8 @@ import json
 
 import torch
 
-from west.bench.kernel_checks import median_ms, random_lengths, relative_error
+from west.bench.kernel_checks import random_lengths, relative_error
+from west.bench.timing import median_ms
 from west.models.attention import BACKENDS, reference_attention, varlen_attention
 from west.models.varlen_kernels import _flash_kernel, _torch_varlen_kernel, choose_backend
 

@@ -22,7 +22,8 @@ import json
 
 import torch
 
-from west.bench.kernel_checks import median_ms, random_lengths, relative_error
+from west.bench.kernel_checks import random_lengths, relative_error
+from west.bench.timing import median_ms
 from west.models.attention import bucket_length
 from west.models.config import ConformerConfig
 from west.models.conformer import RelPositionAttention, relative_sinusoids

@@ -1,11 +1,7 @@
 """What the attention-kernel checks (tools/check_attention_cuda.py, tools/check_encoder_attention.py)
-share: random utterance lengths, a relative error against a float64 reference, and a median time
-with the device drained on both sides of each call (a launch returns before its kernels run)."""
+share: random utterance lengths and a relative error against a float64 reference (their timing is
+west.bench.timing's)."""
 from __future__ import annotations
-
-import statistics
-import time
-from typing import Callable
 
 import torch
 
@@ -24,21 +20,3 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     """‖a − b‖ / ‖b‖ in float64 on the CPU (where the references live)."""
     a, b = a.detach().double().cpu(), b.detach().double().cpu()
     return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b).clamp_min(1e-30))
-
-
-def median_ms(fn: Callable[[], object], device: torch.device, repeats: int, warmup: int = 3) -> float:
-    """Median wall time of ``fn()`` in ms after ``warmup`` untimed calls, synchronising CUDA around each."""
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3

@@ -21,13 +21,13 @@ nothing); the time per operator divides by the non-view count.
 """
 from __future__ import annotations
 
-import time
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from west.bench.op_counter import OpCounter
+from west.bench.timing import host_and_device_ms
 
 WORKLOADS = ("launch", "allocate", "autograd", "autocast")
 
@@ -81,28 +81,11 @@ def measure(name: str, device: torch.device, ops: int = 2000, width: int = 64, r
     """Host and device time per operator of one workload: medians over ``repeats`` calls."""
     device = torch.device(device)
     fn = _workload(name, device, ops, width)
-    cuda = device.type == "cuda"
-
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize(device)
-
-    for _ in range(warmup):
-        fn()
-    launched, views = count_ops(fn)
-    host, wall = [], []
-    for _ in range(repeats):
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        t1 = time.perf_counter()
-        sync()
-        host.append(t1 - t0)
-        wall.append(time.perf_counter() - t0)
-    host_s, wall_s = sorted(host)[len(host) // 2], sorted(wall)[len(wall) // 2]
+    host_ms, wall_ms = host_and_device_ms(fn, device, repeats, warmup)
+    launched, views = count_ops(fn)   # after the warm-up: lazily made state is not a per-call cost
     return {"workload": name, "operators": launched, "views": views,
-            "host_us_per_op": 1e6 * host_s / max(launched, 1), "wall_us_per_op": 1e6 * wall_s / max(launched, 1),
-            "host_ms_per_call": 1e3 * host_s, "wall_ms_per_call": 1e3 * wall_s}
+            "host_us_per_op": 1e3 * host_ms / max(launched, 1), "wall_us_per_op": 1e3 * wall_ms / max(launched, 1),
+            "host_ms_per_call": host_ms, "wall_ms_per_call": wall_ms}
 
 
 def floor_table(rows: list[dict]) -> str:
