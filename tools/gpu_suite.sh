@@ -5,7 +5,7 @@
 # syncs, trains with train.compile and checks the attention kernels. Tables, JSON and logs go to
 # OUT (at most 8 files, for the device tool).
 #
-#   bash tools/gpu_suite.sh OUT [--parts build,train,marks,queues,floor,weights,rotary,pyspy,gap,hostpy,cudnn,contention,kernels,profile_compiled,norm,graphs,
+#   bash tools/gpu_suite.sh OUT [--parts build,train,marks,queues,floor,ring,weights,rotary,pyspy,gap,hostpy,cudnn,contention,kernels,profile_compiled,norm,graphs,
 #        profile,syncs,attention,compile,compile_encoder,ckpt,headroom,bench]
 #        [--num_utts 700]
 #        (parts run in the order given; a failed part is logged and the next one runs)
@@ -21,7 +21,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 [ $# -ge 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-parts=build,train,marks,queues,floor,weights,rotary,pyspy,gap,hostpy,cudnn,contention,kernels,profile_compiled,norm,graphs,profile,syncs,attention,compile,compile_encoder,ckpt,headroom,bench   # open questions first
+parts=build,train,marks,queues,floor,ring,weights,rotary,pyspy,gap,hostpy,cudnn,contention,kernels,profile_compiled,norm,graphs,profile,syncs,attention,compile,compile_encoder,ckpt,headroom,bench   # open questions first
 num_utts=700
 num_train=800
 memory_budget=24GiB
@@ -44,7 +44,7 @@ done
 has() { [[ ",$parts," == *",$1,"* ]]; }
 declare -A estimate=([build]=55 [train]=40 [bench]=430 [profile]=65 [compile]=110 [ckpt]=50 [syncs]=50
                      [attention]=90 [headroom]=130 [big]=300 [gap]=45 [profile_compiled]=120 [graphs]=150 [kernels]=75
-                     [norm]=45 [cudnn]=90 [hostpy]=80 [contention]=90 [weights]=45 [rotary]=45 [marks]=105 [pyspy]=70 [compile_encoder]=90 [floor]=20 [queues]=70)   # seconds on one H100/H200: measured, or guessed for new parts
+                     [norm]=45 [cudnn]=90 [hostpy]=80 [contention]=90 [weights]=45 [rotary]=45 [marks]=105 [pyspy]=70 [compile_encoder]=90 [floor]=20 [queues]=70 [ring]=90)   # seconds on one H100/H200: measured, or guessed for new parts
 failed=(); skipped=(); fallback=
 part() {   # name: run part_<name> in a subshell; a failed part is logged and the next one runs
   has "$1" || return 0
@@ -227,6 +227,17 @@ part_floor() {   # ~37 µs of host time per launch over the H200's step: this ma
   log "floor: host time per dispatched operator apart from any model (launch, allocation, autograd, autocast)"
   local sizes=(); $tiny && sizes=(--ops 200 --repeats 1)
   "$python" "$repo/tools/launch_floor.py" --device "$device" "${sizes[@]}" --out "$out/floor.json" | tee -a "$out/suite.md"
+}
+part_ring() {   # one idle gap of 11-23 ms per pack step, each ended by an index copy pinned on its own (H200)
+  log "ring: train.pinned_ring_mib (index copies staged in one page-locked ring): copies intact with the GPU behind,"\
+" host µs per small copy three ways; marked pack steps and west-train with the ring"
+  if [ "$device" = cuda ]; then
+    "$python" "$repo/tools/check_pinned_ring.py" --out "$out/ring.json" 2>&1 | tee -a "$out/suite.log" | tail -n 7 \
+      | tee -a "$out/suite.md"
+  else log "ring: check_pinned_ring.py skipped (needs CUDA; on the CPU the ring is off and the runs below train without it)"
+  fi
+  profile_run marks_ring pack --phase_marks --steps 6 --train.pinned_ring_mib 8
+  train_run train_pinned_ring --train.pinned_ring_mib 8
 }
 part_hostpy() {   # the graphs cut launches by 45 % and the host's time per step not at all (H200): where is it?
   log "hostpy: the pack step's Python on the launching thread (cProfile, the backward on that thread too), eager and with train.cuda_graphs (marked first)"

@@ -11,6 +11,7 @@ import torch
 
 from west.batch import Batch
 from west.models.working_weights import clear_working_grads
+from west.pinned_ring import use_pinned_ring
 from west.ranks import allow_cudnn_attention
 from west.train.config import TrainConfig
 from west.train.gpu_monitor import build_monitor
@@ -29,7 +30,8 @@ class PassRunner:
 
     def __init__(self, model: torch.nn.Module, train: TrainConfig, device: torch.device, seed: int):
         self.model, self.train, self.device, self.seed = model, train, device, seed
-        allow_cudnn_attention(train.cudnn_attention)   # as west-train sets it
+        allow_cudnn_attention(train.cudnn_attention)   # as west-train sets them
+        use_pinned_ring(train.pinned_ring_mib, device)
         self.weights = working_weights(model, train.bf16_weights)
         self.init = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 

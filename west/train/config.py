@@ -45,6 +45,8 @@ class TrainConfig:
     compile: bool = False                           # regional torch.compile of the repeated blocks
     compile_scope: str = setting("all", choices=("all", "encoder", "llm"))   # which blocks train.compile compiles
     cudnn_attention: bool = False                   # let SDPA pick cuDNN attention (a graph built per new shape)
+    pinned_ring_mib: float = setting(0, min=0)      # CUDA: host-built index copies staged in one page-locked
+    #   ring of this size, allocated once (west.pinned_ring); 0 = each copy pins its own memory
     cuda_graphs: bool = False                       # the frozen LLM decoder as CUDA graphs, rows padded to pack_tokens
     graph_segments: int = setting(256, min=1)       # cuda_graphs: segment slots per row (utterances + padding)
     graph_max_seqlen: int = setting(512, min=1)     # cuda_graphs: the longest segment the kernels are sized for

@@ -39,6 +39,7 @@ from west.batch import Batch
 from west.checkpoint import training as ckpt
 from west.checkpoint.base_llm import base_llm_of
 from west.checkpoint.integrity import PREFIX, check_checkpoint, latest_usable, set_aside
+from west.pinned_ring import use_pinned_ring
 from west.ranks import all_reduce_max, allow_cudnn_attention, barrier, sum_counts_over_ranks, unwrap
 from west.train.compile import compilations, compile_regions
 from west.train.config import RunConfig, TrainConfig
@@ -95,6 +96,7 @@ class Trainer:
         self.cfg, self.run, self.info = train, run, info
         self.data, self.evaluator = data, evaluator
         allow_cudnn_attention(train.cudnn_attention)
+        self.ring = use_pinned_ring(train.pinned_ring_mib, info.device)
         if train.grad_checkpointing:
             enable_grad_checkpointing(model)
         if train.compile:
@@ -350,6 +352,7 @@ class Trainer:
         return {"step": self.step, "epoch": self.epoch, "skipped_steps": self.guard.total,
                 "compilations": compilations() if self.cfg.compile else 0,
                 "llm_graph": self.static.summary() if self.static is not None else None,
+                "pinned_ring": self.ring.summary() if self.ring is not None else None,
                 "failed_saves": self.failed_saves, "partial_epoch_steps": self.totals.steps,
                 "wall_s": time.perf_counter() - t_start, "best": best, "checkpoints": self.ckpt_root,
                 "preempted": self.preempted, "checkpoint": self._last_checkpoint()}
