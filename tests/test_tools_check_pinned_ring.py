@@ -47,7 +47,7 @@ def test_costs_and_their_table(cpu_stand_ins):
     assert all(v > 0 for c in costs.values() for v in c.values())
     table = tool.cost_table(costs).splitlines()
     assert table[0].startswith("| way |") and [row.split(" | ")[0] for row in table[2:]] == \
-        ["| pin each", "| ring", "| pageable"]
+        ["| pin each", "| ring", "| pageable", "| launch only"]
 
 
 def test_refuses_without_cuda(capsys):

@@ -230,9 +230,9 @@ part_floor() {   # ~37 µs of host time per launch over the H200's step: this ma
 }
 part_ring() {   # one idle gap of 11-23 ms per pack step, each ended by an index copy pinned on its own (H200)
   log "ring: train.pinned_ring_mib (index copies staged in one page-locked ring): copies intact with the GPU behind,"\
-" host µs per small copy three ways; marked pack steps and west-train with the ring"
+" host µs per small copy three ways and per launch; marked pack steps and west-train with the ring"
   if [ "$device" = cuda ]; then
-    "$python" "$repo/tools/check_pinned_ring.py" --out "$out/ring.json" 2>&1 | tee -a "$out/suite.log" | tail -n 7 \
+    "$python" "$repo/tools/check_pinned_ring.py" --out "$out/ring.json" 2>&1 | tee -a "$out/suite.log" | tail -n 10 \
       | tee -a "$out/suite.md"
   else log "ring: check_pinned_ring.py skipped (needs CUDA; on the CPU the ring is off and the runs below train without it)"
   fi
