@@ -28,9 +28,10 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert "| train_bf16_weights |" in suite                            # weights: bf16 working copies
     assert "| train_fused_rotary |" in suite                            # rotary: one autograd node
     assert "Python on the launching thread" in suite and "| `<method 'run_backward'" in suite   # hostpy
-    assert suite.count("unprofiled, marked at phase boundaries") == 7   # marks: 3 modes, with the cuts; queues; ring; hostpy_graphs
+    assert suite.count("unprofiled, marked at phase boundaries") == 6   # marks: 3 modes, with the cuts; queues; hostpy_graphs
     assert "| train_queues |" in suite                                   # queues: a deeper launch queue
     assert "| train_pinned_ring |" in suite and "ring: check_pinned_ring.py skipped (needs CUDA" in log   # ring
+    assert "train_pinned_ring, phase by phase (train.phase_marks)" in suite
     assert "| train_marks |" in suite and "train_marks, phase by phase (train.phase_marks)" in suite   # west-train marked
     # pyspy: without py-spy on the machine (CI) the part says so and the suite goes on
     assert "pyspy: skipped (no py-spy" in log or "samples in 12 steps at 100 Hz" in suite
@@ -49,7 +50,7 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
         jsons = {Path(m.name).name: json.load(tar.extractfile(m)) for m in tar.getmembers() if m.isfile()}
     assert sorted(set(jsons) - {"pyspy.json", "pyspy_marks.json"}) == [   # those two where py-spy is installed
         "attention.json", "benchmark.json", "encoder_attention.json", "floor.json", "hostpy.json", "hostpy_graphs.json", "marks.json",
-        "marks_cuts.json", "marks_queues.json", "marks_ring.json", "profile.json"]
+        "marks_cuts.json", "marks_queues.json", "profile.json"]
     bench = jsons["benchmark.json"]
     assert {"static", "dynamic", "pack", "pack_encoder_padded"} <= set(bench["modes"])
     assert all(r["ops"]["per_step"]["total"] > 0 for r in bench["modes"].values())
