@@ -65,38 +65,37 @@ def random_tensor(rng: random.Random, max_bytes: int) -> torch.Tensor:
     return torch.randint(-2**30, 2**30, (n,), generator=g, dtype=dtype)
 
 
-@pytest.mark.parametrize("seed", range(5))
-def test_every_copy_arrives_intact_with_the_device_behind(seed):
-    """Many copies of random sizes and dtypes through a ring of 1 KiB (wraps and waits on most
-    copies) while the device runs behind by a random amount: each result equals its source."""
+def send_random(seed: int, copies: int, lags=(0,)) -> tuple[bool, PinnedRing]:
+    """``copies`` random tensors through a 1 KiB ring, the device advancing by a random choice of
+    ``lags`` copies after each (its sources changed once the call returns): (all intact, the ring)."""
     rng = random.Random(seed)
     dev = LaggingDevice()
     r = ring(1024, dev)
     sent, got = [], []
-    for _ in range(400):
+    for _ in range(copies):
         t = random_tensor(rng, 512)
         sent.append(t.clone())
         got.append(r.to_device(t))
-        t.fill_(0) if t.dtype != torch.bool else t.logical_not_()   # the source may change after the call
-        dev.advance(rng.choice([0, 0, 0, 1, 2]))
+        t.fill_(0) if t.dtype != torch.bool else t.logical_not_()
+        dev.advance(rng.choice(lags))
     dev.advance(len(dev.queued))
-    assert all(torch.equal(a, b) for a, b in zip(sent, got))
+    return all(torch.equal(a, b) for a, b in zip(sent, got)), r
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_every_copy_arrives_intact_with_the_device_behind(seed):
+    """Copies of random sizes and dtypes through a ring of 1 KiB (wraps and waits on most copies)
+    while the device runs behind by a random amount: each result equals its source."""
+    intact, r = send_random(seed, 400, lags=(0, 0, 0, 1, 2))
+    assert intact
     assert r.wraps > 10 and r.waits > 10, r.summary()
 
 
 def test_the_model_catches_a_ring_that_does_not_wait(monkeypatch):
     """The method works: without the waits, the same run delivers overwritten bytes."""
     monkeypatch.setattr(Event, "synchronize", lambda self: None)
-    rng = random.Random(0)
-    dev = LaggingDevice()
-    r = ring(1024, dev)
-    sent, got = [], []
-    for _ in range(100):
-        t = random_tensor(rng, 512)
-        sent.append(t.clone())
-        got.append(r.to_device(t))
-    dev.advance(len(dev.queued))
-    assert not all(torch.equal(a, b) for a, b in zip(sent, got))
+    intact, _ = send_random(0, 100)
+    assert not intact
 
 
 def test_a_device_that_keeps_up_never_waits():
