@@ -130,6 +130,7 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--out", help="JSON file for the results")
     a = p.parse_args(argv)
+    cuda_allocator_defaults()   # the allocator west's commands run with (read when CUDA starts)
     device = torch.device(a.device)
     if device.type != "cuda" or not torch.cuda.is_available():
         print("check_pinned_ring: needs a CUDA device (the ring's logic is tested on the CPU by "
@@ -137,7 +138,6 @@ def main(argv=None) -> int:
         return 2
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    cuda_allocator_defaults()
     race = race_check(device, a.copies, a.ring_kib)
     print(f"[check_pinned_ring] {race['copies']:,} copies through a {a.ring_kib} KiB ring, the GPU behind: "
           f"{race['mismatched']} mismatched, {race['waits']:,} waits, {race['wraps']:,} wraps")
