@@ -237,6 +237,8 @@ part_ring() {   # one idle gap of 11-23 ms per pack step, each ended by an index
   else log "ring: check_pinned_ring.py skipped (needs CUDA; on the CPU the ring is off and the runs below train without it)"
   fi
   train_run train_pinned_ring --train.pinned_ring_mib 8 --train.phase_marks true   # against part marks' train_marks
+  { grep -h "(train.pinned_ring_mib)" "$out/suite.log" || true; } | tail -n 1 | sed 's/^.*; pinned ring/- pinned ring/' \
+    | tee -a "$out/suite.md"   # its copies and waits (none on the CPU: the ring is CUDA's)
 }
 part_hostpy() {   # the graphs cut launches by 45 % and the host's time per step not at all (H200): where is it?
   log "hostpy: the pack step's Python on the launching thread (cProfile, the backward on that thread too), eager and with train.cuda_graphs (marked first)"
