@@ -242,6 +242,7 @@ class ConformerEncoder(FlatEncoder):
         self.after_norm = nn.LayerNorm(cfg.d_model)
         self.gradient_checkpointing = cfg.gradient_checkpointing
         self._pos: Optional[torch.Tensor] = None
+        self.static_blocks = None   # west.models.static_encoder.StaticBlocks (train.encoder_graphs): not a module
 
     @classmethod
     def from_config(cls, cfg: ConformerConfig, attn_backend: str = "auto") -> "ConformerEncoder":
@@ -297,6 +298,10 @@ class ConformerEncoder(FlatEncoder):
         if self.blocks:   # plans built once here, outside any compiled block, then shared by all blocks
             attn = self.blocks[0].attn
             route = attn.route(x, layout)
+            if self.static_blocks is not None and self.training and torch.is_grad_enabled():
+                y = self.static_blocks(x, layout, route)   # train.encoder_graphs; None: eager below
+                if y is not None:
+                    return self.after_norm(y), layout
             layout.prepare(self.blocks[0].conv.pad, route)
             pos = attn.positional(layout, pos, route)
         for block in self.blocks:
