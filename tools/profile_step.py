@@ -154,7 +154,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from west.bench.benchmark import graphed_llm
+    from west.bench.benchmark import graphed_encoder, graphed_llm
     from west.bench.modes import model_overrides
     from west.bench.tool_setup import tool_setup
     from west.ranks import cuda_allocator_defaults
@@ -181,15 +181,19 @@ def main(argv=None) -> int:
             print(f"[profile_step] {m.name}: {len(batches)} batches for {need} steps, taken in turn")
             batches = [batches[i % len(batches)] for i in range(need)]
         with model_overrides(setup.runner.model, m.model), \
-                graphed_llm(setup.runner.model, m, setup.cfg.train, setup.device) as static:
+                graphed_llm(setup.runner.model, m, setup.cfg.train, setup.device) as static, \
+                graphed_encoder(setup.runner.model, m, setup.cfg.train, setup.device) as encoder_static:
             with torch.autograd.set_multithreading_enabled(not args.single_thread_backward):
                 res = profile_mode(setup.runner, batches, args.warmup_steps, traces / f"{m.name}.json",
                                    args.kernels_only, args.host_python, args.phase_marks)
             if static is not None:   # train.cuda_graphs: the decoder replayed, as in west-train
                 res["llm_graph"] = static.summary()
+            if encoder_static is not None:   # train.encoder_graphs: the encoder's blocks replayed
+                res["encoder_graph"] = encoder_static.summary()
         results[m.name] = res
         graphs = f", {compilations()} graphs compiled so far" if setup.cfg.train.compile else ""
         graphs += f", {res['llm_graph']}" if "llm_graph" in res else ""
+        graphs += f", {res['encoder_graph']}" if "encoder_graph" in res else ""
         kind = ", kernels only" if args.kernels_only else ", Python on the launching thread" if args.host_python else ""
         graphs += ", backward on the launching thread" if args.single_thread_backward else ""
         if "phase_marks" in res:

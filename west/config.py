@@ -104,6 +104,7 @@ def validate(cfg: Config, explicit: Collection[str] = ()) -> None:
     require(kind != "flash" or importlib.util.find_spec("flash_attn"), key,
             f"{name} needs the flash-attn package: pip install 'west[gpu]'")
     _check_cuda_graphs(cfg)
+    _check_encoder_graphs(cfg)
     enc, shape = model.encoder, model.speech_shape()
     require(enc.init is None or os.path.isfile(enc.init), "model.encoder.init", f"no such file: {enc.init}")
     require("data.num_mel_bins" not in explicit or data.num_mel_bins == shape.num_mel_bins, "data.num_mel_bins",
@@ -149,3 +150,32 @@ def _check_cuda_graphs(cfg: Config) -> None:
     require(train.graph_segments >= need, "train.graph_segments",
             f"must be >= {need}: an empty row of data.pack_tokens={cfg.data.pack_tokens} padding tokens in "
             f"segments of at most train.graph_max_seqlen={train.graph_max_seqlen}")
+
+
+def _check_encoder_graphs(cfg: Config) -> None:
+    """train.encoder_graphs replays one captured block stack that trains: packed Conformer rows on
+    the cu_seqlens kernel route, its gradients used before the next replay (one micro-batch, one
+    process), and nothing else rewriting the blocks (compiling, bf16 copies, checkpointing)."""
+    train, model = cfg.train, cfg.model
+    if not train.encoder_graphs:
+        return
+    from west.data.policies import POLICIES  # heavy
+
+    key = "train.encoder_graphs"
+    require(POLICIES[cfg.data.batch_type].packs_rows, key, f"needs data.batch_type pack, got {cfg.data.batch_type}")
+    enc = model.encoder
+    require(enc.type == "conformer" and enc.pos_enc == "wenet" and enc.attn_backend in ("auto", "varlen"), key,
+            "needs west's Conformer with model.encoder.pos_enc wenet and attn_backend auto or varlen (packed rows "
+            f"through a cu_seqlens kernel), got type {enc.type}, pos_enc {enc.pos_enc}, attn_backend {enc.attn_backend}")
+    require(not model.freeze_encoder, key, "needs a trained encoder (model.freeze_encoder false)")
+    require(train.accum_steps == 1, key, "needs train.accum_steps 1 (the next replay overwrites the gradients)")
+    require(not (train.fsdp or train.bf16_weights), key, "not with train.fsdp or train.bf16_weights")
+    require(not (train.compile and train.compile_scope in ("all", "encoder")), key,
+            "not with the encoder compiled (train.compile_scope llm compiles the LLM's layers alone)")
+    require(not (enc.gradient_checkpointing or train.grad_checkpointing), key,
+            "not with the encoder's gradient checkpointing")
+    rows = train.encoder_graph_rows or cfg.data.pack_tokens * model.projector.stride
+    need = 1 + -(-rows // train.encoder_graph_max_len)
+    require(train.encoder_graph_segments >= need, "train.encoder_graph_segments",
+            f"must be >= {need}: one utterance and {rows} rows of padding in segments of at most "
+            f"train.encoder_graph_max_len={train.encoder_graph_max_len}")

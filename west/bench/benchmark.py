@@ -51,9 +51,12 @@ from west.data.dataset import build_dataloader
 from west.data.policies import POLICIES
 from west.host_memory import keep_freed_host_memory
 from west.models.static_decoder import StaticDecoder
+from west.models.static_encoder import StaticBlocks
+from west.ranks import unwrap
 from west.shapes import SpeechShape
 from west.train.config import TrainConfig
 from west.train.cuda_graphs import static_decoder_for
+from west.train.encoder_graphs import encoder_shape, static_encoder_for
 
 
 def load_batches(data_list: str, tokenizer, conf: DataConfig, shape: SpeechShape,
@@ -144,7 +147,8 @@ def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, trai
             f"{results[m.name]['flops']['total'] / 1e12:.2f} TFLOP fwd+bwd")
         if count_ops:
             t0 = time.perf_counter()
-            with model_overrides(model, m.model), cap_lifted(dev), graphed_llm(model, m, train, dev):
+            with model_overrides(model, m.model), cap_lifted(dev), graphed_llm(model, m, train, dev), \
+                    graphed_encoder(model, m, train, dev):
                 results[m.name]["ops"] = count_step_ops(runner, loaded[m.name])
                 results[m.name]["encoder_ops"] = count_encoder_ops(model, loaded[m.name], dev, train.precision)
             ops, enc = results[m.name]["ops"]["per_step"], results[m.name]["encoder_ops"]["per_step"]
@@ -153,10 +157,13 @@ def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, trai
     for rep in range(repeats):
         for m in modes:
             try:
-                with model_overrides(model, m.model), graphed_llm(model, m, train, dev) as static:
+                with model_overrides(model, m.model), graphed_llm(model, m, train, dev) as static, \
+                        graphed_encoder(model, m, train, dev) as encoder_static:
                     r = runner.run(loaded[m.name], warmup_steps)
                     if static is not None:
                         results[m.name]["llm_graph"] = static.summary()
+                    if encoder_static is not None:
+                        results[m.name]["encoder_graph"] = encoder_static.summary()
             except torch.OutOfMemoryError as e:   # the weights back as they were: the caller may retry
                 runner.model.zero_grad(set_to_none=True)
                 runner.model.load_state_dict(runner.init)
@@ -222,6 +229,24 @@ def graphed_llm(model: torch.nn.Module, mode: Mode, train: TrainConfig, device: 
         yield static
     finally:
         model.static_decoder = None
+
+
+@contextlib.contextmanager
+def graphed_encoder(model: torch.nn.Module, mode: Mode, train: TrainConfig, device: torch.device
+                    ) -> Iterator[Optional[StaticBlocks]]:
+    """``train.encoder_graphs`` for one packed mode's passes, as west-train runs it: the Conformer's
+    blocks on rows padded to one shape, captured on CUDA; unpadded again after. FLOPs are counted
+    without it. Other modes and configs: unchanged."""
+    if not train.encoder_graphs or not POLICIES[mode.data["batch_type"]].packs_rows:
+        yield None
+        return
+    shape = encoder_shape(train.encoder_graph_rows, train.encoder_graph_segments, train.encoder_graph_max_len,
+                          mode.data["pack_tokens"], unwrap(model).cfg.projector.stride)
+    static = static_encoder_for(model, shape, train.precision, device)
+    try:
+        yield static
+    finally:
+        unwrap(model).encoder.static_blocks = None
 
 
 def add_efficiency(res: dict, peak: dict, per: int = 10_000) -> None:

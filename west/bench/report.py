@@ -180,6 +180,10 @@ def notes(res: dict) -> str:
     if graphs:
         out.append("- train.cuda_graphs (the LLM decoder replayed; the rows' padding is not in the FLOP counts): "
                    + "; ".join(graphs))
+    graphs = [f"{name}: {r['encoder_graph']}" for name, r in res["modes"].items() if r.get("encoder_graph")]
+    if graphs:
+        out.append("- train.encoder_graphs (the Conformer's blocks replayed; the rows' padding is not in the FLOP "
+                   "counts): " + "; ".join(graphs))
     env = res["env"]
     out.append(f"- time = median of {res['repeats']} passes (forward + backward + clip + AdamW, batches "
                f"collated beforehand, {res['warmup_steps']} warm-up step(s) untimed, same initial weights); "

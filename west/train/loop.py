@@ -45,6 +45,7 @@ from west.train.compile import compilations, compile_regions
 from west.train.config import RunConfig, TrainConfig
 from west.train.cuda_graphs import static_decoder_for
 from west.train.distributed import DistInfo, wrap_model
+from west.train.encoder_graphs import encoder_shape, static_encoder_for
 from west.train.evaluate import Evaluator
 from west.train.gpu_monitor import build_monitor
 from west.train.metrics import AllocatorEvents, EpochTotals, MetricsLogger, peak_memory_mb, step_record
@@ -106,6 +107,10 @@ class Trainer:
         self.weights = working_weights(self.model, train.bf16_weights, info.world_size)
         self.static = static_decoder_for(self.model, pack_tokens, train.graph_segments, train.graph_max_seqlen,
                                          train.precision, info.device) if train.cuda_graphs else None
+        self.encoder_static = static_encoder_for(
+            self.model, encoder_shape(train.encoder_graph_rows, train.encoder_graph_segments, train.encoder_graph_max_len,
+                                      pack_tokens, unwrap(model).cfg.projector.stride),
+            train.precision, info.device, info.world_size) if train.encoder_graphs else None
         # The frozen base LLM (model.llm.path) that lean checkpoints refer to instead of storing it.
         self.base = base_llm_of(model)
         self.optimizer = optimizer_from_config(self.model, train)
@@ -353,6 +358,7 @@ class Trainer:
                 "compilations": compilations() if self.cfg.compile else 0,
                 "llm_graph": self.static.summary() if self.static is not None else None,
                 "pinned_ring": self.ring.summary() if self.ring is not None else None,
+                "encoder_graph": self.encoder_static.summary() if self.encoder_static is not None else None,
                 "failed_saves": self.failed_saves, "partial_epoch_steps": self.totals.steps,
                 "wall_s": time.perf_counter() - t_start, "best": best, "checkpoints": self.ckpt_root,
                 "preempted": self.preempted, "checkpoint": self._last_checkpoint()}

@@ -1,0 +1,102 @@
+"""train.encoder_graphs through west-train on the CPU: every pack runs the Conformer's blocks on
+rows padded to train.encoder_graph_rows (what one captured graph replays on CUDA), and the run's
+per-step losses and final weights are those of the same run unpadded; the last line counts the
+batches. The config refuses what the captured blocks cannot do."""
+import contextlib
+import io
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from west.config import load_config
+from west.models.static_decoder import StaticShape
+from west.schema import ConfigError
+
+from helpers.e2e import TINY_CPU, read_jsonl, tiny_llm, train_argv, write_lists
+from helpers.threads import torch_threads
+
+KERNEL_PACKS = ["--batch_type", "pack", "--pack_tokens", "200", "--max_steps", "3", "--train.save_every", "0",
+                "--model.encoder.pos_enc", "wenet", "--model.encoder.attn_backend", "varlen"]
+
+
+def test_padded_encoder_blocks_train_like_unpadded_ones(tmp_path_factory, corpus):
+    from west.bin.train import main
+
+    d = tmp_path_factory.mktemp("encoder_graphs")
+    lists = write_lists(corpus["rows"], d / "lists", 13)
+    llm = tiny_llm(tmp_path_factory)
+    out = {}
+    with torch_threads():
+        for name, extra in (("eager", []), ("graphs", ["--train.encoder_graphs", "true", "--train.encoder_graph_rows",
+                                                       "1024", "--train.encoder_graph_max_len", "256"])):
+            text = io.StringIO()
+            with contextlib.redirect_stdout(text):
+                assert main(train_argv(llm, lists.jsonl, d / name, *KERNEL_PACKS, *extra)) == 0
+            out[name] = text.getvalue()
+    want, got = (read_jsonl(d / n / "train_log.jsonl") for n in ("eager", "graphs"))
+    assert [x["step"] for x in got] == [1, 2, 3]
+    for a, b in zip(want, got):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
+        assert b["computed_enc_frames"] == a["computed_enc_frames"]   # the figures count the real rows
+    final = [load_file(str(d / n / "checkpoints" / "step_00000003" / "model.safetensors")) for n in ("eager", "graphs")]
+    assert final[0].keys() == final[1].keys() and final[0]
+    for k in final[0]:   # products over more rows round differently: up to 2e-6 apart after 3 steps
+        torch.testing.assert_close(final[1][k], final[0][k], rtol=1e-4, atol=1e-5, msg=k)
+    assert "3 encoder batches padded (eager) at 1024 rows, 0 unpadded (train.encoder_graphs)" in out["graphs"]
+    assert "train.encoder_graphs" not in out["eager"]
+
+
+PACK = ["--data.batch_type", "pack", "--data.pack_tokens", "200"]
+WENET = ["--model.encoder.pos_enc", "wenet"]
+
+
+@pytest.mark.parametrize("extra,message", [
+    (PACK, "needs west's Conformer with model.encoder.pos_enc wenet"),
+    (PACK + WENET + ["--train.accum_steps", "2"], "needs train.accum_steps 1"),
+    (PACK + WENET + ["--model.freeze_encoder", "true"], "needs a trained encoder"),
+    (PACK + WENET + ["--train.compile", "true"], "not with the encoder compiled"),
+    (PACK + WENET + ["--train.encoder_graph_max_len", "1"], "train.encoder_graph_segments: must be >= 401"),
+    (WENET + ["--data.batch_type", "static"], "needs data.batch_type pack")])
+def test_the_config_refuses_what_the_graphs_cannot_do(tmp_path_factory, extra, message):
+    from west.config import split_overrides
+
+    argv = ["--model.llm.path", str(tiny_llm(tmp_path_factory)), "--train.encoder_graphs", "true", *extra]
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_config(str(TINY_CPU), split_overrides(argv))
+
+
+def test_the_benchmark_pads_packed_modes_only_and_restores_the_encoder():
+    from west.bench.benchmark import graphed_encoder
+    from west.bench.modes import standard_modes
+    from west.models.speech_llm import SpeechLLM
+    from west.train.config import TrainConfig
+
+    from helpers.speech import tiny_config
+
+    cfg = tiny_config()
+    cfg.encoder.pos_enc, cfg.encoder.attn_backend = "wenet", "varlen"
+    model = SpeechLLM(cfg)
+    train = TrainConfig(encoder_graphs=True, encoder_graph_max_len=64)
+    static_mode, pack_mode = standard_modes(["static", "pack"], 4, 512, 200)
+    with graphed_encoder(model, static_mode, train, torch.device("cpu")) as static:
+        assert static is None and model.encoder.static_blocks is None
+    with graphed_encoder(model, pack_mode, train, torch.device("cpu")) as static:
+        assert model.encoder.static_blocks is static and static.shape.tokens == 200 * 2   # pack x stride
+    assert model.encoder.static_blocks is None
+
+
+def test_a_route_without_a_kernel_or_several_ranks_is_refused():
+    from west.models.speech_llm import SpeechLLM
+    from west.train.encoder_graphs import static_encoder_for
+
+    from helpers.speech import tiny_config
+
+    cfg = tiny_config()
+    cfg.encoder.pos_enc = "wenet"   # attn_backend auto: segment SDPA on the CPU
+    model = SpeechLLM(cfg)
+    shape = StaticShape(tokens=400, segments=16, max_seqlen=64)
+    with pytest.raises(ConfigError, match="the encoder's packed rows run sdpa_segments on cpu"):
+        static_encoder_for(model, shape, "fp32", torch.device("cpu"))
+    with pytest.raises(ConfigError, match="one process only"):
+        static_encoder_for(model, shape, "fp32", torch.device("cpu"), world_size=2)

@@ -1,0 +1,76 @@
+"""``train.encoder_graphs``: the Conformer's blocks, forward and backward, captured once as CUDA
+graphs and replayed every step, so that for the encoder the host launches two graphs instead of
+thousands of small kernels (west.models.static_encoder pads every pack's encoder rows to one shape).
+
+Unlike the LLM decoder of ``train.cuda_graphs`` these blocks train: the graph reads the weights
+where the optimizer updates them in place, and its backward hands the weight gradients to autograd.
+Those gradients live in the graph's own memory, which the next replay overwrites, so the run takes
+one micro-batch per step (``train.accum_steps 1``) on one process; the config refuses the rest.
+On a CPU there is nothing to capture: the padded blocks run eagerly, which the tests compare
+against the unpadded encoder.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from west.models.conformer import encoder_backend
+from west.models.static_decoder import StaticShape
+from west.models.static_encoder import KERNEL_ROUTES, StaticBlocks
+from west.ranks import unwrap
+from west.schema import ConfigError
+
+
+def encoder_shape(rows: int, segments: int, max_len: int, pack_tokens: int, projector_stride: int) -> StaticShape:
+    """The static shape: ``rows`` (0 = ``pack_tokens`` × the projector's stride, every LLM position
+    a speech token), ``segments`` boundaries, ``max_len`` the longest utterance in encoder frames."""
+    return StaticShape(rows or pack_tokens * projector_stride, segments, max_len)
+
+
+def static_encoder_for(model: nn.Module, shape: StaticShape, precision: str, device: torch.device,
+                       world_size: int = 1, warmup_iters: int = 3) -> StaticBlocks:
+    """Route ``model``'s packed training batches through its encoder's blocks at ``shape``; on
+    CUDA, capture those blocks' forward and backward (``model`` already on ``device``)."""
+    if world_size > 1:
+        raise ConfigError("train.encoder_graphs: one process only (the graph's weight gradients are not "
+                          "reduced across ranks by DDP's hooks)")
+    speech_llm = unwrap(model)
+    encoder = speech_llm.encoder
+    attn = encoder.blocks[0].attn   # the route its packed training rows take (dropout on)
+    route = encoder_backend(attn.backend, device, True, attn.attn_dropout, attn.key_positions,
+                            _activation_dtype(precision))
+    if route not in KERNEL_ROUTES:
+        raise ConfigError(f"train.encoder_graphs: the encoder's packed rows run {route} on {device.type} "
+                          "(a cu_seqlens kernel needs CUDA with bf16, or model.encoder.attn_backend varlen "
+                          "without attention dropout)")
+    static = StaticBlocks(encoder, shape, route)
+    encoder.static_blocks = static
+    if device.type == "cuda":
+        was_training = encoder.training
+        encoder.train()   # recorded as it trains (dropout inside the graph)
+        capture(static, precision, warmup_iters)
+        encoder.train(was_training)
+    return static
+
+
+def _activation_dtype(precision: str) -> torch.dtype:
+    return torch.bfloat16 if precision == "bf16" else torch.float32
+
+
+def capture(static: StaticBlocks, precision: str, warmup_iters: int = 3) -> None:
+    """``static.replay`` := the blocks' forward + backward as CUDA graphs (make_graphed_callables
+    on the block stack, a module: its trainable weights are the graph's inputs), recorded on rows of
+    padding at the static shape, bf16 autocast inside with its weight-cast cache off."""
+    device = next(static.stack.parameters()).device
+    static.stack.autocast = torch.bfloat16 if precision == "bf16" else None
+    sample = static.sample_inputs(_activation_dtype(precision), device)
+    try:
+        static.replay = torch.cuda.make_graphed_callables(static.stack, sample, num_warmup_iters=warmup_iters)
+    except Exception as e:   # say which option failed, not only where inside torch
+        alloc = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+        hint = (f" or with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False (now {alloc!r}: some torch builds "
+                "capture badly with expandable segments)" if "expandable_segments:True" in alloc else "")
+        raise RuntimeError(f"train.encoder_graphs: capturing the encoder's blocks at {static.shape} failed "
+                           f"({type(e).__name__}: {e}); train without it (train.encoder_graphs false){hint}") from e
