@@ -5,7 +5,7 @@
 # syncs, trains with train.compile and checks the attention kernels. Tables, JSON and logs go to
 # OUT (at most 8 files, for the device tool).
 #
-#   bash tools/gpu_suite.sh OUT [--parts build,train,marks,queues,floor,ring,weights,rotary,pyspy,gap,hostpy,cudnn,contention,kernels,profile_compiled,norm,graphs,
+#   bash tools/gpu_suite.sh OUT [--parts build,train,encoder_graphs,marks,floor,ring,weights,queues,rotary,pyspy,gap,hostpy,cudnn,contention,kernels,profile_compiled,norm,graphs,
 #        profile,syncs,attention,compile,compile_encoder,ckpt,headroom,bench]
 #        [--num_utts 700]
 #        (parts run in the order given; a failed part is logged and the next one runs)
@@ -21,7 +21,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 [ $# -ge 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-parts=build,train,marks,queues,floor,ring,weights,rotary,pyspy,gap,hostpy,cudnn,contention,kernels,profile_compiled,norm,graphs,profile,syncs,attention,compile,compile_encoder,ckpt,headroom,bench   # open questions first
+parts=build,train,encoder_graphs,marks,floor,ring,weights,queues,rotary,pyspy,gap,hostpy,cudnn,contention,kernels,profile_compiled,norm,graphs,profile,syncs,attention,compile,compile_encoder,ckpt,headroom,bench   # open questions first
 num_utts=700
 num_train=800
 memory_budget=24GiB
@@ -44,7 +44,7 @@ done
 has() { [[ ",$parts," == *",$1,"* ]]; }
 declare -A estimate=([build]=55 [train]=40 [bench]=430 [profile]=65 [compile]=110 [ckpt]=50 [syncs]=50
                      [attention]=90 [headroom]=130 [big]=300 [gap]=45 [profile_compiled]=120 [graphs]=150 [kernels]=75
-                     [norm]=45 [cudnn]=90 [hostpy]=80 [contention]=90 [weights]=45 [rotary]=45 [marks]=105 [pyspy]=70 [compile_encoder]=90 [floor]=20 [queues]=70 [ring]=75)   # seconds on one H100/H200: measured, or guessed for new parts
+                     [norm]=45 [cudnn]=90 [hostpy]=80 [contention]=90 [weights]=45 [rotary]=45 [marks]=105 [pyspy]=70 [compile_encoder]=90 [floor]=20 [queues]=70 [ring]=75 [encoder_graphs]=75)   # seconds on one H100/H200: measured, or guessed for new parts
 failed=(); skipped=(); fallback=
 part() {   # name: run part_<name> in a subshell; a failed part is logged and the next one runs
   has "$1" || return 0
@@ -227,6 +227,17 @@ part_floor() {   # ~37 µs of host time per launch over the H200's step: this ma
   log "floor: host time per dispatched operator apart from any model (launch, allocation, autograd, autocast)"
   local sizes=(); $tiny && sizes=(--ops 200 --repeats 1)
   "$python" "$repo/tools/launch_floor.py" --device "$device" "${sizes[@]}" --out "$out/floor.json" | tee -a "$out/suite.md"
+}
+part_encoder_graphs() {   # the encoder's 12 trainable blocks: thousands of small kernels, each shorter on the GPU
+  # than its launch on the host; replayed from CUDA graphs, two launches (rows padded to one shape)
+  log "encoder_graphs: west-train with train.encoder_graphs true (the Conformer's blocks replayed), marked"
+  # rows: a pack of 8,192 LLM positions holds about 9,650 encoder rows of the built-in corpus (1.18 per
+  # position, counted on the CPU): 12,288 leaves room; a pack over it runs eagerly and is counted
+  local extra=(--train.encoder_graph_rows 12288)
+  $tiny && extra=(--model.encoder.pos_enc wenet --model.encoder.attn_backend varlen)   # CPU: the kernel's reference
+  train_run train_encoder_graphs --train.encoder_graphs true --train.phase_marks true "${extra[@]}"
+  { grep -h "(train.encoder_graphs)" "$out/suite.log" || true; } | tail -n 1 \
+    | sed 's/^.*; \([0-9]* encoder batches\)/- \1/' | tee -a "$out/suite.md"
 }
 part_ring() {   # one idle gap of 11-23 ms per pack step, each ended by an index copy pinned on its own (H200)
   log "ring: train.pinned_ring_mib (index copies staged in one page-locked ring): copies intact with the GPU behind,"\
