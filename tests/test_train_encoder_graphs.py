@@ -2,47 +2,25 @@
 rows padded to train.encoder_graph_rows (what one captured graph replays on CUDA), and the run's
 per-step losses and final weights are those of the same run unpadded; the last line counts the
 batches. The config refuses what the captured blocks cannot do."""
-import contextlib
-import io
-
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from west.config import load_config
 from west.models.static_decoder import StaticShape
 from west.schema import ConfigError
 
-from helpers.e2e import TINY_CPU, read_jsonl, tiny_llm, train_argv, write_lists
-from helpers.threads import torch_threads
+from helpers.e2e import TINY_CPU, assert_same_final_weights, assert_same_steps, eager_and_graphed, tiny_llm
 
 KERNEL_PACKS = ["--batch_type", "pack", "--pack_tokens", "200", "--max_steps", "3", "--train.save_every", "0",
                 "--model.encoder.pos_enc", "wenet", "--model.encoder.attn_backend", "varlen"]
 
 
 def test_padded_encoder_blocks_train_like_unpadded_ones(tmp_path_factory, corpus):
-    from west.bin.train import main
-
-    d = tmp_path_factory.mktemp("encoder_graphs")
-    lists = write_lists(corpus["rows"], d / "lists", 13)
-    llm = tiny_llm(tmp_path_factory)
-    out = {}
-    with torch_threads():
-        for name, extra in (("eager", []), ("graphs", ["--train.encoder_graphs", "true", "--train.encoder_graph_rows",
-                                                       "1024", "--train.encoder_graph_max_len", "256"])):
-            text = io.StringIO()
-            with contextlib.redirect_stdout(text):
-                assert main(train_argv(llm, lists.jsonl, d / name, *KERNEL_PACKS, *extra)) == 0
-            out[name] = text.getvalue()
-    want, got = (read_jsonl(d / n / "train_log.jsonl") for n in ("eager", "graphs"))
-    assert [x["step"] for x in got] == [1, 2, 3]
-    for a, b in zip(want, got):
-        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
-        assert b["computed_enc_frames"] == a["computed_enc_frames"]   # the figures count the real rows
-    final = [load_file(str(d / n / "checkpoints" / "step_00000003" / "model.safetensors")) for n in ("eager", "graphs")]
-    assert final[0].keys() == final[1].keys() and final[0]
-    for k in final[0]:   # products over more rows round differently: up to 2e-6 apart after 3 steps
-        torch.testing.assert_close(final[1][k], final[0][k], rtol=1e-4, atol=1e-5, msg=k)
+    d, out = eager_and_graphed(tmp_path_factory, corpus, "encoder_graphs", KERNEL_PACKS, [
+        "--train.encoder_graphs", "true", "--train.encoder_graph_rows", "1024", "--train.encoder_graph_max_len", "256"])
+    assert_same_steps(d, 3, "computed_enc_frames")
+    # products over more rows round differently: up to 2e-6 apart after 3 steps
+    assert_same_final_weights(d, 3, atol=1e-5)
     assert "3 encoder batches padded (eager) at 1024 rows, 0 unpadded (train.encoder_graphs)" in out["graphs"]
     assert "train.encoder_graphs" not in out["eager"]
 

@@ -124,3 +124,51 @@ def bench_setup(out_dir: Path, texts) -> tuple[Path, Path]:
                          hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
     (out_dir / "conf.yaml").write_text(BENCH_CONFIG, encoding="utf-8")
     return llm, out_dir / "conf.yaml"
+
+
+def eager_and_graphed(tmp_path_factory, corpus: dict, name: str, common: list[str], graphed: list[str]
+                      ) -> tuple[Path, dict[str, str]]:
+    """west-train twice on the same 13 utterances of ``corpus`` with the tiny LLM: ``common`` flags
+    alone (run "eager") and with ``graphed`` too (run "graphs"), one torch thread. Returns the work
+    dir (DIR/eager, DIR/graphs) and each run's console output."""
+    import contextlib
+    import io
+
+    from west.bin.train import main
+
+    from helpers.threads import torch_threads
+
+    d = tmp_path_factory.mktemp(name)
+    lists = write_lists(corpus["rows"], d / "lists", 13)
+    llm = tiny_llm(tmp_path_factory)
+    out = {}
+    with torch_threads():
+        for run, extra in (("eager", []), ("graphs", graphed)):
+            text = io.StringIO()
+            with contextlib.redirect_stdout(text):
+                assert main(train_argv(llm, lists.jsonl, d / run, *common, *extra)) == 0
+            out[run] = text.getvalue()
+    return d, out
+
+
+def assert_same_final_weights(d: Path, step: int, atol: float) -> None:
+    """DIR/eager and DIR/graphs saved the same tensors at ``step``, within ``atol`` (rtol 1e-4)."""
+    import torch
+    from safetensors.torch import load_file
+
+    final = [load_file(str(d / run / "checkpoints" / f"step_{step:08d}" / "model.safetensors")) for run in ("eager", "graphs")]
+    assert final[0].keys() == final[1].keys() and final[0]
+    for k in final[0]:
+        torch.testing.assert_close(final[1][k], final[0][k], rtol=1e-4, atol=atol, msg=k)
+
+
+def assert_same_steps(d: Path, steps: int, counter: str) -> None:
+    """DIR/graphs logged steps 1..``steps`` with DIR/eager's losses (relative 1e-5) and the same
+    ``counter`` (the figures count real rows, not padding)."""
+    import pytest
+
+    want, got = (read_jsonl(d / run / "train_log.jsonl") for run in ("eager", "graphs"))
+    assert [x["step"] for x in got] == list(range(1, steps + 1))
+    for a, b in zip(want, got):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
+        assert b[counter] == a[counter]

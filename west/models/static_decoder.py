@@ -98,9 +98,14 @@ class StaticDecoder:
         return embeds, pos, cu.to(device)
 
     def summary(self) -> str:
-        """"N rows replayed at P tokens, M eager (reason k, ...)" for the run's last line."""
-        eager = {k.split(": ", 1)[1]: v for k, v in self.counts.items() if k.startswith("eager")}
-        why = f" ({', '.join(f'{k} {v}' for k, v in sorted(eager.items()))})" if eager else ""
-        how = "replayed" if self.replay is not None else "padded (eager)"
-        return (f"{self.counts['static']} LLM rows {how} at {self.shape.tokens} tokens, "
-                f"{sum(eager.values())} unpadded{why}")
+        """"N LLM rows replayed at P tokens, M unpadded (reason k, ...)" for the run's last line."""
+        return graph_summary(self.counts, self.replay is not None, "LLM rows", f"{self.shape.tokens} tokens")
+
+
+def graph_summary(counts: Counter, replayed: bool, what: str, size: str) -> str:
+    """"N <what> replayed at <size>, M unpadded (reason k, ...)" from counts of "static" and
+    "eager: <reason>" (or "padded (eager)" where nothing was captured)."""
+    eager = {k.split(": ", 1)[1]: v for k, v in counts.items() if k.startswith("eager")}
+    why = f" ({', '.join(f'{k} {v}' for k, v in sorted(eager.items()))})" if eager else ""
+    how = "replayed" if replayed else "padded (eager)"
+    return f"{counts['static']} {what} {how} at {size}, {sum(eager.values())} unpadded{why}"

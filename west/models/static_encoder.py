@@ -27,7 +27,7 @@ from torch import nn
 
 from west.batch import host_to_device, to_device
 from west.models.layout import FrameLayout
-from west.models.static_decoder import StaticShape, padded_cu_seqlens, padding_positions
+from west.models.static_decoder import StaticShape, graph_summary, padded_cu_seqlens, padding_positions
 
 KERNEL_ROUTES = ("flash", "torch_varlen")
 
@@ -129,9 +129,5 @@ class StaticBlocks:
         return x0.detach().requires_grad_(True), pos.detach(), cu, gap_dst
 
     def summary(self) -> str:
-        """"N batches replayed at P rows, M eager (reason k, ...)" for the run's last line."""
-        eager = {k.split(": ", 1)[1]: v for k, v in self.counts.items() if k.startswith("eager")}
-        why = f" ({', '.join(f'{k} {v}' for k, v in sorted(eager.items()))})" if eager else ""
-        how = "replayed" if self.replay is not None else "padded (eager)"
-        return (f"{self.counts['static']} encoder batches {how} at {self.shape.tokens} rows, "
-                f"{sum(eager.values())} unpadded{why}")
+        """"N encoder batches replayed at P rows, M unpadded (reason k, ...)" for the run's last line."""
+        return graph_summary(self.counts, self.replay is not None, "encoder batches", f"{self.shape.tokens} rows")

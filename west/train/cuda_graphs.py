@@ -48,11 +48,17 @@ def capture(static: StaticDecoder, embedding: torch.Tensor, precision: str, warm
         with cast:
             return static.decoder(embeds, position_ids, cu_seqlens, None, max_seqlen)
 
+    static.replay = graphed(decode, sample, warmup_iters, "train.cuda_graphs", f"the LLM decoder at {static.shape}")
+
+
+def graphed(fn, sample: tuple, warmup_iters: int, key: str, what: str):
+    """``torch.cuda.make_graphed_callables(fn, sample)``; a failure names the config key that asked
+    for it and what was being captured, not only where inside torch it failed."""
     try:
-        static.replay = torch.cuda.make_graphed_callables(decode, sample, num_warmup_iters=warmup_iters)
-    except Exception as e:   # say which option failed, not only where inside torch
+        return torch.cuda.make_graphed_callables(fn, sample, num_warmup_iters=warmup_iters)
+    except Exception as e:
         alloc = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
         hint = (f" or with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False (now {alloc!r}: some torch builds "
                 "capture badly with expandable segments)" if "expandable_segments:True" in alloc else "")
-        raise RuntimeError(f"train.cuda_graphs: capturing the LLM decoder at {static.shape} failed "
-                           f"({type(e).__name__}: {e}); train without it (train.cuda_graphs false){hint}") from e
+        raise RuntimeError(f"{key}: capturing {what} failed ({type(e).__name__}: {e}); train without it "
+                           f"({key} false){hint}") from e

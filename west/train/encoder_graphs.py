@@ -11,8 +11,6 @@ against the unpadded encoder.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import nn
 
@@ -21,6 +19,7 @@ from west.models.static_decoder import StaticShape
 from west.models.static_encoder import KERNEL_ROUTES, StaticBlocks
 from west.ranks import unwrap
 from west.schema import ConfigError
+from west.train.cuda_graphs import graphed
 
 
 def encoder_shape(rows: int, segments: int, max_len: int, pack_tokens: int, projector_stride: int) -> StaticShape:
@@ -66,11 +65,5 @@ def capture(static: StaticBlocks, precision: str, warmup_iters: int = 3) -> None
     device = next(static.stack.parameters()).device
     static.stack.autocast = torch.bfloat16 if precision == "bf16" else None
     sample = static.sample_inputs(_activation_dtype(precision), device)
-    try:
-        static.replay = torch.cuda.make_graphed_callables(static.stack, sample, num_warmup_iters=warmup_iters)
-    except Exception as e:   # say which option failed, not only where inside torch
-        alloc = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
-        hint = (f" or with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False (now {alloc!r}: some torch builds "
-                "capture badly with expandable segments)" if "expandable_segments:True" in alloc else "")
-        raise RuntimeError(f"train.encoder_graphs: capturing the encoder's blocks at {static.shape} failed "
-                           f"({type(e).__name__}: {e}); train without it (train.encoder_graphs false){hint}") from e
+    static.replay = graphed(static.stack, sample, warmup_iters, "train.encoder_graphs",
+                            f"the encoder's blocks at {static.shape}")
