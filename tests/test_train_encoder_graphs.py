@@ -7,6 +7,7 @@ import torch
 
 from west.config import load_config
 from west.models.static_decoder import StaticShape
+from west.models.static_encoder import StaticBlocks
 from west.schema import ConfigError
 
 from helpers.e2e import TINY_CPU, assert_same_final_weights, assert_same_steps, eager_and_graphed, tiny_llm
@@ -78,3 +79,49 @@ def test_a_route_without_a_kernel_or_several_ranks_is_refused():
         static_encoder_for(model, shape, "fp32", torch.device("cpu"))
     with pytest.raises(ConfigError, match="one process only"):
         static_encoder_for(model, shape, "fp32", torch.device("cpu"), world_size=2)
+
+
+def test_capture_records_the_padded_stack_and_replays_it(monkeypatch):
+    """The capture's plumbing on the CPU, make_graphed_callables replaced by a recorder that hands the
+    module back: bf16 autocast inside the stack, the sample at the static shape in bf16 with x
+    requiring grad, and the replay refusing gradients left from an earlier backward."""
+    from west.models.speech_llm import SpeechLLM
+    from west.train import cuda_graphs
+    from west.train.encoder_graphs import capture
+
+    from helpers.speech import tiny_config
+
+    seen = {}
+
+    def record(module, sample, num_warmup_iters):
+        seen.update(module=module, sample=sample, warmup=num_warmup_iters)
+        return module
+
+    monkeypatch.setattr(torch.cuda, "make_graphed_callables", record)
+    cfg = tiny_config()
+    cfg.encoder.pos_enc, cfg.encoder.attn_backend = "wenet", "varlen"
+    enc = SpeechLLM(cfg).encoder.train()
+    static = StaticBlocks(enc, StaticShape(tokens=256, segments=16, max_seqlen=64), "flash")
+    capture(static, "bf16", warmup_iters=2)
+    x, pos, cu, gap = seen["sample"]
+    assert seen["module"] is static.stack and static.replay is static.stack and seen["warmup"] == 2
+    assert x.shape == (256, enc.output_dim) and x.dtype == torch.bfloat16 and x.requires_grad
+    assert pos.dtype == torch.bfloat16 and cu.shape == (17,) and gap.shape == (256,)
+    assert static.stack.autocast == torch.bfloat16
+    out = static.stack(*seen["sample"])
+    assert out.dtype == torch.bfloat16   # autocast inside the stack
+    lens = [30, 50]
+    feats = torch.randn(sum(lens) * 4 + 12, 80)
+    cu_feats = torch.tensor([0, 120 + 6, sum(lens) * 4 + 12], dtype=torch.int32)
+    enc.static_blocks = static
+    y, _ = enc(feats, cu_seqlens=cu_feats)
+    y.float().sum().backward()   # gradients on the weights now: the next replay must refuse
+    with pytest.raises(RuntimeError, match="still hold gradients"):
+        enc(feats, cu_seqlens=cu_feats)
+    enc.zero_grad(set_to_none=True)
+    enc(feats, cu_seqlens=cu_feats)
+    assert static.counts["static"] == 2
+    monkeypatch.setattr(cuda_graphs.torch.cuda, "make_graphed_callables",
+                        lambda *a, **k: (_ for _ in ()).throw(RuntimeError("capture broke")))
+    with pytest.raises(RuntimeError, match="train.encoder_graphs: capturing the encoder's blocks at .*capture broke"):
+        capture(static, "bf16")

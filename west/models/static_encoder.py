@@ -85,6 +85,7 @@ class StaticBlocks:
         self.stack = BlockStack(encoder.blocks, shape, encoder.blocks[0].conv.pad, route)
         self.replay: Optional[Callable[..., torch.Tensor]] = None
         self.counts: Counter = Counter()
+        self.trainable = [p for p in self.stack.parameters() if p.requires_grad]
 
     def inputs(self, x: torch.Tensor, lengths: list[int]) -> tuple | str:
         """(x, pos, cu, gap_dst) padded to the static shape, or why the batch does not fit."""
@@ -115,6 +116,10 @@ class StaticBlocks:
         if isinstance(args, str):
             self.counts[f"eager: {args}"] += 1
             return None
+        if self.replay is not None and any(p.grad is not None for p in self.trainable):
+            raise RuntimeError("train.encoder_graphs: the encoder's blocks still hold gradients; the graph's "
+                               "backward hands autograd its own gradient memory, which this replay would "
+                               "overwrite: one backward per optimizer step, then zero_grad(set_to_none=True)")
         self.counts["static"] += 1
         out = self.replay(*args) if self.replay is not None else self.stack(*args)
         return out[: x.shape[0]]
