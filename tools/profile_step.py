@@ -14,7 +14,8 @@ nearly unslowed, and the idle gaps are split into host late and queued, by lengt
 (west.bench.trace_gaps.kernel_timeline). ``--train.compile true`` profiles the step with the
 repeated blocks compiled (west.train.compile); give enough ``--warmup_steps`` (4) for the
 compilations to happen before the profiled steps. ``--train.cuda_graphs true`` profiles packed
-modes with the LLM decoder replayed from CUDA graphs, as west-train runs it.
+modes with the LLM decoder replayed from CUDA graphs, as west-train runs it; ``--train.encoder_graphs
+true`` likewise with the Conformer's blocks replayed.
 
 ``--host_python`` runs the profiled steps under cProfile instead of torch.profiler: what the
 launching thread does in Python, by function, per step (west.bench.host_profile).
