@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from west.models.conformer import ConformerEncoder
-from west.models.static_decoder import StaticShape
+from west.models.static_decoder import StaticShape, padding_positions
 from west.models.static_encoder import StaticBlocks
 
 from helpers.e2e import tiny_encoder
@@ -60,6 +60,10 @@ def test_the_padding_is_what_the_blocks_see():
     pad = enc.blocks[0].conv.pad
     assert gap[:12].tolist() == list(range(10)) + [10 + pad, 11 + pad]
     assert torch.equal(pos[10], pos[40])   # each segment's first row: position 0
+    # the padding rows' positions are the decoder's padding positions (restarting every M rows)
+    table = enc._pos_table(40, x)
+    want = table.index_select(0, 39 - padding_positions(40, static.shape))
+    assert torch.equal(pos[40:], want)
 
 
 @pytest.mark.parametrize("lens,shape,reason", [

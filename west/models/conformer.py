@@ -292,9 +292,7 @@ class ConformerEncoder(FlatEncoder):
             x, layout = self.subsampling.forward_packed(feats, lens, buckets)
         else:
             x, layout = self.subsampling.forward_padded(feats, lens)
-        longest = (bucket_length(max(layout.lengths), buckets, max(layout.lengths)) if layout.packed
-                   else layout.padded_len)   # the longest group segment SDPA forms (flex needs <= this)
-        pos = self._pos_table(longest, x)
+        pos = None
         if self.blocks:   # plans built once here, outside any compiled block, then shared by all blocks
             attn = self.blocks[0].attn
             route = attn.route(x, layout)
@@ -302,8 +300,10 @@ class ConformerEncoder(FlatEncoder):
                 y = self.static_blocks(x, layout, route)   # train.encoder_graphs; None: eager below
                 if y is not None:
                     return self.after_norm(y), layout
+            longest = (bucket_length(max(layout.lengths), buckets, max(layout.lengths)) if layout.packed
+                       else layout.padded_len)   # the longest group segment SDPA forms (flex needs <= this)
             layout.prepare(self.blocks[0].conv.pad, route)
-            pos = attn.positional(layout, pos, route)
+            pos = attn.positional(layout, self._pos_table(longest, x), route)
         for block in self.blocks:
             if self.gradient_checkpointing and self.training:
                 x = checkpoint(block, x, layout, pos, use_reentrant=False)
