@@ -297,8 +297,11 @@ def test_sigterm_mid_epoch_then_the_same_command_matches_uninterrupted(runs):
 def test_sigterm_to_torchrun_then_the_same_command_matches_uninterrupted(runs):
     r, again, out = runs.res["ddp_preempted"], runs.res["ddp_resumed"], runs.dirs["ddp_preempted"]
     # torchrun forwards SIGTERM to both ranks, waits for them (each exits 75 after the save), then
-    # re-raises the signal as an exception: its own status is 1
-    assert r.rc == 1 and "SignalException" in r.log, r.log
+    # re-raises the signal as an exception: its own status is 1. Under load its interpreter has also
+    # aborted while shutting down after that exception (C++ "terminate called without an active
+    # exception", status -6; once in CI, 2026-11-27): torchrun's teardown, after the ranks were done
+    assert "SignalException" in r.log, r.log
+    assert r.rc == 1 or (r.rc == -6 and "terminate called without an active exception" in r.log), r.log
     ckpt = out / "checkpoints" / "step_00000002"
     assert f"west-train: preempted (SIGTERM) after step 2; checkpoint {ckpt}" in r.log
     latest, meta = r.latest
