@@ -85,7 +85,11 @@ def test_speech_llm_takes_tower_projector_and_language_model_from_the_dir(q2a):
     model = SpeechLLM(config(q2a)).eval()
     stored = load_file(f"{q2a}/model.safetensors")
     assert torch.equal(model.projector.net.weight, stored["multi_modal_projector.linear.weight"])
-    assert torch.equal(model.llm.get_input_embeddings().weight, stored["language_model.model.embed_tokens.weight"])
+    # the released layout is language_model.model.embed_tokens; transformers 5.17's save_pretrained
+    # writes language_model.model.model.embed_tokens (and reads it back): either is the LLM's table
+    embed = [k for k in ("language_model.model.embed_tokens.weight", "language_model.model.model.embed_tokens.weight")
+             if k in stored]
+    assert len(embed) == 1 and torch.equal(model.llm.get_input_embeddings().weight, stored[embed[0]])
     assert torch.equal(model.encoder.hf.layers[0].fc1.weight, stored["audio_tower.layers.0.fc1.weight"])
     samples = [make_sample([("text", [5, 6]), ("speech", x), ("answer", [7, 8, 9])], slots=tower_frames)
                for x in feats()]

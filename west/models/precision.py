@@ -6,7 +6,11 @@ import torch
 
 
 def autocast_on(device_type: str) -> bool:
-    """Autocast is on for this device type (devices without autocast, e.g. meta: never)."""
+    """Autocast is on for this device type (devices without autocast, e.g. meta: never). Code being
+    compiled runs on a real device and skips the availability check: torch 2.11's dynamo (the GPU
+    machines' torch) cannot trace it and would break every compiled graph that asks here."""
+    if torch.compiler.is_compiling():
+        return torch.is_autocast_enabled(device_type)
     return torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
 
 
