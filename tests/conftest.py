@@ -80,3 +80,18 @@ def one_torch_thread():
     """Tiny shapes: one intra-op thread is faster and immune to a busy shared CPU."""
     with torch_threads(1):
         yield
+
+
+@pytest.fixture
+def autocast_check_untraceable(monkeypatch):
+    """``torch.amp.is_autocast_available`` breaks a compiled graph, as torch 2.11's dynamo (the GPU
+    machines' torch) does: newer releases trace it, so without this CI would not see such a break."""
+    import torch
+
+    available = torch.amp.is_autocast_available
+
+    def untraceable(device_type):
+        torch._dynamo.graph_break()
+        return available(device_type)
+
+    monkeypatch.setattr(torch.amp, "is_autocast_available", untraceable)

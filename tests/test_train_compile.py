@@ -104,11 +104,12 @@ def test_decoder_layer_with_torch_varlen_compiles_whole(monkeypatch):
     assert seen[-1] <= 3 and seen[-1] == seen[-3]     # at most 3 graphs, none for the last 3 batches
 
 
-@pytest.mark.parametrize("pos_enc,attention,backend,graphs", [
-    ("relative", "auto", "aot_eager", 3),
-    ("wenet", "auto", "aot_eager", 3),     # its positional term in q and k, segment SDPA in one group
-    ("wenet", "varlen", "aot_eager", 2)])  # packed rows through a cu_seqlens kernel (CUDA's auto; no padding)
-def test_conformer_block_with_one_attention_group_compiles_whole(pos_enc, attention, backend, graphs):
+@pytest.mark.parametrize("pos_enc,attention,backend,graphs,bf16", [
+    ("relative", "auto", "aot_eager", 3, False),
+    ("wenet", "auto", "aot_eager", 3, False),     # its positional term in q and k, segment SDPA in one group
+    ("wenet", "varlen", "aot_eager", 2, False),   # packed rows through a cu_seqlens kernel (CUDA's auto; no padding)
+    ("wenet", "varlen", "aot_eager", 2, True)])   # as a GPU runs it: under bf16 autocast
+def test_conformer_block_with_one_attention_group_compiles_whole(pos_enc, attention, backend, graphs, bf16):
     """What ``auto`` runs on CUDA (one attention group): each Conformer block is one compiled graph
     per layout, one more for a group without padding (no break at the attention or the depthwise
     convolution, ``fullgraph=True``), with
@@ -119,7 +120,9 @@ def test_conformer_block_with_one_attention_group_compiles_whole(pos_enc, attent
     blocks run the depthwise convolution as shifted products), is checked on whole blocks by
     :func:`test_compiled_blocks_match_eager_and_stop_recompiling`. On the
     kernel route (flash-attn's CPU reference: one custom op, as the CUDA kernels) every pack shares
-    one graph, the padded batches another."""
+    one graph, the padded batches another. Under bf16 autocast, as a GPU runs it, the same graphs,
+    and eager and compiled agree to bf16's rounding."""
+    import contextlib
     import itertools
 
     from torch.nn.utils.rnn import pad_sequence
@@ -137,6 +140,8 @@ def test_conformer_block_with_one_attention_group_compiles_whole(pos_enc, attent
     # a graph break raises; sizes dynamic from the start (train.compile lets dynamo find them,
     # one static compile earlier: test_compiled_blocks_match_eager_and_stop_recompiling)
     block.forward = torch.compile(block.forward, fullgraph=True, dynamic=True, backend=backend)
+    precision = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    out_tol, grad_tol = ((2e-2, 1e-2), (2e-2, 2e-2)) if bf16 else ((1e-4, 0.0), (1e-3, 1e-4))   # (rtol, atol of the largest)
     g = torch.Generator().manual_seed(5)
     before, seen = compilations(), []
     # [210]: a group without padding (no mask: a graph of its own), its gather and inverse identities
@@ -151,15 +156,17 @@ def test_conformer_block_with_one_attention_group_compiles_whole(pos_enc, attent
             feats, kw = torch.cat(utts), dict(cu_seqlens=torch.tensor([0, *itertools.accumulate(lens)]))
         grads, outs = [], []
         for enc in (eager, compiled):
-            x, _ = enc.forward_flat(feats, **kw)
-            (x * torch.randn(x.shape, generator=torch.Generator().manual_seed(len(lens)))).sum().backward()
-            outs.append(x.detach())
+            with precision:
+                x, _ = enc.forward_flat(feats, **kw)
+            (x.float() * torch.randn(x.shape, generator=torch.Generator().manual_seed(len(lens)))).sum().backward()
+            outs.append(x.detach().float())
             grads.append({n: p.grad for n, p in enc.named_parameters()})
             enc.zero_grad(set_to_none=True)
-        torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(outs[1], outs[0], rtol=out_tol[0], atol=max(1e-5, out_tol[1] * float(outs[0].abs().max())))
         for n, want in grads[0].items():
             if not n.endswith("linear_k.bias"):   # softmax is blind to it: its gradient is rounding noise
-                torch.testing.assert_close(grads[1][n], want, rtol=1e-3, atol=1e-4 * float(want.abs().max()), msg=n)
+                torch.testing.assert_close(grads[1][n], want, rtol=grad_tol[0], atol=grad_tol[1] * float(want.abs().max()),
+                                           msg=n)
         seen.append(compilations() - before)
     assert seen[-1] == graphs and seen[-1] == seen[-4], f"graphs after each batch: {seen}"   # per layout, unpadded
 
