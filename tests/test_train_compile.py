@@ -70,14 +70,20 @@ def test_compiled_blocks_match_eager_and_stop_recompiling():
             torch.testing.assert_close(got[n], want[n], rtol=1e-3, atol=1e-5, msg=n)
 
 
-def test_decoder_layer_with_torch_varlen_compiles_whole(monkeypatch):
+@pytest.mark.parametrize("seed_layer", [False, True])
+def test_decoder_layer_with_torch_varlen_compiles_whole(monkeypatch, autocast_check_untraceable, seed_layer):
     """On CUDA the LLM's packed attention is torch's varlen op: traced into the layer's graph
     (no break at the attention; ``auto`` decided once, not traced), and new pack lengths stop
-    recompiling once dynamic. Traced here on the meta device, where the op has its fake kernel."""
+    recompiling once dynamic. Traced here on the meta device, where the op has its fake kernel.
+    ``seed_layer``: the layer as seed_gpu.yaml runs it, frozen, with fused RMSNorms and the MLP
+    checkpointed (``checkpoint_scope: mlp``), whole also where dynamo cannot trace the autocast
+    check (torch 2.11, the GPU machines')."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     import west.models.attention as attention
+    from west.models.fused_norm import fuse_rms_norms
     from west.models.hf_attention import ATTN_NAME, packed_kwargs, register
+    from west.models.mlp_checkpoint import checkpoint_mlps, recomputes
     from west.models.varlen_kernels import _torch_varlen_kernel
 
     if _torch_varlen_kernel() is None:
@@ -88,6 +94,10 @@ def test_decoder_layer_with_torch_varlen_compiles_whole(monkeypatch):
                       num_key_value_heads=2, vocab_size=100, attn_implementation=ATTN_NAME)
     with torch.device("meta"):
         model = Qwen2ForCausalLM(cfg).to(torch.bfloat16).train()
+    if seed_layer:
+        model.requires_grad_(False)
+        assert fuse_rms_norms(model) == 3 and checkpoint_mlps(list(model.model.layers)) == 1
+        assert recomputes(model.model.layers[0].mlp)
     torch._dynamo.reset()
     graphs = torch._dynamo.utils.counters["stats"]
     before = graphs["unique_graphs"]                      # counters outlive dynamo's reset

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import torch
 
+# Asked once, at import: torch 2.11's dynamo (the GPU machines' torch) cannot trace
+# torch.amp.is_autocast_available, and every compiled graph that asked would break there.
+_HAS_AUTOCAST = {d: torch.amp.is_autocast_available(d) for d in ("cpu", "cuda", "xpu", "mps", "hpu", "meta")}
+
 
 def autocast_on(device_type: str) -> bool:
-    """Autocast is on for this device type (devices without autocast, e.g. meta: never). Code being
-    compiled runs on a real device and skips the availability check: torch 2.11's dynamo (the GPU
-    machines' torch) cannot trace it and would break every compiled graph that asks here."""
-    if torch.compiler.is_compiling():
-        return torch.is_autocast_enabled(device_type)
-    return torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
+    """Autocast is on for this device type (devices without autocast, e.g. meta: never)."""
+    available = _HAS_AUTOCAST.get(device_type)
+    if available is None:   # another device type: asked here (compiled code runs on the usual ones)
+        available = torch.amp.is_autocast_available(device_type)
+    return available and torch.is_autocast_enabled(device_type)
 
 
 def autocast_dtype(*tensors: torch.Tensor) -> torch.dtype | None:
