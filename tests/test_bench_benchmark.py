@@ -357,3 +357,45 @@ def test_flops_of_the_conformers_varlen_route_are_counted_as_segment_sdpa():
         counts[backend] = count_flops(model, [batch], torch.device("cpu"))
         assert {b.attn.backend for b in model.encoder.blocks} == {backend}
     assert counts["varlen"] == counts["sdpa_segments"]
+
+
+def test_flop_count_holds_no_more_memory_than_the_step_it_counts():
+    """Counting a batch's FLOPs is the benchmark's warm-up at the timed size, so it must fit where
+    the step fits: with the LLM's layers checkpointed, its peak of live tensor bytes is the plain
+    step's (torch's FlopCounterMode in the backward kept the replayed layers alive: twice that here, and
+    a 7B at pack 16,384 ran out of an H200). Its backward total is FlopCounterMode's."""
+    from torch.utils.checkpoint import set_checkpoint_early_stop
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from west.bench.costs import count_flops, sdpa_flops
+    from west.bench.memory import LiveTensorBytes, storage_bytes
+    from west.models.speech_llm import SpeechLLM
+
+    from helpers.speech import packed_batch, samples, tiny_config
+
+    ss = samples() * 4
+    batch = packed_batch(ss, sum(len(s.ids) for s in ss) + 4)
+    cfg = tiny_config()
+    cfg.llm.config.update(num_hidden_layers=6, hidden_size=128, intermediate_size=1024)
+    cfg.llm.gradient_checkpointing = True
+    torch.manual_seed(0)
+    model = SpeechLLM(cfg).train()
+    weights = storage_bytes([*model.parameters(), *model.buffers()])
+    step = LiveTensorBytes(None, weights)
+    with step:
+        with set_checkpoint_early_stop(False):   # as count_flops replays: whole layers
+            loss = model(batch)["loss_sum"]
+        with FlopCounterMode(display=False, custom_mapping=sdpa_flops()) as torch_count:
+            loss.backward()
+    model.zero_grad(set_to_none=True)
+    plain = LiveTensorBytes(None, weights)
+    with plain:
+        model(batch)["loss_sum"].backward()
+    model.zero_grad(set_to_none=True)
+    counting = LiveTensorBytes(None, weights)
+    with counting:
+        flops = count_flops(model, [batch], torch.device("cpu"))
+    above = lambda tracker: tracker.peak - weights  # noqa: E731
+    assert above(step) > 1.5 * above(plain)   # the old way, as the benchmark counted
+    assert above(counting) <= 1.02 * above(plain)
+    assert flops["backward"] == torch_count.get_total_flops() > 0
