@@ -266,3 +266,30 @@ def test_config_mistakes_fail_before_data_naming_the_keys(env, tmp_path, capsys,
     for key in keys:
         assert key in err, err
     assert not out.exists()
+
+
+def test_flops_of_packed_whisper_attention_are_counted_as_segment_sdpa(env):
+    """The benchmark's FLOP count runs packed attention as segment SDPA (the flop counter cannot see
+    into cu_seqlens kernels): Whisper's packed encoder too, whatever route it was built with (on a
+    GPU ``auto`` is torch's varlen kernel; here ``flash`` runs its reference), and keeps that route."""
+    from transformers import AutoTokenizer
+
+    from west.bench.costs import count_flops
+    from west.data.config import DataConfig
+    from west.data.dataset import build_dataloader
+    from west.models.speech_llm import SpeechLLM
+
+    tok = AutoTokenizer.from_pretrained(env["llm"])
+    cfg = model_config(env)
+    loader, _ = build_dataloader(env["list"], tok, DataConfig(features="whisper", **CASES["pack"]),
+                                 cfg.speech_shape(), seed=3, epoch=0, training=True)
+    batches = list(loader)
+    assert all(b.encoder_packed for b in batches)
+    counts = {}
+    for route in ("flash", "sdpa_segments"):
+        torch.manual_seed(0)
+        model = SpeechLLM(cfg)
+        model.encoder.backend = route
+        counts[route] = count_flops(model, batches, torch.device("cpu"))
+        assert model.encoder.backend == route
+    assert counts["flash"] == counts["sdpa_segments"]

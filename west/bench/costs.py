@@ -16,6 +16,7 @@ from west.batch import IGNORE_INDEX, Batch
 from west.models.attention import SegmentPlan
 from west.models.conformer import RelPositionAttention
 from west.models.mlp_checkpoint import RECOMPUTED_SHARE, recomputes
+from west.models.whisper_encoder import WhisperPackedEncoder
 from west.shapes import SpeechShape
 from west.train.step import autocast
 
@@ -127,17 +128,19 @@ def count_flops(model: torch.nn.Module, batches: Sequence[Batch], device: torch.
     and its activation memory). (Per-module numbers come from forward
     hooks only: torch's attribution of backward ops to modules is approximate.) Packed LLM
     attention is counted as segment SDPA runs it (segments padded to their bucket), an upper
-    bound of what a varlen kernel computes; so is the Conformer's (``pos_enc: wenet``)."""
+    bound of what a varlen kernel computes; so is the Conformer's (``pos_enc: wenet``) and a packed
+    Whisper's."""
 
     model.train()
     llm_cfg = getattr(getattr(model, "cfg", None), "llm", None)
     backend = getattr(llm_cfg, "attn_backend", None)
     if backend is not None:   # count packed LLM attention as segment SDPA on every device: the
         llm_cfg.attn_backend = "sdpa_segments"  # flop counter cannot see into varlen kernels' custom ops
-    varlen = [m for m in model.modules() if isinstance(m, RelPositionAttention) and m.backend in ("auto", "varlen")]
+    varlen = [m for m in model.modules() if isinstance(m, (RelPositionAttention, WhisperPackedEncoder))
+              and m.backend != "sdpa_segments"]
     saved = [m.backend for m in varlen]
-    for m in varlen:   # the same for the Conformer's (pos_enc wenet under auto on CUDA)
-        m.backend = "sdpa_segments"
+    for m in varlen:   # the same for the Conformer's (pos_enc wenet under auto on CUDA) and a packed
+        m.backend = "sdpa_segments"   # Whisper's or Qwen2-Audio tower's (auto: torch's varlen kernel)
     try:
         return _count(model, batches, device, precision)
     finally:
