@@ -5,12 +5,12 @@
 # syncs, trains with train.compile and checks the attention kernels. Tables, JSON and logs go to
 # OUT (at most 8 files, for the device tool).
 #
-#   bash tools/gpu_suite.sh OUT [--parts build,train,encoder_graphs,marks,floor,ring,weights,queues,rotary,pyspy,gap,hostpy,cudnn,contention,kernels,profile_compiled,norm,graphs,
-#        profile,syncs,attention,compile,compile_encoder,ckpt,headroom,bench]
-#        [--num_utts 700]
+#   bash tools/gpu_suite.sh OUT [--parts build,encoder_graphs_exact,train,gap,contention,pyspy,queues,rotary,hostpy,compile_encoder,
+#        cudnn,kernels,profile_compiled,norm,graphs,encoder_graphs,marks,floor,ring,weights,profile,syncs,attention,compile,ckpt,
+#        headroom,bench] [--num_utts 700]
 #        (parts run in the order given; a failed part is logged and the next one runs)
-#   bash tools/gpu_suite.sh OUT --parts build,encoder_graphs_full,big   # a second call: the encoder replayed without
-#        the LLM's checkpointing; Whisper-large-v3 + Qwen2-7B shapes, LoRA
+#   bash tools/gpu_suite.sh OUT --parts build,big,encoder_graphs_full   # a second call: Whisper-large-v3 + Qwen2-7B
+#        shapes with LoRA, pack against Whisper padded to 30 s; the encoder replayed without the LLM's checkpointing
 #        [--memory_budget 24GiB] [--python python3] [--work_dir /tmp/west_gpu] [--device cuda]
 #        [--budget SECONDS]   # skip a part whose H100 estimate would end past SECONDS (for a call's limit)
 #
@@ -22,7 +22,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 [ $# -ge 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-parts=build,train,encoder_graphs,marks,floor,ring,weights,queues,rotary,pyspy,gap,hostpy,cudnn,contention,kernels,profile_compiled,norm,graphs,profile,syncs,attention,compile,compile_encoder,ckpt,headroom,bench   # open questions first
+parts=build,encoder_graphs_exact,train,gap,contention,pyspy,queues,rotary,hostpy,compile_encoder,cudnn,kernels,profile_compiled,norm,graphs,encoder_graphs,marks,floor,ring,weights,profile,syncs,attention,compile,ckpt,headroom,bench   # open questions first
 num_utts=700
 num_train=800
 memory_budget=24GiB
@@ -43,9 +43,9 @@ while [ $# -gt 0 ]; do
   esac
 done
 has() { [[ ",$parts," == *",$1,"* ]]; }
-declare -A estimate=([build]=55 [train]=40 [bench]=430 [profile]=65 [compile]=110 [ckpt]=50 [syncs]=50
+declare -A estimate=([build]=60 [train]=40 [bench]=430 [profile]=65 [compile]=120 [ckpt]=50 [syncs]=50
                      [attention]=90 [headroom]=130 [big]=300 [gap]=45 [profile_compiled]=120 [graphs]=150 [kernels]=75
-                     [norm]=45 [cudnn]=90 [hostpy]=80 [contention]=90 [weights]=45 [rotary]=45 [marks]=105 [pyspy]=70 [compile_encoder]=90 [floor]=20 [queues]=70 [ring]=75 [encoder_graphs]=75 [encoder_graphs_full]=60)   # seconds on one H100/H200: measured, or guessed for new parts
+                     [norm]=45 [cudnn]=90 [hostpy]=80 [contention]=90 [weights]=45 [rotary]=45 [marks]=110 [pyspy]=70 [compile_encoder]=90 [floor]=20 [queues]=70 [ring]=55 [encoder_graphs]=50 [encoder_graphs_full]=50 [encoder_graphs_exact]=70)   # seconds on one H100/H200: measured, or guessed for new parts
 failed=(); skipped=(); fallback=
 part() {   # name: run part_<name> in a subshell; a failed part is logged and the next one runs
   has "$1" || return 0
@@ -243,6 +243,17 @@ part_encoder_graphs() {   # the encoder's 12 trainable blocks: thousands of smal
   fi
   { grep -h "(train.encoder_graphs)" "$out/suite.log" || true; } | tail -n 1 \
     | sed 's/^.*; \([0-9]* encoder batches\)/- \1/' | tee -a "$out/suite.md"
+}
+part_encoder_graphs_exact() {   # replayed blocks must train as the eager ones: with dropout off (masks drawn in a
+  # graph come from another stream) the two runs' losses step by step, apart only by rounding
+  log "encoder_graphs_exact: 10 steps eager, then with train.encoder_graphs, model.encoder.dropout 0: losses step by step"
+  local extra=(--model.encoder.dropout 0) graph=(--train.encoder_graph_rows 12288)
+  $tiny && { extra+=(--model.encoder.pos_enc wenet --model.encoder.attn_backend varlen); graph=(); }
+  steps=$(( steps < 10 ? steps : 10 ))
+  train_run train_nodrop_eager "${extra[@]}"
+  train_run train_nodrop_graphs "${extra[@]}" --train.encoder_graphs true ${graph[@]+"${graph[@]}"}
+  "$python" "$repo/tools/compare_losses.py" "$exp/train_nodrop_eager/train_log.jsonl" \
+    "$exp/train_nodrop_graphs/train_log.jsonl" --json "$out/graphs_exact.json" | tee -a "$out/suite.md"
 }
 part_encoder_graphs_full() {   # if the encoder's graphs make the step GPU-bound, the LLM's MLP replay (a third
   # of its forward again) is what stands between the step and the MFU target: the same without it
