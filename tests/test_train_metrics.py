@@ -106,6 +106,15 @@ def test_peak_memory_cpu():
     assert peak_memory_mb(torch.device("cpu")) > 1.0
 
 
+def test_peak_reserved_is_read_on_cuda_only(monkeypatch):
+    """What the allocator held at most (a smaller card's question), in MiB; nothing off CUDA."""
+    from west.train.metrics import peak_reserved_mb
+
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: 3 * 2**30)
+    assert peak_reserved_mb(torch.device("cuda")) == {"peak_reserved_mb": 3072.0}
+    assert peak_reserved_mb(torch.device("cpu")) == {}
+
+
 def test_profiler_option_writes_a_trace(tmp_path):
     with build_profiler(False, tmp_path) as off:
         off.step()

@@ -3,7 +3,7 @@
 
 Reads DIR/train_log.jsonl, drops the first ``--skip`` steps (warm-up, compilation) and prints
 the medians: step time, utterances and real LLM tokens per second, loader wait, GPU busy and
-SM % (NVML, when sampled), peak allocated memory, and the host's split of the step (queueing
+SM % (NVML, when sampled), peak allocated and reserved memory (CUDA), and the host's split of the step (queueing
 forward/backward/clip, then blocked in the step's one read-back: near 0 on a GPU when the host
 paces the step), and the mean per step of the CUDA caching allocator's device allocations and
 flush-and-retry events (0 in a steady state). A run with ``train.phase_marks`` also gets its
@@ -24,7 +24,7 @@ from west.train.phase_marks import summarize as phase_summary
 COLUMNS = (("step_time_s", "step s", "{:.3f}"), ("utts_per_s", "utts/s", "{:.0f}"),
            ("tokens_per_s", "LLM tokens/s", "{:,.0f}"), ("data_wait_s", "loader wait s", "{:.4f}"),
            ("gpu_busy_pct", "GPU busy %", "{:.0f}"), ("gpu_sm_pct", "SM %", "{:.0f}"),
-           ("peak_mem_mb", "peak GiB", "{:.1f}"), ("launch_s", "host launch s", "{:.3f}"),
+           ("peak_mem_mb", "peak GiB", "{:.1f}"), ("peak_reserved_mb", "reserved GiB", "{:.1f}"), ("launch_s", "host launch s", "{:.3f}"),
            ("sync_wait_s", "sync wait s", "{:.3f}"), ("device_allocs", "device allocs", "{:.1f}"),
            ("alloc_retries", "alloc retries", "{:.1f}"))
 EVENTS = ("device_allocs", "alloc_retries")   # rare events: the mean per step (a median hides them)
@@ -39,8 +39,9 @@ def summarize(path: Path, skip: int) -> dict:
     for key, _, _ in COLUMNS:
         values = [s[key] for s in steps if isinstance(s.get(key), (int, float))]
         out[key] = (statistics.fmean if key in EVENTS else statistics.median)(values) if values else None
-    if out["peak_mem_mb"] is not None:
-        out["peak_mem_mb"] = max(s["peak_mem_mb"] for s in steps) / 1024
+    for key in ("peak_mem_mb", "peak_reserved_mb"):   # the most over the run, in GiB
+        if out[key] is not None:
+            out[key] = max(s[key] for s in steps if isinstance(s.get(key), (int, float))) / 1024
     marked = [s["phase_marks"] for s in steps if "phase_marks" in s]
     if marked:   # train.phase_marks: the phases' medians (west.train.phase_marks)
         out["phase_marks"] = phase_summary([m["phases"] for m in marked], gpu=marked[0]["gpu"])

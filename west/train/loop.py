@@ -48,7 +48,14 @@ from west.train.distributed import DistInfo, wrap_model
 from west.train.encoder_graphs import encoder_shape, static_encoder_for
 from west.train.evaluate import Evaluator
 from west.train.gpu_monitor import build_monitor
-from west.train.metrics import AllocatorEvents, EpochTotals, MetricsLogger, peak_memory_mb, step_record
+from west.train.metrics import (
+    AllocatorEvents,
+    EpochTotals,
+    MetricsLogger,
+    peak_memory_mb,
+    peak_reserved_mb,
+    step_record,
+)
 from west.train.phase_marks import StepClock
 from west.train.preempt import Preemption
 from west.train.profiling import build_profiler
@@ -271,8 +278,9 @@ class Trainer:
             self.step += 1
             wall = time.perf_counter() - t0
             marked = {"phase_marks": {"gpu": self.clock.cuda, "phases": self.clock.last}} if self.clock else {}
+            reserved = peak_reserved_mb(self.info.device)   # before peak_memory_mb resets the peaks
             rec = step_record(self.step, self.epoch, result, wall, peak_memory_mb(self.info.device),
-                              {"data_wait_s": data_s, **monitor.read(), **allocator.read(), **marked})
+                              {"data_wait_s": data_s, **reserved, **monitor.read(), **allocator.read(), **marked})
             logger.log_step(rec)
             logger.log_audit(self.step, self.epoch, [k for b in batches for k in b.keys])
             self.totals.add(rec, result.loss_sum)

@@ -38,6 +38,15 @@ def peak_memory_mb(device: torch.device, reset: bool = True) -> float:
     return rss_kb / 1024 if sys.platform != "darwin" else rss_kb / 2**20
 
 
+def peak_reserved_mb(device: torch.device) -> dict:
+    """CUDA: ``{"peak_reserved_mb": ...}``, the most the caching allocator held from the device since
+    the last reset (allocated bytes plus its cache and fragmentation: what a smaller card must hold);
+    read it before :func:`peak_memory_mb` resets. Other devices: nothing."""
+    if device.type != "cuda":
+        return {}
+    return {"peak_reserved_mb": torch.cuda.max_memory_reserved(device) / 2**20}
+
+
 # torch.cuda.memory_stats counters -> train_log / benchmark names. A device allocation or free
 # (cudaMalloc / cuMemMap, cudaFree / cuMemUnmap) can stall the GPU's queue; a retry flushes the
 # cache after a failed allocation and synchronises the device. In a steady state all are 0 per step.
