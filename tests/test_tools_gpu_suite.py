@@ -14,7 +14,7 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(
         ["bash", str(ROOT / "tools" / "gpu_suite.sh"), str(out), "--tiny", "--device", "cpu", "--python",
-         sys.executable, "--work_dir", str(tmp_path / "work"), "--parts", "build,attention,bench,train,marks,pyspy,weights,rotary,norm,cudnn,graphs,headroom,profile,hostpy,gap,floor,queues,ring,encoder_graphs,encoder_graphs_full,encoder_graphs_exact,contention"],
+         sys.executable, "--work_dir", str(tmp_path / "work"), "--parts", "build,attention,bench,train,marks,pyspy,weights,rotary,norm,cudnn,graphs,headroom,profile,hostpy,gap,floor,queues,ring,encoder_graphs,encoder_graphs_full,encoder_graphs_exact,best,contention"],
         env=subprocess_env(), capture_output=True, text=True, timeout=900)
     log = (out / "suite.log").read_text(encoding="utf-8") if (out / "suite.log").exists() else ""
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + log[-3000:]
@@ -47,9 +47,11 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert "x the benchmark's" in suite                                  # headroom: west-train vs the benchmark
     headroom = (out / "benchmark_headroom.md").read_text(encoding="utf-8")
     assert "| sequence pack |" in headroom and "MFU" in headroom
-    # ten files: past the device tool's 8 the JSON files travel in json.tar
-    assert sorted(p.name for p in out.iterdir()) == ["benchmark.md", "benchmark_headroom.md", "json.tar",
-                                                     "suite.log", "suite.md"]
+    # more than 8 files: past the device tool's limit the JSON files travel in json.tar
+    assert sorted(p.name for p in out.iterdir()) == ["benchmark.md", "benchmark_best.md", "benchmark_headroom.md",
+                                                     "json.tar", "suite.log", "suite.md"]
+    best = (out / "benchmark_best.md").read_text(encoding="utf-8")   # best: encoder replayed, no LLM checkpointing
+    assert "| sequence pack |" in best and "pack: 3 encoder batches padded (eager) at 2048 rows, 0 unpadded" in best
     with tarfile.open(out / "json.tar") as tar:
         jsons = {Path(m.name).name: json.load(tar.extractfile(m)) for m in tar.getmembers() if m.isfile()}
     assert sorted(set(jsons) - {"pyspy.json", "pyspy_marks.json"}) == [   # those two where py-spy is installed

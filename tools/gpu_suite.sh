@@ -5,7 +5,7 @@
 # syncs, trains with train.compile and checks the attention kernels. Tables, JSON and logs go to
 # OUT (at most 8 files, for the device tool).
 #
-#   bash tools/gpu_suite.sh OUT [--parts build,encoder_graphs_exact,train,gap,contention,pyspy,queues,rotary,hostpy,compile_encoder,
+#   bash tools/gpu_suite.sh OUT [--parts build,encoder_graphs_exact,train,gap,contention,best,pyspy,queues,rotary,hostpy,compile_encoder,
 #        cudnn,kernels,profile_compiled,norm,graphs,encoder_graphs,marks,floor,ring,weights,profile,syncs,attention,compile,ckpt,
 #        headroom,bench] [--num_utts 700]
 #        (parts run in the order given; a failed part is logged and the next one runs)
@@ -22,7 +22,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 [ $# -ge 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-parts=build,encoder_graphs_exact,train,gap,contention,pyspy,queues,rotary,hostpy,compile_encoder,cudnn,kernels,profile_compiled,norm,graphs,encoder_graphs,marks,floor,ring,weights,profile,syncs,attention,compile,ckpt,headroom,bench   # open questions first
+parts=build,encoder_graphs_exact,train,gap,contention,best,pyspy,queues,rotary,hostpy,compile_encoder,cudnn,kernels,profile_compiled,norm,graphs,encoder_graphs,marks,floor,ring,weights,profile,syncs,attention,compile,ckpt,headroom,bench   # open questions first
 num_utts=700
 num_train=800
 memory_budget=24GiB
@@ -45,7 +45,7 @@ done
 has() { [[ ",$parts," == *",$1,"* ]]; }
 declare -A estimate=([build]=60 [train]=40 [bench]=430 [profile]=65 [compile]=120 [ckpt]=50 [syncs]=50
                      [attention]=90 [headroom]=130 [big]=300 [gap]=45 [profile_compiled]=120 [graphs]=150 [kernels]=75
-                     [norm]=45 [cudnn]=90 [hostpy]=80 [contention]=90 [weights]=45 [rotary]=45 [marks]=110 [pyspy]=70 [compile_encoder]=90 [floor]=20 [queues]=70 [ring]=55 [encoder_graphs]=50 [encoder_graphs_full]=50 [encoder_graphs_exact]=70)   # seconds on one H100/H200: measured, or guessed for new parts
+                     [norm]=45 [cudnn]=90 [hostpy]=80 [contention]=90 [weights]=45 [rotary]=45 [marks]=110 [pyspy]=70 [compile_encoder]=90 [floor]=20 [queues]=70 [ring]=55 [encoder_graphs]=50 [encoder_graphs_full]=50 [encoder_graphs_exact]=70 [best]=90)   # seconds on one H100/H200: measured, or guessed for new parts
 failed=(); skipped=(); fallback=
 part() {   # name: run part_<name> in a subshell; a failed part is logged and the next one runs
   has "$1" || return 0
@@ -346,6 +346,18 @@ EOF2
     --search_granularity "$gran" --model.llm.gradient_checkpointing false >>"$out/suite.log" 2>&1
   cp "$exp/bench_headroom/benchmark.md" "$out/benchmark_headroom.md"
   head -n 4 "$out/benchmark_headroom.md" | tee -a "$out/suite.md"
+}
+part_best() {   # item 6's MFU and GPU-busy targets at the fastest west-train configuration so far (fifth run,
+  # H200: 0.227 s per step): the encoder's blocks replayed, the LLM's checkpointing off, pack 8192, no cap
+  log "best: west-benchmark pack $pack with train.encoder_graphs and model.llm.gradient_checkpointing false"
+  local reps=2 extra=(--train.encoder_graph_rows 12288)
+  $tiny && { reps=1; extra=(--model.encoder.pos_enc wenet --model.encoder.attn_backend varlen); }
+  "$python" -m west.bin.benchmark --config "$conf" "${common[@]}" --data "$data/train/data.list" \
+    --data.cmvn "$data/train/global_cmvn.json" --num_utts "$num_utts" --out_dir "$exp/bench_best" \
+    --modes pack --pack_tokens "$pack" --repeats "$reps" --profile never --no-count_ops \
+    --train.encoder_graphs true --model.llm.gradient_checkpointing false "${extra[@]}" >>"$out/suite.log" 2>&1
+  cp "$exp/bench_best/benchmark.md" "$out/benchmark_best.md"
+  head -n 3 "$out/benchmark_best.md" | tee -a "$out/suite.md"
 }
 part_graphs() {   # the host launched ~7,600 kernels per step (H200 profile); the decoder's become two graph replays
   log "graphs: west-train and west-benchmark (pack $pack) with train.cuda_graphs true (the frozen LLM decoder"\
