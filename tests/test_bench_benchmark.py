@@ -71,9 +71,15 @@ def test_fixed_sizes_on_a_gpu_print_the_seed_table(result):
     res = copy.deepcopy(result[1])
     assert "memory_budget" not in res and "efficiency" not in res   # a CPU run at fixed sizes: no MFU
     res["env"]["device"] = "cuda:0"
+    for r in res["modes"].values():   # a CPU run records no reserved peak
+        assert r["peak_reserved_gib"] is None
+    res["modes"]["pack"]["peak_reserved_gib"] = 12.345
     add_efficiency(res, {"tflops": 100.0, "n": 8192, "dtype": "bfloat16", "iters": 10})
     text = report(res)
     assert text.startswith("| method | configuration | GPU busy % (NVML) | SM % (NVML) | time on training 10,000")
+    assert "| peak memory (CUDA allocated (reserved), timed pass) |" in text
+    pack_row = next(line for line in text.splitlines() if line.startswith(f"| {res['modes']['pack']['method']} |"))
+    assert " GiB (12.35) |" in pack_row   # the allocator's reserved peak beside the allocated one
     assert "MFU (useful FLOP/s / 100.00 TFLOP/s bfloat16 8192³ mm)" in text and "\n- MFU = useful FLOPs" in text
     assert "- memory budget" not in text
     for r in res["modes"].values():

@@ -177,6 +177,8 @@ def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, trai
         r["cpu_s"] = statistics.median(x["cpu_s"] for x in r["runs"])
         r["mean_loss"] = r["runs"][0]["mean_loss"]
         r["peak_mem_gib"] = max(x["peak_mem_gib"] for x in r["runs"])
+        reserved = [x["peak_reserved_gib"] for x in r["runs"] if x.get("peak_reserved_gib") is not None]
+        r["peak_reserved_gib"] = max(reserved) if reserved else None
         sm = [x["sm_pct"] for x in r["runs"] if x.get("sm_pct") is not None]
         r["sm_pct"] = statistics.median(sm) if sm else None
         r["host_per_step_s"] = {k: statistics.fmean(x.get(k, math.nan) for x in r["runs"]) / len(r["batches"])

@@ -31,7 +31,7 @@ def seed_table(res: dict) -> str:
     env = res["env"]
     util = ("GPU busy % (NVML)" if env["device"] == "cuda"
             else f"CPU util % (process CPU time / wall, psutil; 100 = all {env['cpu_count']} cores)")
-    mem = "peak GPU memory allocated" if env["device"] == "cuda" else "peak process RSS"
+    mem = "peak GPU memory allocated (reserved)" if env["device"] == "cuda" else "peak process RSS"
     sm = any(r.get("sm_pct") is not None for r in res["modes"].values())
     util = util + (" | NVML SM util % (process samples)" if sm else "")
     lines = [f"| method | configuration | {util} | time on training {res['num_utts']} utts | speed-up vs static "
@@ -41,8 +41,15 @@ def seed_table(res: dict) -> str:
                                       else " | n/a" if sm else "")
         lines.append(f"| {r['method']} | {r['configuration']} | {u} | {_fmt_time(r['time_s'])} "
                      f"| {r['speedup']:.2f}x | {r.get('gflops_per_s', float('nan')):.1f} "
-                     f"| {r.get('peak_mem_gib', float('nan')):.2f} GiB |")
+                     f"| {r.get('peak_mem_gib', float('nan')):.2f} GiB{_reserved(r)} |")
     return "\n".join(lines)
+
+
+def _reserved(r: dict) -> str:
+    """" (N GiB)": what the CUDA caching allocator reserved at most, its cache and a replayed graph's
+    pool included (the allocated peak misses the activations a replay writes there); "" elsewhere."""
+    gib = r.get("peak_reserved_gib")
+    return f" ({gib:.2f})" if gib is not None else ""
 
 
 def budget_table(res: dict) -> str:
@@ -53,7 +60,8 @@ def budget_table(res: dict) -> str:
     per, n = eff["per_utts"], res["num_utts"]
     peak = eff["peak"]
     util = "GPU busy % (NVML) | SM % (NVML)" if cuda else f"CPU util % (100 = all {env['cpu_count']} cores)"
-    mem = "peak memory (CUDA allocated, timed pass)" if cuda else "peak memory (live tensor bytes, worst batch)"
+    mem = ("peak memory (CUDA allocated (reserved), timed pass)" if cuda
+           else "peak memory (live tensor bytes, worst batch)")
     head = (f"| method | configuration | {util} | time on training {per:,} utts (extrapolated from {n}) "
             f"| achieved TFLOP/s | MFU (useful FLOP/s / {peak['tflops']:.2f} TFLOP/s {peak['dtype']} {peak['n']}³ mm) "
             f"| {mem} | dispatched ops per step |")
@@ -64,7 +72,7 @@ def budget_table(res: dict) -> str:
         mem_b = r["peak_mem_gib"] * 2**30 if cuda else budget["search"][name]["peak_bytes"]
         ops = r.get("ops", {}).get("per_step", {}).get("total")
         lines.append(f"| {r['method']} | {r['configuration']} | {u} | {_fmt_time(r[f'time_per_{per}_s'])} "
-                     f"| {r['tflops_per_s']:.3g} | {100 * r['mfu']:.1f}% | {mem_b / 2**30:.2f} GiB "
+                     f"| {r['tflops_per_s']:.3g} | {100 * r['mfu']:.1f}% | {mem_b / 2**30:.2f} GiB{_reserved(r)} "
                      f"| {'n/a' if ops is None else f'{ops:,.0f}'} |")
     return "\n".join(lines)
 

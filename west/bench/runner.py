@@ -5,7 +5,7 @@ import gc
 import resource
 import statistics
 import time
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -87,6 +87,7 @@ class PassRunner:
             util = hw.get("cpu_util_pct", float("nan")) / max(hw.get("cpu_count", 1.0), 1.0)
         return {"time_s": total, "cpu_s": cpu, "step_s": steps, "util_pct": util,
                 "mean_loss": statistics.fmean(losses), "peak_mem_gib": self._peak_gib(),
+                "peak_reserved_gib": self._peak_reserved_gib(),
                 "sm_pct": hw.get("gpu_sm_pct"), "allocator": allocator_events, **host}
 
     def _peak_gib(self) -> float:
@@ -94,6 +95,13 @@ class PassRunner:
         if self.device.type == "cuda":
             return torch.cuda.max_memory_allocated(self.device) / 2**30
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20   # KiB on Linux
+
+    def _peak_reserved_gib(self) -> Optional[float]:
+        """CUDA: the most the caching allocator held from the device in this pass, its cache and a
+        replayed graph's pool included (whose tensors the allocated peak does not see). Else None."""
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_reserved(self.device) / 2**30
+        return None
 
     def profile_pass(self, batches: Sequence[Batch], rows: int = 20) -> tuple[dict, str]:
         """torch.profiler over one whole training pass: ({op: self ms}, table by input shape)."""
