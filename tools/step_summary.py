@@ -3,9 +3,9 @@
 
 Reads DIR/train_log.jsonl, drops the first ``--skip`` steps (warm-up, compilation) and prints
 the medians: step time, utterances and real LLM tokens per second, loader wait, GPU busy and
-SM % (NVML, when sampled), peak allocated and reserved memory (CUDA), and the host's split of the step (queueing
-forward/backward/clip, then blocked in the step's one read-back: near 0 on a GPU when the host
-paces the step), and the mean per step of the CUDA caching allocator's device allocations and
+SM % (NVML, when sampled), peak allocated and (CUDA) reserved memory, and the host's split of the
+step (queueing forward/backward/clip, then blocked in the step's one read-back: near 0 on a GPU
+when the host paces the step), and the mean per step of the CUDA caching allocator's device allocations and
 flush-and-retry events (0 in a steady state). A run with ``train.phase_marks`` also gets its
 phases' table: host and GPU ms per phase and how far the host was ahead of the GPU. Not a test.
 
@@ -24,8 +24,9 @@ from west.train.phase_marks import summarize as phase_summary
 COLUMNS = (("step_time_s", "step s", "{:.3f}"), ("utts_per_s", "utts/s", "{:.0f}"),
            ("tokens_per_s", "LLM tokens/s", "{:,.0f}"), ("data_wait_s", "loader wait s", "{:.4f}"),
            ("gpu_busy_pct", "GPU busy %", "{:.0f}"), ("gpu_sm_pct", "SM %", "{:.0f}"),
-           ("peak_mem_mb", "peak GiB", "{:.1f}"), ("peak_reserved_mb", "reserved GiB", "{:.1f}"), ("launch_s", "host launch s", "{:.3f}"),
-           ("sync_wait_s", "sync wait s", "{:.3f}"), ("device_allocs", "device allocs", "{:.1f}"),
+           ("peak_mem_mb", "peak GiB", "{:.1f}"), ("peak_reserved_mb", "reserved GiB", "{:.1f}"),
+           ("launch_s", "host launch s", "{:.3f}"), ("sync_wait_s", "sync wait s", "{:.3f}"),
+           ("device_allocs", "device allocs", "{:.1f}"),
            ("alloc_retries", "alloc retries", "{:.1f}"))
 EVENTS = ("device_allocs", "alloc_retries")   # rare events: the mean per step (a median hides them)
 

@@ -46,8 +46,8 @@ def seed_table(res: dict) -> str:
 
 
 def _reserved(r: dict) -> str:
-    """" (N GiB)": what the CUDA caching allocator reserved at most, its cache and a replayed graph's
-    pool included (the allocated peak misses the activations a replay writes there); "" elsewhere."""
+    """The GiB the CUDA caching allocator reserved at most in a mode's passes, in brackets: its cache and
+    a replayed graph's pool included (the allocated peak misses what a replay writes there)."""
     gib = r.get("peak_reserved_gib")
     return f" ({gib:.2f})" if gib is not None else ""
 

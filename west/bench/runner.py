@@ -57,15 +57,21 @@ class PassRunner:
             torch.cuda.synchronize(self.device)
 
     def run(self, batches: Sequence[Batch], warmup_steps: int) -> dict:
+        cuda = self.device.type == "cuda"
+        if cuda:   # the reserved peak is this mode's, not the cache an earlier mode or pass left
+            gc.collect()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)
         opt, sched = self.fresh(len(batches))
         for b in batches[:warmup_steps]:
             self.step(b, opt, sched)
+        reserved_warm = self._peak_reserved_gib()
         opt, sched = self.fresh(len(batches))
         gc.collect()
         monitor = build_monitor(self.device.type, self.device.index or 0)
         monitor.start()
         self._sync()
-        if self.device.type == "cuda":
+        if cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
         allocator = AllocatorEvents(self.device)
         t0, c0 = time.perf_counter(), time.process_time()
@@ -87,7 +93,7 @@ class PassRunner:
             util = hw.get("cpu_util_pct", float("nan")) / max(hw.get("cpu_count", 1.0), 1.0)
         return {"time_s": total, "cpu_s": cpu, "step_s": steps, "util_pct": util,
                 "mean_loss": statistics.fmean(losses), "peak_mem_gib": self._peak_gib(),
-                "peak_reserved_gib": self._peak_reserved_gib(),
+                "peak_reserved_gib": max(reserved_warm, self._peak_reserved_gib()) if cuda else None,
                 "sm_pct": hw.get("gpu_sm_pct"), "allocator": allocator_events, **host}
 
     def _peak_gib(self) -> float:
@@ -97,8 +103,8 @@ class PassRunner:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20   # KiB on Linux
 
     def _peak_reserved_gib(self) -> Optional[float]:
-        """CUDA: the most the caching allocator held from the device in this pass, its cache and a
-        replayed graph's pool included (whose tensors the allocated peak does not see). Else None."""
+        """CUDA: the most the caching allocator held from the device since the last reset, its cache
+        and a replayed graph's pool included (whose tensors the allocated peak does not see)."""
         if self.device.type == "cuda":
             return torch.cuda.max_memory_reserved(self.device) / 2**30
         return None
