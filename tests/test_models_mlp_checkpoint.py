@@ -189,3 +189,29 @@ def test_compiled_layers_trace_it_without_a_break(autocast_check_untraceable):
     assert counters["stats"]["unique_graphs"] >= 1
     torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
     torch._dynamo.reset()
+
+
+def test_compiled_layers_keep_no_mlp_intermediate():
+    """Under train.compile a layer's MLP still keeps only its input. Traced, the Function's
+    recomputation was merged with the forward's products, which were then kept after all (the
+    H200: 6.6 GiB more at pack 8192); the compiled path is a checkpoint region, which the compiler
+    recomputes. The check: no saved tensor is 80 wide (intermediate_size), weights aside."""
+    def saved_intermediates(model):
+        weights = {p.data_ptr() for p in model.parameters()}
+        kept = []
+        x = torch.randn(2, 9, 32, generator=torch.Generator().manual_seed(5), requires_grad=True)
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+            h = model.model(inputs_embeds=x, use_cache=False).last_hidden_state
+        h.sum().backward()
+        return [tuple(t.shape) for t in kept if t.data_ptr() not in weights and t.dim() and t.shape[-1] == 80]
+
+    def compiled(model):
+        for layer in decoder_layers(model):
+            layer.forward = torch.compile(layer.forward, backend="aot_eager")
+        return model
+
+    torch._dynamo.reset()
+    assert saved_intermediates(compiled(_llm(torch.float32)))   # the check sees what a plain layer keeps
+    assert not saved_intermediates(_scoped(_llm(torch.float32), "mlp"))
+    assert not saved_intermediates(compiled(_scoped(_llm(torch.float32), "mlp")))
+    torch._dynamo.reset()

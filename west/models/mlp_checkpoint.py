@@ -9,6 +9,11 @@ at 8960 wide); the attention half is small. So this keeps each MLP's input only 
 backward, recomputes gate and up (two matrix products) and then runs the same gradient
 operators autograd would: no other replay, no checkpoint framework.
 
+Under ``train.compile`` the layer's graph takes torch's checkpoint over the same three products
+instead: traced, this Function's recomputation is merged with the forward's (the partitioner sees
+the same products twice) and gate and up are kept after all. The compiler recomputes what a
+checkpoint region holds, and there the host's launches are the compiled graph's anyway.
+
 Only for frozen projections (``freeze_llm``, or LoRA outside the MLP): the input gradient is all
 the backward computes. A projection that trains, or one LoRA has wrapped, runs the model's own
 forward instead (the config refuses such setups up front; this check keeps a hand-built model
@@ -22,6 +27,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from west.models.precision import autocast_on
 from west.models.routing import route_forward, routed_to
@@ -38,7 +44,7 @@ class FrozenSwiGLU(torch.autograd.Function):
         kind = x.device.type
         ctx.autocast = torch.get_autocast_dtype(kind) if autocast_on(kind) else None
         ctx.save_for_backward(x, gate_w, up_w, down_w)
-        return F.linear(F.silu(F.linear(x, gate_w)) * F.linear(x, up_w), down_w)
+        return _swiglu(x, gate_w, up_w, down_w)
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
@@ -54,6 +60,10 @@ class FrozenSwiGLU(torch.autograd.Function):
         du = dh * F.silu(g)
         dx = _input_grad(dg, wg, x.shape).to(x.dtype) + _input_grad(du, wu, x.shape).to(x.dtype)
         return dx, None, None, None
+
+
+def _swiglu(x: torch.Tensor, gate_w: torch.Tensor, up_w: torch.Tensor, down_w: torch.Tensor) -> torch.Tensor:
+    return F.linear(F.silu(F.linear(x, gate_w)) * F.linear(x, up_w), down_w)
 
 
 def _input_grad(grad: torch.Tensor, weight: torch.Tensor, shape: torch.Size) -> torch.Tensor:
@@ -72,6 +82,9 @@ def is_swiglu(mlp: nn.Module) -> bool:
 def _frozen_mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     weights = [getattr(self, n).weight for n in PROJECTIONS] if is_swiglu(self) else []
     if weights and x.requires_grad and torch.is_grad_enabled() and not any(w.requires_grad for w in weights):
+        if torch.compiler.is_compiling():   # traced, the Function's recomputation is merged with the forward's
+            # products and they are kept after all; torch's checkpoint is a region the compiler recomputes
+            return checkpoint(_swiglu, x, *weights, use_reentrant=False)
         return FrozenSwiGLU.apply(x, *weights)
     return type(self).forward(self, x)   # a projection trains or was wrapped: the model's own forward
 
