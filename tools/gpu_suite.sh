@@ -5,9 +5,9 @@
 # syncs, trains with train.compile and checks the attention kernels. Tables, JSON and logs go to
 # OUT (at most 8 files, for the device tool).
 #
-#   bash tools/gpu_suite.sh OUT [--parts build,encoder_graphs_exact,train,gap,contention,best,pyspy,queues,rotary,hostpy,compile_encoder,
-#        cudnn,kernels,profile_compiled,norm,graphs,encoder_graphs,marks,floor,ring,weights,profile,syncs,attention,compile,ckpt,
-#        headroom,bench] [--num_utts 700]
+#   bash tools/gpu_suite.sh OUT [--parts build,encoder_graphs_exact,train,gap,contention,best,compile,pyspy,queues,rotary,hostpy,
+#        compile_encoder,cudnn,kernels,profile_compiled,norm,graphs,encoder_graphs,marks,floor,ring,weights,profile,syncs,attention,
+#        ckpt,headroom,bench] [--num_utts 700]
 #        (parts run in the order given; a failed part is logged and the next one runs)
 #   bash tools/gpu_suite.sh OUT --parts build,big,encoder_graphs_full   # a second call: Whisper-large-v3 + Qwen2-7B
 #        shapes with LoRA, pack against Whisper padded to 30 s; the encoder replayed without the LLM's checkpointing
@@ -22,7 +22,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 [ $# -ge 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-parts=build,encoder_graphs_exact,train,gap,contention,best,pyspy,queues,rotary,hostpy,compile_encoder,cudnn,kernels,profile_compiled,norm,graphs,encoder_graphs,marks,floor,ring,weights,profile,syncs,attention,compile,ckpt,headroom,bench   # open questions first
+parts=build,encoder_graphs_exact,train,gap,contention,best,compile,pyspy,queues,rotary,hostpy,compile_encoder,cudnn,kernels,profile_compiled,norm,graphs,encoder_graphs,marks,floor,ring,weights,profile,syncs,attention,ckpt,headroom,bench   # open questions first
 num_utts=700
 num_train=800
 memory_budget=24GiB
