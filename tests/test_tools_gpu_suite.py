@@ -22,7 +22,8 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert "| train_eager |" in suite and "time on training 10,000 utts (extrapolated from" in suite
     assert "### pack (" in suite and "| forward/llm |" in suite          # the profile's tables
     assert "| train_two_workers |" in suite and "| train_one_thread |" in suite   # contention
-    assert "| train_no_pin_thread |" in suite                           # gap: the loader's pin-memory thread
+    assert "| train_no_pin_thread |" in suite and "| train_main_thread_loader |" in suite   # gap: the loader
+    assert "train_main_thread_loader, phase by phase (train.phase_marks)" in suite
     assert "| autocast |" in suite and "[launch_floor] cpu:" in suite     # floor: host time per operator
     assert "| train_stock_norm |" in suite                              # norm: the stock RMSNorms
     assert "| train_bf16_weights |" in suite                            # weights: bf16 working copies

@@ -5,7 +5,7 @@
 # syncs, trains with train.compile and checks the attention kernels. Tables, JSON and logs go to
 # OUT (at most 8 files, for the device tool).
 #
-#   bash tools/gpu_suite.sh OUT [--parts build,encoder_graphs_exact,train,gap,contention,best,compile,pyspy,queues,rotary,hostpy,
+#   bash tools/gpu_suite.sh OUT [--parts build,encoder_graphs_exact,train,gap,best,contention,compile,pyspy,queues,rotary,hostpy,
 #        compile_encoder,cudnn,kernels,profile_compiled,norm,graphs,encoder_graphs,marks,floor,ring,weights,profile,syncs,attention,
 #        ckpt,headroom,bench] [--num_utts 700]
 #        (parts run in the order given; a failed part is logged and the next one runs)
@@ -22,7 +22,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 [ $# -ge 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-parts=build,encoder_graphs_exact,train,gap,contention,best,compile,pyspy,queues,rotary,hostpy,compile_encoder,cudnn,kernels,profile_compiled,norm,graphs,encoder_graphs,marks,floor,ring,weights,profile,syncs,attention,ckpt,headroom,bench   # open questions first
+parts=build,encoder_graphs_exact,train,gap,best,contention,compile,pyspy,queues,rotary,hostpy,compile_encoder,cudnn,kernels,profile_compiled,norm,graphs,encoder_graphs,marks,floor,ring,weights,profile,syncs,attention,ckpt,headroom,bench   # open questions first
 num_utts=700
 num_train=800
 memory_budget=24GiB
@@ -44,7 +44,7 @@ while [ $# -gt 0 ]; do
 done
 has() { [[ ",$parts," == *",$1,"* ]]; }
 declare -A estimate=([build]=60 [train]=40 [bench]=430 [profile]=65 [compile]=120 [ckpt]=50 [syncs]=50
-                     [attention]=90 [headroom]=130 [big]=300 [gap]=45 [profile_compiled]=120 [graphs]=150 [kernels]=75
+                     [attention]=90 [headroom]=130 [big]=300 [gap]=95 [profile_compiled]=120 [graphs]=150 [kernels]=75
                      [norm]=45 [cudnn]=90 [hostpy]=80 [contention]=90 [weights]=45 [rotary]=45 [marks]=110 [pyspy]=70 [compile_encoder]=90 [floor]=20 [queues]=70 [ring]=55 [encoder_graphs]=50 [encoder_graphs_full]=50 [encoder_graphs_exact]=70 [best]=90)   # seconds on one H100/H200: measured, or guessed for new parts
 failed=(); skipped=(); fallback=
 part() {   # name: run part_<name> in a subshell; a failed part is logged and the next one runs
@@ -288,9 +288,11 @@ part_profile_compiled() {   # train.compile cut GPU work per step by a quarter a
   log "profile_compiled: the pack step's phases with train.compile true: where the compiled step's host time goes"
   profile_run profile_compiled pack --train.compile true --warmup_steps 4
 }
-part_gap() {   # west-train was 1.19x the benchmark's step at the same size (H100): what the loader costs
-  log "gap: west-train with the main thread pinning (no pin-memory thread beside the launching thread)"
-  train_run train_no_pin_thread --data.pin_memory false
+part_gap() {   # west-train's step is 1.32x the benchmark's (H200, fifth run), its projector and splice host-paced
+  # at 16-21 ms where the benchmark's runner takes about 1: is it what runs beside the launching thread?
+  log "gap: west-train without the pin-memory thread, then with the loader in the main thread (nothing beside it), marked"
+  train_run train_no_pin_thread --data.pin_memory false --train.phase_marks true
+  train_run train_main_thread_loader --data.num_workers 0 --data.pin_memory false --train.phase_marks true
 }
 part_contention() {   # west-train queued its step 1.27x slower than the benchmark (H200), which has no loader
   log "contention: west-train with 2 loader workers instead of $workers, then with OMP_NUM_THREADS=1 (torch's CPU threads)"
