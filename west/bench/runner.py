@@ -15,7 +15,7 @@ from west.pinned_ring import use_pinned_ring
 from west.ranks import allow_cudnn_attention
 from west.train.config import TrainConfig
 from west.train.gpu_monitor import build_monitor
-from west.train.metrics import AllocatorEvents
+from west.train.metrics import AllocatorEvents, peak_reserved_mb
 from west.train.schedule import build_optimizer, build_scheduler
 from west.train.step import plan_step, train_step, working_weights
 
@@ -65,7 +65,7 @@ class PassRunner:
         opt, sched = self.fresh(len(batches))
         for b in batches[:warmup_steps]:
             self.step(b, opt, sched)
-        reserved_warm = self._peak_reserved_gib()
+        reserved = peak_reserved_mb(self.device)   # {} off CUDA; the warm-up's, before the reset below
         opt, sched = self.fresh(len(batches))
         gc.collect()
         monitor = build_monitor(self.device.type, self.device.index or 0)
@@ -93,7 +93,7 @@ class PassRunner:
             util = hw.get("cpu_util_pct", float("nan")) / max(hw.get("cpu_count", 1.0), 1.0)
         return {"time_s": total, "cpu_s": cpu, "step_s": steps, "util_pct": util,
                 "mean_loss": statistics.fmean(losses), "peak_mem_gib": self._peak_gib(),
-                "peak_reserved_gib": max(reserved_warm, self._peak_reserved_gib()) if cuda else None,
+                "peak_reserved_gib": self._peak_reserved_gib(reserved),
                 "sm_pct": hw.get("gpu_sm_pct"), "allocator": allocator_events, **host}
 
     def _peak_gib(self) -> float:
@@ -102,12 +102,13 @@ class PassRunner:
             return torch.cuda.max_memory_allocated(self.device) / 2**30
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20   # KiB on Linux
 
-    def _peak_reserved_gib(self) -> Optional[float]:
-        """CUDA: the most the caching allocator held from the device since the last reset, its cache
-        and a replayed graph's pool included (whose tensors the allocated peak does not see)."""
-        if self.device.type == "cuda":
-            return torch.cuda.max_memory_reserved(self.device) / 2**30
-        return None
+    def _peak_reserved_gib(self, warm: dict) -> Optional[float]:
+        """CUDA: the most the caching allocator held over the warm-up (``warm``) and the timed pass,
+        its cache and a replayed graph's pool included (which the allocated peak does not see)."""
+        timed = peak_reserved_mb(self.device)
+        if not timed:
+            return None
+        return max(warm["peak_reserved_mb"], timed["peak_reserved_mb"]) / 1024
 
     def profile_pass(self, batches: Sequence[Batch], rows: int = 20) -> tuple[dict, str]:
         """torch.profiler over one whole training pass: ({op: self ms}, table by input shape)."""
