@@ -34,7 +34,6 @@ WENET = ["--model.encoder.pos_enc", "wenet"]
     (PACK, "needs west's Conformer with model.encoder.pos_enc wenet"),
     (PACK + WENET + ["--train.accum_steps", "2"], "needs train.accum_steps 1"),
     (PACK + WENET + ["--model.freeze_encoder", "true"], "needs a trained encoder"),
-    (PACK + WENET + ["--train.compile", "true"], "not with the encoder compiled"),
     (PACK + WENET + ["--train.encoder_graph_max_len", "1"], "train.encoder_graph_segments: must be >= 401"),
     (WENET + ["--data.batch_type", "static"], "needs data.batch_type pack")])
 def test_the_config_refuses_what_the_graphs_cannot_do(tmp_path_factory, extra, message):
@@ -125,3 +124,46 @@ def test_capture_records_the_padded_stack_and_replays_it(monkeypatch):
                         lambda *a, **k: (_ for _ in ()).throw(RuntimeError("capture broke")))
     with pytest.raises(RuntimeError, match="train.encoder_graphs: capturing the encoder's blocks at .*capture broke"):
         capture(static, "bf16")
+
+
+def test_compiled_blocks_at_the_static_shape_match_eager_and_compile_once(tmp_path_factory, one_torch_thread):
+    """train.compile with train.encoder_graphs: the padded stack's compiled blocks (what a capture
+    records on CUDA) give the eager stack's output and gradients, and packs of other utterance
+    lengths reuse the one graph compiled at the static shape. The config takes the pair."""
+    import copy
+
+    from west.config import split_overrides
+    from west.models.speech_llm import SpeechLLM
+    from west.train.compile import compilations, compile_regions
+
+    from helpers.speech import tiny_config
+
+    argv = ["--model.llm.path", str(tiny_llm(tmp_path_factory)), "--train.encoder_graphs", "true",
+            "--train.compile", "true", "--train.compile_scope", "encoder", *PACK, *WENET]
+    assert load_config(str(TINY_CPU), split_overrides(argv)).train.compile
+    torch.manual_seed(0)
+    cfg = tiny_config()
+    cfg.encoder.pos_enc, cfg.encoder.attn_backend, cfg.encoder.dropout = "wenet", "varlen", 0.0
+    eager = SpeechLLM(cfg).train()
+    compiled = copy.deepcopy(eager)
+    assert compile_regions(compiled, "encoder") == len(eager.encoder.blocks)
+    shape = StaticShape(tokens=256, segments=16, max_seqlen=64)
+    results, counts = [], [compilations()]
+    for model in (eager, compiled):
+        enc, g = model.encoder, torch.Generator().manual_seed(1)
+        static, outs = StaticBlocks(enc, shape, "flash"), []
+        for lens in ([30, 50, 20], [60, 10, 41, 7]):
+            x = torch.randn(sum(lens), enc.output_dim, generator=g, requires_grad=True)
+            y = static.stack(*static.inputs(x, lens))[: x.shape[0]]
+            y.square().sum().backward()
+            outs.append((y.detach(), x.grad, {n: p.grad for n, p in enc.blocks.named_parameters()}))
+            enc.zero_grad(set_to_none=True)
+            counts.append(compilations())
+        results.append(outs)
+    assert counts[0] == counts[1] == counts[2] < counts[3] == counts[4]   # compiled once, statically
+    for (y0, gx0, gw0), (y1, gx1, gw1) in zip(*results):
+        torch.testing.assert_close(y1, y0, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(gx1, gx0, rtol=1e-4, atol=1e-5)
+        assert gw0.keys() == gw1.keys() and all(g is not None for g in gw1.values())
+        for n in gw0:
+            torch.testing.assert_close(gw1[n], gw0[n], rtol=1e-3, atol=1e-4, msg=n)

@@ -5,7 +5,7 @@
 # syncs, trains with train.compile and checks the attention kernels. Tables, JSON and logs go to
 # OUT (at most 8 files, for the device tool).
 #
-#   bash tools/gpu_suite.sh OUT [--parts build,encoder_graphs_exact,train,gap,best,contention,compile,pyspy,queues,rotary,hostpy,
+#   bash tools/gpu_suite.sh OUT [--parts build,encoder_graphs_exact,gap,best,encoder_graphs_compiled,train,contention,compile,pyspy,queues,rotary,hostpy,
 #        compile_encoder,cudnn,kernels,profile_compiled,norm,graphs,encoder_graphs,marks,floor,ring,weights,profile,syncs,attention,
 #        ckpt,headroom,bench] [--num_utts 700]
 #        (parts run in the order given; a failed part is logged and the next one runs)
@@ -22,7 +22,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 [ $# -ge 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-parts=build,encoder_graphs_exact,train,gap,best,contention,compile,pyspy,queues,rotary,hostpy,compile_encoder,cudnn,kernels,profile_compiled,norm,graphs,encoder_graphs,marks,floor,ring,weights,profile,syncs,attention,ckpt,headroom,bench   # open questions first
+parts=build,encoder_graphs_exact,gap,best,encoder_graphs_compiled,train,contention,compile,pyspy,queues,rotary,hostpy,compile_encoder,cudnn,kernels,profile_compiled,norm,graphs,encoder_graphs,marks,floor,ring,weights,profile,syncs,attention,ckpt,headroom,bench   # open questions first
 num_utts=700
 num_train=800
 memory_budget=24GiB
@@ -44,8 +44,8 @@ while [ $# -gt 0 ]; do
 done
 has() { [[ ",$parts," == *",$1,"* ]]; }
 declare -A estimate=([build]=60 [train]=40 [bench]=430 [profile]=65 [compile]=120 [ckpt]=50 [syncs]=50
-                     [attention]=90 [headroom]=130 [big]=300 [gap]=95 [profile_compiled]=120 [graphs]=150 [kernels]=75
-                     [norm]=45 [cudnn]=90 [hostpy]=80 [contention]=90 [weights]=45 [rotary]=45 [marks]=110 [pyspy]=70 [compile_encoder]=90 [floor]=20 [queues]=70 [ring]=55 [encoder_graphs]=50 [encoder_graphs_full]=50 [encoder_graphs_exact]=70 [best]=90)   # seconds on one H100/H200: measured, or guessed for new parts
+                     [attention]=90 [headroom]=130 [big]=300 [gap]=75 [profile_compiled]=120 [graphs]=150 [kernels]=75
+                     [norm]=45 [cudnn]=90 [hostpy]=80 [contention]=90 [weights]=45 [rotary]=45 [marks]=110 [pyspy]=70 [compile_encoder]=90 [floor]=20 [queues]=70 [ring]=55 [encoder_graphs]=50 [encoder_graphs_full]=50 [encoder_graphs_exact]=70 [best]=90 [encoder_graphs_compiled]=110)   # seconds on one H100/H200: measured, or guessed for new parts
 failed=(); skipped=(); fallback=
 part() {   # name: run part_<name> in a subshell; a failed part is logged and the next one runs
   has "$1" || return 0
@@ -263,6 +263,19 @@ part_encoder_graphs_full() {   # if the encoder's graphs make the step GPU-bound
   train_run train_encoder_graphs_no_ckpt --train.encoder_graphs true --model.llm.gradient_checkpointing false \
     "${extra[@]}"
 }
+part_encoder_graphs_compiled() {   # replayed, the encoder's blocks still cost the GPU 23.5 ms forward for about
+  # 1 ms of products (fifth run): hundreds of small elementwise kernels. Compiled before the capture, the
+  # graph replays inductor's fused ones. Without the LLM's checkpointing: against the fastest step so far
+  # (encoder_graphs_full, 0.227 s on an H200) and part best's benchmark in the same call
+  log "encoder_graphs_compiled: west-train with the encoder's blocks compiled (train.compile_scope encoder), then replayed, no LLM checkpointing, marked"
+  local extra=(--train.encoder_graph_rows 12288 --model.llm.gradient_checkpointing false --train.phase_marks true)
+  $tiny && extra=(--model.encoder.pos_enc wenet --model.encoder.attn_backend varlen --train.phase_marks true)
+  steps=$(( steps < 30 ? steps : 30 ))   # the compilation takes the first steps; medians from step 6
+  train_run train_encoder_graphs_compiled --train.encoder_graphs true --train.compile true \
+    --train.compile_scope encoder "${extra[@]}"
+  { grep -h "(train.encoder_graphs)" "$out/suite.log" || true; } | tail -n 1 \
+    | sed 's/^.*; \([0-9]* encoder batches\)/- compiled: \1/' | tee -a "$out/suite.md"
+}
 part_ring() {   # one idle gap of 11-23 ms per pack step, each ended by an index copy pinned on its own (H200)
   log "ring: train.pinned_ring_mib (index copies staged in one page-locked ring): copies intact with the GPU behind,"\
 " host µs per small copy three ways and per launch; west-train with the ring, marked"
@@ -291,6 +304,7 @@ part_profile_compiled() {   # train.compile cut GPU work per step by a quarter a
 part_gap() {   # west-train's step is 1.32x the benchmark's (H200, fifth run), its projector and splice host-paced
   # at 16-21 ms where the benchmark's runner takes about 1: is it what runs beside the launching thread?
   log "gap: west-train without the pin-memory thread, then with the loader in the main thread (nothing beside it), marked"
+  steps=$(( steps < 20 ? steps : 20 ))   # phases 16-21 ms against about 1: 15 steps of medians tell them apart
   train_run train_no_pin_thread --data.pin_memory false --train.phase_marks true
   train_run train_main_thread_loader --data.num_workers 0 --data.pin_memory false --train.phase_marks true
 }

@@ -155,7 +155,9 @@ def _check_cuda_graphs(cfg: Config) -> None:
 def _check_encoder_graphs(cfg: Config) -> None:
     """train.encoder_graphs replays one captured block stack that trains: packed Conformer rows on
     the cu_seqlens kernel route, its gradients used before the next replay (one micro-batch, one
-    process), and nothing else rewriting the blocks (compiling, bf16 copies, checkpointing)."""
+    process), and nothing else rewriting the blocks (bf16 copies, checkpointing). Compiled blocks
+    (``train.compile``, scope all or encoder) are what the graph records: inductor's fused kernels
+    at the one static shape, compiled once."""
     train, model = cfg.train, cfg.model
     if not train.encoder_graphs:
         return
@@ -170,8 +172,6 @@ def _check_encoder_graphs(cfg: Config) -> None:
     require(not model.freeze_encoder, key, "needs a trained encoder (model.freeze_encoder false)")
     require(train.accum_steps == 1, key, "needs train.accum_steps 1 (the next replay overwrites the gradients)")
     require(not (train.fsdp or train.bf16_weights), key, "not with train.fsdp or train.bf16_weights")
-    require(not (train.compile and train.compile_scope in ("all", "encoder")), key,
-            "not with the encoder compiled (train.compile_scope llm compiles the LLM's layers alone)")
     require(not (enc.gradient_checkpointing or train.grad_checkpointing), key,
             "not with the encoder's gradient checkpointing")
     rows = train.encoder_graph_rows or cfg.data.pack_tokens * model.projector.stride

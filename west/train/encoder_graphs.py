@@ -6,8 +6,11 @@ Unlike the LLM decoder of ``train.cuda_graphs`` these blocks train: the graph re
 where the optimizer updates them in place, and its backward hands the weight gradients to autograd.
 Those gradients live in the graph's own memory, which the next replay overwrites, so the run takes
 one micro-batch per step (``train.accum_steps 1``) on one process; the config refuses the rest.
-On a CPU there is nothing to capture: the padded blocks run eagerly, which the tests compare
-against the unpadded encoder.
+With ``train.compile`` (scope all or encoder) the blocks were compiled in place before this runs,
+so the capture's warm-up compiles them once at the static shape and the graph records inductor's
+fused kernels: fewer and shorter kernels on the GPU, still two launches on the host. On a CPU there
+is nothing to capture: the padded blocks run eagerly (or compiled), which the tests compare against
+the unpadded (or uncompiled) encoder.
 """
 from __future__ import annotations
 
