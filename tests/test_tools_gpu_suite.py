@@ -105,3 +105,19 @@ def test_kernels_part_needs_cuda_and_more_than_eight_files_are_bundled(tmp_path)
     assert sorted(p.name for p in out.iterdir()) == ["json.tar", "suite.log", "suite.md"]
     with tarfile.open(out / "json.tar") as tar:
         assert sorted(Path(n).name for n in tar.getnames()) == [f"part{i}.json" for i in range(9)]
+
+
+def test_every_part_is_defined_estimated_and_listed():
+    """A part the default order names has a function (in gpu_suite.sh or tools/gpu_suite/*_parts.sh) and a
+    time estimate (what --budget skips by); every defined part is in the default order, or is one of the
+    second call's parts (big, encoder_graphs_full)."""
+    import re
+
+    tools = ROOT / "tools"
+    text = "\n".join(p.read_text(encoding="utf-8") for p in [tools / "gpu_suite.sh", *sorted((tools / "gpu_suite").glob("*_parts.sh"))])
+    defined = set(re.findall(r"^part_(\w+)\(\) \{", text, re.M))
+    default = re.search(r"^parts=([\w,]+)", text, re.M).group(1).split(",")
+    estimated = set(re.findall(r"\[(\w+)\]=\d+", re.search(r"declare -A estimate=\(([^)]*)\)", text).group(1)))
+    assert len(default) == len(set(default)) and set(default) <= defined
+    assert defined - set(default) == {"big", "encoder_graphs_full"}
+    assert estimated == defined

@@ -1,0 +1,108 @@
+# tools/gpu_suite.sh's west-benchmark parts: the seed's table under a memory budget, the benchmark's step
+# at fixed sizes (headroom, best, graphs) and the Whisper-large-v3 + Qwen2-7B pair (big). Sourced by
+# gpu_suite.sh, whose variables they read.
+part_bench() {
+  log "bench: west-benchmark, each mode at its largest size under $memory_budget, $num_utts utterances"
+  budget=(--memory_budget "$memory_budget" --repeats 2)
+  $tiny && budget=(--memory_budget 2GiB --repeats 1)
+  "$python" -m west.bin.benchmark --config "$conf" "${common[@]}" --data "$data/train/data.list" \
+    --data.cmvn "$data/train/global_cmvn.json" --num_utts "$num_utts" --out_dir "$exp/bench" \
+    --batch_size "$batch" --max_tokens_in_batch "$max_tokens" --pack_tokens "$pack" --profile never \
+    "${budget[@]}" >>"$out/suite.log" 2>&1
+  cp "$exp/bench/benchmark.json" "$out/benchmark.json"
+  cp "$exp/bench/benchmark.md" "$out/benchmark.md"
+  tail -n 40 "$out/benchmark.md"
+}
+part_headroom() {   # item 6's two open comparisons: the benchmark's step at west-train's size, and MFU
+  # without the LLM's checkpoint replay (31 % of the FLOPs under 24 GiB) at the largest pack the card holds
+  log "headroom: west-benchmark pack at $pack (west-train's size); pack, LLM checkpointing off, largest under the card"
+  local gran=4096 card=card reps=2; $tiny && { gran=256; card=2GiB; reps=1; }
+  "$python" -m west.bin.benchmark --config "$conf" "${common[@]}" --data "$data/train/data.list" \
+    --data.cmvn "$data/train/global_cmvn.json" --num_utts "$num_utts" --out_dir "$exp/bench_fixed" \
+    --modes pack --pack_tokens "$pack" --repeats "$reps" --profile never --no-count_ops >>"$out/suite.log" 2>&1
+  "$python" - "$exp/bench_fixed/benchmark.json" "$exp/$([ -d "$exp/train_eager" ] && echo train_eager)" <<'EOF2' | tee -a "$out/suite.md"
+import json, sys
+from pathlib import Path
+r = json.load(open(sys.argv[1]))["modes"]["pack"]
+step = r["time_s"] / len(r["batches"])
+h = r.get("host_per_step_s", {})
+split = lambda launch, wait: f"host queueing {launch:.3f} s, blocked in the read-back {wait:.3f} s"
+print(f"- benchmark, {r['configuration']}: {step:.3f} s per step ({len(r['batches'])} batches, median of the "
+      f"timed passes; {split(h.get('launch_s', float('nan')), h.get('sync_wait_s', float('nan')))})")
+log = Path(sys.argv[2]) / "train_log.jsonl"
+if log.is_file():
+    recs = [json.loads(line) for line in log.open() if '"step_time_s"' in line]
+    recs = recs[5:] if len(recs) > 10 else recs   # as the train part's summary: warm-up left out
+    med = lambda key: sorted(x.get(key, float("nan")) for x in recs)[len(recs) // 2]
+    print(f"- west-train at the same size: {med('step_time_s'):.3f} s per step (median of {len(recs)}; "
+          f"{split(med('launch_s'), med('sync_wait_s'))}): {med('step_time_s') / step:.2f}x the benchmark's")
+EOF2
+  "$python" -m west.bin.benchmark --config "$conf" "${common[@]}" --data "$data/train/data.list" \
+    --data.cmvn "$data/train/global_cmvn.json" --num_utts "$num_utts" --out_dir "$exp/bench_headroom" \
+    --modes pack --pack_tokens "$pack" --repeats "$reps" --profile never --memory_budget "$card" --no-count_ops \
+    --search_granularity "$gran" --model.llm.gradient_checkpointing false >>"$out/suite.log" 2>&1
+  cp "$exp/bench_headroom/benchmark.md" "$out/benchmark_headroom.md"
+  head -n 4 "$out/benchmark_headroom.md" | tee -a "$out/suite.md"
+}
+part_best() {   # item 6's MFU and GPU-busy targets at the fastest west-train configuration so far (fifth run,
+  # H200: 0.227 s per step): the encoder's blocks replayed, the LLM's checkpointing off, pack 8192, no cap
+  log "best: west-benchmark pack $pack with train.encoder_graphs and model.llm.gradient_checkpointing false"
+  local reps=2 extra=(--train.encoder_graph_rows 12288)
+  $tiny && { reps=1; extra=(--model.encoder.pos_enc wenet --model.encoder.attn_backend varlen); }
+  "$python" -m west.bin.benchmark --config "$conf" "${common[@]}" --data "$data/train/data.list" \
+    --data.cmvn "$data/train/global_cmvn.json" --num_utts "$num_utts" --out_dir "$exp/bench_best" \
+    --modes pack --pack_tokens "$pack" --repeats "$reps" --profile never --no-count_ops \
+    --train.encoder_graphs true --model.llm.gradient_checkpointing false "${extra[@]}" >>"$out/suite.log" 2>&1
+  cp "$exp/bench_best/benchmark.md" "$out/benchmark_best.md"
+  head -n 3 "$out/benchmark_best.md" | tee -a "$out/suite.md"
+}
+part_graphs() {   # the host launched ~7,600 kernels per step (H200 profile); the decoder's become two graph replays
+  log "graphs: west-train and west-benchmark (pack $pack) with train.cuda_graphs true (the frozen LLM decoder"\
+" captured once, rows padded to $pack), the benchmark also without"
+  local alloc=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}   # west's default (west.ranks)
+  if ! train_run train_graphs --train.cuda_graphs true; then   # some torch builds capture badly with it
+    alloc=expandable_segments:False
+    log "graphs: train_graphs failed (see suite.log); once more with PYTORCH_CUDA_ALLOC_CONF=$alloc"
+    PYTORCH_CUDA_ALLOC_CONF=$alloc train_run train_graphs_fixed_segments --train.cuda_graphs true
+  fi
+  grep -h "(train.cuda_graphs)" "$out/suite.log" | tail -n 1 | sed 's/^/- /' | tee -a "$out/suite.md"
+  local reps=2 variants="false true"; $tiny && { reps=1; variants=true; }   # tiny: the headroom part runs "false"
+  for graphs in $variants; do
+    PYTORCH_CUDA_ALLOC_CONF=$alloc "$python" -m west.bin.benchmark --config "$conf" "${common[@]}" --data "$data/train/data.list" \
+      --data.cmvn "$data/train/global_cmvn.json" --num_utts "$num_utts" --out_dir "$exp/bench_graphs_$graphs" \
+      --modes pack --pack_tokens "$pack" --repeats "$reps" --profile never --no-count_ops \
+      --train.cuda_graphs "$graphs" >>"$out/suite.log" 2>&1
+    "$python" - "$exp/bench_graphs_$graphs/benchmark.json" "$graphs" <<'EOF2' | tee -a "$out/suite.md"
+import json, sys
+r = json.load(open(sys.argv[1]))["modes"]["pack"]
+h, n = r["host_per_step_s"], len(r["batches"])
+mfu = f"{100 * r['mfu']:.1f} % MFU, " if "mfu" in r else ""
+print(f"- benchmark, {r['configuration']}, train.cuda_graphs {sys.argv[2]}: {r['time_s'] / n:.3f} s per step, {mfu}"
+      f"busy {r['util_pct']:.0f} %, host queueing {h['launch_s']:.3f} s, blocked in the read-back "
+      f"{h['sync_wait_s']:.3f} s{'; ' + r['llm_graph'] if r.get('llm_graph') else ''}")
+EOF2
+  done
+}
+part_big() {   # issue 23: fits 40 GiB at pack 8192; pack vs Whisper padded to 30 s under 80 GB
+  big=$repo/recipes/aishell/conf/whisper_7b_lora.yaml
+  wdir=$exp/whisper_large_v3; qdir=$exp/qwen2_7b
+  $tiny && { wdir=$exp/whisper_tiny; qdir=$llm; }
+  log "big: random Whisper-large-v3 and Qwen2-7B shapes"
+  [ -f "$wdir/config.json" ] || "$python" "$repo/tools/make_random_whisper.py" "$wdir" \
+    --shape "$($tiny && echo tiny || echo large-v3)" --device "$device" >>"$out/suite.log" 2>&1
+  [ -f "$qdir/config.json" ] || "$python" "$repo/tools/make_seed_llm.py" "$qdir" --tokenizer "$exp/tiny_llm" \
+    --shape qwen2-7b --device "$device" >>"$out/suite.log" 2>&1
+  conf=$big common=(--model.encoder.path "$wdir" --model.llm.path "$qdir" --train.device "$device")
+  steps=$(( steps < 12 ? steps : 12 ))
+  train_run big_pack --data.cmvn null
+  # sizes found under 80 GiB on one H200 (2026-11-27: pack 16,384 tokens 40.1 GiB, Whisper padded batch 128
+  # 72.5 GiB, 137 the largest); searching them again took over 4 minutes of a call
+  local big_pack=16384 big_batch=128; $tiny && { big_pack=$pack; big_batch=$batch; }
+  log "big: west-benchmark pack $big_pack tokens vs whisper_padded_30s batch $big_batch (sizes that fit 80 GiB)"
+  "$python" -m west.bin.benchmark --config "$big" "${common[@]}" --data "$data/train/data.list" --data.cmvn null \
+    --num_utts "$(( num_utts < 200 ? num_utts : 200 ))" --out_dir "$exp/bench_big" --repeats 1 --profile never \
+    --modes pack,whisper_padded_30s --pack_tokens "$big_pack" --batch_size "$big_batch" --no-count_ops \
+    >>"$out/suite.log" 2>&1
+  cp "$exp/bench_big/benchmark.md" "$out/benchmark_big.md"
+  tail -n 20 "$out/benchmark_big.md"
+}

@@ -1,0 +1,122 @@
+# tools/gpu_suite.sh's west-train parts: train_run (one short run with the real loader, its step summary
+# into suite.md) and the parts that compare runs of it with one setting changed. Sourced by gpu_suite.sh,
+# whose variables (python, repo, conf, common, data, exp, out, pack, steps, workers, tiny, ...) they read.
+train_run() {   # name, extra args... (rows packed to $pack tokens, unless $batching gives other batching flags;
+                #   run under ${launcher[@]} when set)
+  local name=$1 sizing=(--batch_type pack --pack_tokens "$pack"); shift
+  [ -z "${batching:-}" ] || read -ra sizing <<<"$batching"
+  rm -rf "$exp/$name"
+  ${launcher[@]+"${launcher[@]}"} "$python" -m west.bin.train --config "$conf" "${common[@]}" --train_data "$data/train/data.list" \
+    --data.cmvn "$data/train/global_cmvn.json" --output_dir "$exp/$name" "${sizing[@]}" \
+    --max_steps "$steps" --train.save_every 0 --train.save_at_epoch_end false --train.warmup_steps 5 \
+    --train.log_every 5 --train.tensorboard false --train.progress_bar false --data.num_workers "$workers" \
+    --data.pin_memory "$([ "$device" = cuda ] && echo true || echo false)" "$@" >>"$out/suite.log" 2>&1 || return 1
+  "$python" "$repo/tools/step_summary.py" "$exp/$name/train_log.jsonl" --name "$name" --skip $(( steps > 10 ? 5 : 1 )) \
+    | tee -a "$out/suite.md"
+}
+part_train() {
+  log "train: west-train, pack $pack, $steps steps, the real loader ($workers workers, pinned memory on CUDA)"
+  train_run train_eager
+}
+part_ckpt() {   # the seed config's checkpoint_scope mlp (part train) against whole layers replayed, same call
+  log "ckpt: the same with model.llm.checkpoint_scope layer (whole decoder layers replayed)"
+  train_run train_scope_layer --model.llm.gradient_checkpointing true --model.llm.checkpoint_scope layer
+}
+part_gap() {   # west-train's step is 1.32x the benchmark's (H200, fifth run), its projector and splice host-paced
+  # at 16-21 ms where the benchmark's runner takes about 1: is it what runs beside the launching thread?
+  log "gap: west-train without the pin-memory thread, then with the loader in the main thread (nothing beside it), marked"
+  steps=$(( steps < 20 ? steps : 20 ))   # phases 16-21 ms against about 1: 15 steps of medians tell them apart
+  train_run train_no_pin_thread --data.pin_memory false --train.phase_marks true
+  train_run train_main_thread_loader --data.num_workers 0 --data.pin_memory false --train.phase_marks true
+}
+part_contention() {   # west-train queued its step 1.27x slower than the benchmark (H200), which has no loader
+  log "contention: west-train with 2 loader workers instead of $workers, then with OMP_NUM_THREADS=1 (torch's CPU threads)"
+  train_run train_two_workers --data.num_workers 2
+  export OMP_NUM_THREADS=1
+  train_run train_one_thread
+}
+part_cudnn() {   # train.cudnn_attention (off by default): padded batches' SDPA through cuDNN, a graph per new shape
+  log "cudnn: west-train on static batches of $batch, SDPA without cuDNN attention (the default), then with it"
+  batching="--batch_type static --batch_size $batch"   # 20 steps each: with cuDNN on, a new shape may cost ~1 s
+  train_run train_static --train.max_steps "$(( steps < 20 ? steps : 20 ))"
+  train_run train_static_cudnn --train.max_steps "$(( steps < 20 ? steps : 20 ))" --train.cudnn_attention true
+}
+part_norm() {   # model.llm.fused_norm (on in part train): the LLM's 57 RMSNorms as the stock 8+14 operators
+  log "norm: west-train with the LLM's stock RMSNorms (model.llm.fused_norm false) against part train's fused ones"
+  train_run train_stock_norm --model.llm.fused_norm false
+}
+part_weights() {   # train.bf16_weights: autocast's weight casts (~620 operators per step) gone
+  log "weights: west-train with train.bf16_weights true (bf16 working copies) against part train's autocast casts"
+  train_run train_bf16_weights --train.precision bf16 --train.bf16_weights true
+}
+part_rotary() {   # model.llm.fused_rotary: q and k's rotary embedding as one autograd node (~12 launches fewer per layer)
+  log "rotary: west-train with model.llm.fused_rotary true against part train's stock rotary embedding"
+  train_run train_fused_rotary --model.llm.fused_rotary true
+}
+part_compile() {
+  log "compile: the same with train.compile true"
+  train_run train_compiled --train.compile true
+}
+part_compile_encoder() {   # the encoder's small kernels (host-paced?) compiled, the LLM's large ones left eager
+  log "compile_encoder: the train part with the Conformer blocks compiled alone (train.compile_scope encoder)"
+  train_run train_compile_encoder --train.compile true --train.compile_scope encoder
+}
+part_encoder_graphs() {   # the encoder's 12 trainable blocks: thousands of small kernels, each shorter on the GPU
+  # than its launch on the host; replayed from CUDA graphs, two launches (rows padded to one shape)
+  log "encoder_graphs: west-train with train.encoder_graphs true (the Conformer's blocks replayed), marked"
+  # rows: a pack of 8,192 LLM positions holds about 9,650 encoder rows of the built-in corpus (1.18 per
+  # position, counted on the CPU): 12,288 leaves room; a pack over it runs eagerly and is counted
+  local extra=(--train.encoder_graph_rows 12288)
+  $tiny && extra=(--model.encoder.pos_enc wenet --model.encoder.attn_backend varlen)   # CPU: the kernel's reference
+  if ! train_run train_encoder_graphs --train.encoder_graphs true --train.phase_marks true "${extra[@]}"; then
+    log "encoder_graphs: train_encoder_graphs failed (see suite.log); once more with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False"
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False train_run train_encoder_graphs_fixed_segments \
+      --train.encoder_graphs true --train.phase_marks true "${extra[@]}"
+  fi
+  { grep -h "(train.encoder_graphs)" "$out/suite.log" || true; } | tail -n 1 \
+    | sed 's/^.*; \([0-9]* encoder batches\)/- \1/' | tee -a "$out/suite.md"
+}
+part_encoder_graphs_exact() {   # replayed blocks must train as the eager ones: with dropout off (masks drawn in a
+  # graph come from another stream) the two runs' losses step by step, apart only by rounding
+  log "encoder_graphs_exact: 10 steps eager, then with train.encoder_graphs, model.encoder.dropout 0: losses step by step"
+  local extra=(--model.encoder.dropout 0) graph=(--train.encoder_graph_rows 12288)
+  $tiny && { extra+=(--model.encoder.pos_enc wenet --model.encoder.attn_backend varlen); graph=(); }
+  steps=$(( steps < 10 ? steps : 10 ))
+  train_run train_nodrop_eager "${extra[@]}"
+  train_run train_nodrop_graphs "${extra[@]}" --train.encoder_graphs true ${graph[@]+"${graph[@]}"}
+  "$python" "$repo/tools/compare_losses.py" "$exp/train_nodrop_eager/train_log.jsonl" \
+    "$exp/train_nodrop_graphs/train_log.jsonl" --json "$out/graphs_exact.json" | tee -a "$out/suite.md"
+}
+part_encoder_graphs_full() {   # if the encoder's graphs make the step GPU-bound, the LLM's MLP replay (a third
+  # of its forward again) is what stands between the step and the MFU target: the same without it
+  log "encoder_graphs_full: west-train with the encoder's blocks replayed and no LLM checkpointing (model.llm.gradient_checkpointing false)"
+  local extra=(--train.encoder_graph_rows 12288)
+  $tiny && extra=(--model.encoder.pos_enc wenet --model.encoder.attn_backend varlen)
+  train_run train_encoder_graphs_no_ckpt --train.encoder_graphs true --model.llm.gradient_checkpointing false \
+    "${extra[@]}"
+}
+part_encoder_graphs_compiled() {   # replayed, the encoder's blocks still cost the GPU 23.5 ms forward for about
+  # 1 ms of products (fifth run): hundreds of small elementwise kernels. Compiled before the capture, the
+  # graph replays inductor's fused ones. Without the LLM's checkpointing: against the fastest step so far
+  # (encoder_graphs_full, 0.227 s on an H200) and part best's benchmark in the same call
+  log "encoder_graphs_compiled: west-train with the encoder's blocks compiled (train.compile_scope encoder), then replayed, no LLM checkpointing, marked"
+  local extra=(--train.encoder_graph_rows 12288 --model.llm.gradient_checkpointing false --train.phase_marks true)
+  $tiny && extra=(--model.encoder.pos_enc wenet --model.encoder.attn_backend varlen --train.phase_marks true)
+  steps=$(( steps < 30 ? steps : 30 ))   # the compilation takes the first steps; medians from step 6
+  train_run train_encoder_graphs_compiled --train.encoder_graphs true --train.compile true \
+    --train.compile_scope encoder "${extra[@]}"
+  { grep -h "(train.encoder_graphs)" "$out/suite.log" || true; } | tail -n 1 \
+    | sed 's/^.*; \([0-9]* encoder batches\)/- compiled: \1/' | tee -a "$out/suite.md"
+}
+part_ring() {   # one idle gap of 11-23 ms per pack step, each ended by an index copy pinned on its own (H200)
+  log "ring: train.pinned_ring_mib (index copies staged in one page-locked ring): copies intact with the GPU behind,"\
+" host µs per small copy three ways and per launch; west-train with the ring, marked"
+  if [ "$device" = cuda ]; then
+    "$python" "$repo/tools/check_pinned_ring.py" --out "$out/ring.json" 2>&1 | tee -a "$out/suite.log" | tail -n 10 \
+      | tee -a "$out/suite.md"
+  else log "ring: check_pinned_ring.py skipped (needs CUDA; on the CPU the ring is off and the runs below train without it)"
+  fi
+  train_run train_pinned_ring --train.pinned_ring_mib 8 --train.phase_marks true   # against part marks' train_marks
+  { grep -h "(train.pinned_ring_mib)" "$out/suite.log" || true; } | tail -n 1 | sed 's/^.*; pinned ring/- pinned ring/' \
+    | tee -a "$out/suite.md"   # its copies and waits (none on the CPU: the ring is CUDA's)
+}
