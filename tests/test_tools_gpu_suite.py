@@ -121,3 +121,15 @@ def test_every_part_is_defined_estimated_and_listed():
     assert len(default) == len(set(default)) and set(default) <= defined
     assert defined - set(default) == {"big", "encoder_graphs_full"}
     assert estimated == defined
+
+
+def test_plan_says_what_a_call_would_run_and_runs_nothing(tmp_path):
+    """--plan: each part in order with its estimate, skipped as --budget would skip it (a later, shorter
+    part may still fit), the total; no part runs and no work dir is made."""
+    proc = subprocess.run(
+        ["bash", str(ROOT / "tools" / "gpu_suite.sh"), str(tmp_path / "out"), "--plan", "--parts", "build,bench,train",
+         "--budget", "150", "--work_dir", str(tmp_path / "work")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["build: about 60 s, ends at about 60 s", "bench: about 430 s, skipped (90 s left)",
+                                        "train: about 40 s, ends at about 100 s", "about 100 s by the estimates (--budget 150)"]
+    assert not (tmp_path / "work").exists() and not (tmp_path / "out" / "suite.log").exists()

@@ -14,6 +14,7 @@
 #        shapes with LoRA, pack against Whisper padded to 30 s; the encoder replayed without the LLM's checkpointing
 #        [--memory_budget 24GiB] [--python python3] [--work_dir /tmp/west_gpu] [--device cuda]
 #        [--budget SECONDS]   # skip a part whose H100 estimate would end past SECONDS (for a call's limit)
+#        [--plan]             # print what the call would run by the estimates and --budget; run nothing
 #
 # On a machine without the data stack (the lent GPU machines), first run, where pip works:
 #   bash tools/gpu_wheels.sh            # -> .whl/ (wheels + a word list), carried with the call
@@ -21,7 +22,7 @@
 # (tests/test_tools_gpu_suite.py runs `--device cpu --tiny`); docs/benchmarks.md says what ran where.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-[ $# -ge 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -ge 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
 parts=build,encoder_graphs_exact,gap,best,encoder_graphs_compiled,train,contention,compile,pyspy,queues,rotary,hostpy,compile_encoder,cudnn,kernels,profile_compiled,norm,graphs,encoder_graphs,marks,floor,ring,weights,profile,syncs,attention,ckpt,headroom,bench   # open questions first
 num_utts=700
@@ -31,6 +32,7 @@ python=python3
 work_dir=/tmp/west_gpu
 device=cuda
 tiny=false
+plan=false
 budget=0
 steps=40
 workers=4
@@ -40,6 +42,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --parts|--num_utts|--memory_budget|--python|--work_dir|--device|--steps|--num_train|--budget) declare "${1#--}=$2"; shift 2 ;;
     --tiny) tiny=true; shift ;;
+    --plan) plan=true; shift ;;
     *) echo "gpu_suite.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -48,6 +51,17 @@ declare -A estimate=([build]=60 [train]=40 [bench]=430 [profile]=65 [compile]=12
                      [attention]=90 [headroom]=130 [big]=300 [gap]=75 [profile_compiled]=120 [graphs]=150 [kernels]=75
                      [norm]=45 [cudnn]=90 [hostpy]=80 [contention]=90 [weights]=45 [rotary]=45 [marks]=110 [pyspy]=70 [compile_encoder]=90 [floor]=20 [queues]=70 [ring]=55 [encoder_graphs]=50 [encoder_graphs_full]=50 [encoder_graphs_exact]=70 [best]=90 [encoder_graphs_compiled]=110)   # seconds on one H100/H200: measured, or guessed for new parts
 failed=(); skipped=(); fallback=
+if $plan; then   # what a call would run by the estimates, as --budget decides it; nothing is run
+  t=0
+  IFS=, read -ra order <<<"$parts"
+  for name in "${order[@]}"; do
+    e=${estimate[$name]:-60}
+    if [ "$budget" -gt 0 ] && [ "$e" -gt $(( budget - t )) ]; then echo "$name: about $e s, skipped ($(( budget - t )) s left)"
+    else t=$(( t + e )); echo "$name: about $e s, ends at about $t s"; fi
+  done
+  echo "about $t s by the estimates$([ "$budget" -gt 0 ] && echo " (--budget $budget)")"
+  exit 0
+fi
 part() {   # name: run part_<name> in a subshell; a failed part is logged and the next one runs
   has "$1" || return 0
   local t0; t0=$(date +%s)
