@@ -218,6 +218,27 @@ def test_cuda_graphs_pads_the_packed_modes_rows(setup, tmp_path):
     assert cli.main(args(setup, tmp_path / "budget", *common, *graphs, "--memory_budget", "2GiB")) == 2
 
 
+def test_compiled_timed_passes_train_as_the_eager_ones(setup, tmp_path):
+    """train.compile in the benchmark: the timed passes run the compiled blocks (the same mean loss as
+    eager), the report counts the graphs compiled per mode, and the FLOP counts stay the eager ones."""
+    common = ["--num_utts", "6", "--repeats", "1", "--pack_tokens", str(PACK), "--profile", "never", "--threads", "1",
+              "--modes", "pack", "--no-count_ops"]
+    threads = torch.get_num_threads()
+    try:
+        assert cli.main(args(setup, tmp_path / "plain", *common)) == 0
+        assert cli.main(args(setup, tmp_path / "compiled", *common, "--train.compile", "true",
+                             "--train.compile_scope", "encoder")) == 0
+    finally:
+        torch.set_num_threads(threads)
+    plain, compiled = (json.loads((tmp_path / n / "benchmark.json").read_text(encoding="utf-8"))["modes"]["pack"]
+                       for n in ("plain", "compiled"))
+    assert "compilations" not in plain and compiled["compilations"] >= 1
+    assert compiled["flops"] == plain["flops"]
+    assert compiled["mean_loss"] == pytest.approx(plain["mean_loss"], rel=1e-4)
+    md = (tmp_path / "compiled" / "benchmark.md").read_text(encoding="utf-8")
+    assert f"graphs compiled over each mode's passes: pack {compiled['compilations']}" in md
+
+
 def test_allocator_events_per_timed_step_are_reported(setup, tmp_path, monkeypatch):
     """On CUDA each timed pass reads the caching allocator's events (a stand-in here: 6 device
     allocations, 2 frees and 1 flush-and-retry per pass): the JSON gives them per step, the notes

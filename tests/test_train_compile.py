@@ -192,3 +192,18 @@ def test_compile_scope_wraps_only_that_side(scope):
     assert wrapped == (encoder if scope == "encoder" else llm)
     with pytest.raises(ValueError, match="compile_scope"):
         compile_regions(SpeechLLM(tiny_config()), "projector")
+
+
+def test_compiled_regions_for_a_while_then_the_blocks_own_forward():
+    """The benchmark's timed passes compile the blocks only while they run: after, every block's forward is
+    its class's again (operator and FLOP counters trace eager code), and compiling twice is refused."""
+    from west.train.compile import compiled_regions
+
+    model = SpeechLLM(tiny_config())
+    with compiled_regions(model, "encoder") as n:
+        assert n == len(model.encoder.blocks) and all("forward" in vars(b) for b in model.encoder.blocks)
+        assert not any("forward" in vars(layer) for layer in model.llm.model.layers)
+        with pytest.raises(ValueError, match="compiled already"):
+            with compiled_regions(model, "all"):
+                pass
+    assert not any("forward" in vars(b) for b in [*model.encoder.blocks, *model.llm.model.layers])

@@ -44,17 +44,28 @@ EOF2
   cp "$exp/bench_headroom/benchmark.md" "$out/benchmark_headroom.md"
   head -n 4 "$out/benchmark_headroom.md" | tee -a "$out/suite.md"
 }
+best_run() {   # name, extra args...: west-benchmark pack $pack, the encoder's blocks replayed, the LLM's
+  # checkpointing off, no cap, 2 timed passes; its table into OUT/benchmark_<name>.md
+  local name=$1 reps=2 extra=(--train.encoder_graph_rows 12288); shift
+  $tiny && { reps=1; extra=(--model.encoder.pos_enc wenet --model.encoder.attn_backend varlen); }
+  "$python" -m west.bin.benchmark --config "$conf" "${common[@]}" --data "$data/train/data.list" \
+    --data.cmvn "$data/train/global_cmvn.json" --num_utts "$num_utts" --out_dir "$exp/bench_$name" \
+    --modes pack --pack_tokens "$pack" --repeats "$reps" --profile never --no-count_ops \
+    --train.encoder_graphs true --model.llm.gradient_checkpointing false "${extra[@]}" "$@" >>"$out/suite.log" 2>&1
+  cp "$exp/bench_$name/benchmark.md" "$out/benchmark_$name.md"
+  head -n 3 "$out/benchmark_$name.md" | tee -a "$out/suite.md"
+}
 part_best() {   # item 6's MFU and GPU-busy targets at the fastest west-train configuration so far (fifth run,
   # H200: 0.227 s per step): the encoder's blocks replayed, the LLM's checkpointing off, pack 8192, no cap
   log "best: west-benchmark pack $pack with train.encoder_graphs and model.llm.gradient_checkpointing false"
-  local reps=2 extra=(--train.encoder_graph_rows 12288)
-  $tiny && { reps=1; extra=(--model.encoder.pos_enc wenet --model.encoder.attn_backend varlen); }
-  "$python" -m west.bin.benchmark --config "$conf" "${common[@]}" --data "$data/train/data.list" \
-    --data.cmvn "$data/train/global_cmvn.json" --num_utts "$num_utts" --out_dir "$exp/bench_best" \
-    --modes pack --pack_tokens "$pack" --repeats "$reps" --profile never --no-count_ops \
-    --train.encoder_graphs true --model.llm.gradient_checkpointing false "${extra[@]}" >>"$out/suite.log" 2>&1
-  cp "$exp/bench_best/benchmark.md" "$out/benchmark_best.md"
-  head -n 3 "$out/benchmark_best.md" | tee -a "$out/suite.md"
+  best_run best
+}
+part_encoder_graphs_compiled() {   # replayed, the encoder's blocks still cost the GPU 23.5 ms forward for about
+  # 1 ms of products (fifth run): hundreds of small elementwise kernels. Compiled before the capture, the
+  # graphs replay inductor's fused ones: part best's benchmark again with the blocks compiled, same call
+  log "encoder_graphs_compiled: part best's benchmark with the encoder's blocks compiled (train.compile_scope encoder), then replayed"
+  best_run compiled --train.compile true --train.compile_scope encoder
+  { grep -h "graphs compiled over each mode" "$out/benchmark_compiled.md" || true; } | tee -a "$out/suite.md"
 }
 part_graphs() {   # the host launched ~7,600 kernels per step (H200 profile); the decoder's become two graph replays
   log "graphs: west-train and west-benchmark (pack $pack) with train.cuda_graphs true (the frozen LLM decoder"\

@@ -95,11 +95,9 @@ part_encoder_graphs_full() {   # if the encoder's graphs make the step GPU-bound
   train_run train_encoder_graphs_no_ckpt --train.encoder_graphs true --model.llm.gradient_checkpointing false \
     "${extra[@]}"
 }
-part_encoder_graphs_compiled() {   # replayed, the encoder's blocks still cost the GPU 23.5 ms forward for about
-  # 1 ms of products (fifth run): hundreds of small elementwise kernels. Compiled before the capture, the
-  # graph replays inductor's fused ones. Without the LLM's checkpointing: against the fastest step so far
-  # (encoder_graphs_full, 0.227 s on an H200) and part best's benchmark in the same call
-  log "encoder_graphs_compiled: west-train with the encoder's blocks compiled (train.compile_scope encoder), then replayed, no LLM checkpointing, marked"
+part_encoder_graphs_compiled_train() {   # part encoder_graphs_compiled's configuration in west-train, with the
+  # loader: against the fastest west-train step so far (encoder_graphs_full, 0.227 s on an H200)
+  log "encoder_graphs_compiled_train: west-train with the encoder's blocks compiled (train.compile_scope encoder), then replayed, no LLM checkpointing, marked"
   local extra=(--train.encoder_graph_rows 12288 --model.llm.gradient_checkpointing false --train.phase_marks true)
   $tiny && extra=(--model.encoder.pos_enc wenet --model.encoder.attn_backend varlen --train.phase_marks true)
   steps=$(( steps < 30 ? steps : 30 ))   # the compilation takes the first steps; medians from step 6

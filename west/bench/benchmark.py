@@ -54,6 +54,7 @@ from west.models.static_decoder import StaticDecoder
 from west.models.static_encoder import StaticBlocks
 from west.ranks import unwrap
 from west.shapes import SpeechShape
+from west.train.compile import compilations, compiled_regions
 from west.train.config import TrainConfig
 from west.train.cuda_graphs import static_decoder_for
 from west.train.encoder_graphs import encoder_shape, static_encoder_for
@@ -154,23 +155,11 @@ def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, trai
             ops, enc = results[m.name]["ops"]["per_step"], results[m.name]["encoder_ops"]["per_step"]
             log(f"[benchmark] {m.name}: {ops['total']:.0f} dispatched ops per step (encoder alone {enc['total']:.0f}), "
                 f"counted in {time.perf_counter() - t0:.1f} s")
-    for rep in range(repeats):
-        for m in modes:
-            try:
-                with model_overrides(model, m.model), graphed_llm(model, m, train, dev) as static, \
-                        graphed_encoder(model, m, train, dev) as encoder_static:
-                    r = runner.run(loaded[m.name], warmup_steps)
-                    if static is not None:
-                        results[m.name]["llm_graph"] = static.summary()
-                    if encoder_static is not None:
-                        results[m.name]["encoder_graph"] = encoder_static.summary()
-            except torch.OutOfMemoryError as e:   # the weights back as they were: the caller may retry
-                runner.model.zero_grad(set_to_none=True)
-                runner.model.load_state_dict(runner.init)
-                raise ModeOutOfMemory(m.name, str(e).splitlines()[0]) from None
-            results[m.name].setdefault("runs", []).append(r)
-            log(f"[benchmark] repeat {rep + 1}/{repeats} {m.name}: {r['time_s']:.2f} s (CPU {r['cpu_s']:.2f} s), "
-                f"util {r['util_pct']:.0f}%, mean loss {r['mean_loss']:.3f}")
+    with compiled_regions(model, train.compile_scope) if train.compile else contextlib.nullcontext(0) as n_compiled:
+        if n_compiled:
+            log(f"[benchmark] train.compile: {n_compiled} blocks compiled ({train.compile_scope}) for the timed "
+                "passes; the counts above ran eagerly")
+        timed_passes(runner, model, modes, loaded, results, train, dev, repeats, warmup_steps, log)
     for r in results.values():
         r["time_s"] = statistics.median(x["time_s"] for x in r["runs"])
         r["util_pct"] = statistics.median(x["util_pct"] for x in r["runs"])
@@ -191,6 +180,8 @@ def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, trai
         if events:   # CUDA: caching-allocator events per timed step (0 in a steady state)
             r["allocator_per_step"] = {k: statistics.fmean(e[k] for e in events) / len(r["batches"]) for k in events[0]}
         r["gflops_per_s"] = r["flops"]["total"] / 1e9 / r["time_s"]
+        if train.compile:
+            r["compilations"] = sum(x["compilations"] for x in r["runs"])
     ref = "static" if "static" in results else modes[0].name
     compare(results, ref)
     checks = [c for c in (pairwise(results, "pack", ref), pairwise(results, "pack", "dynamic"),
@@ -214,6 +205,33 @@ def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, trai
     runner.model.load_state_dict(runner.init)
     return {"modes": results, "checks": checks, "reference": ref, "target_ratio": TARGET_RATIO,
             "host_allocator": host_allocator}
+
+
+def timed_passes(runner: PassRunner, model: torch.nn.Module, modes: Sequence[Mode], loaded: dict, results: dict,
+                 train: TrainConfig, dev: torch.device, repeats: int, warmup_steps: int, log) -> None:
+    """``repeats`` timed passes of every mode in turn, into ``results[mode]["runs"]``; under
+    ``train.compile`` also the graphs each mode's passes compiled (``compilations``: a shape the
+    warm-up did not meet compiles inside the timed steps)."""
+    for rep in range(repeats):
+        for m in modes:
+            before = compilations()
+            try:
+                with model_overrides(model, m.model), graphed_llm(model, m, train, dev) as static, \
+                        graphed_encoder(model, m, train, dev) as encoder_static:
+                    r = runner.run(loaded[m.name], warmup_steps)
+                    if static is not None:
+                        results[m.name]["llm_graph"] = static.summary()
+                    if encoder_static is not None:
+                        results[m.name]["encoder_graph"] = encoder_static.summary()
+            except torch.OutOfMemoryError as e:   # the weights back as they were: the caller may retry
+                runner.model.zero_grad(set_to_none=True)
+                runner.model.load_state_dict(runner.init)
+                raise ModeOutOfMemory(m.name, str(e).splitlines()[0]) from None
+            if train.compile:
+                r["compilations"] = compilations() - before
+            results[m.name].setdefault("runs", []).append(r)
+            log(f"[benchmark] repeat {rep + 1}/{repeats} {m.name}: {r['time_s']:.2f} s (CPU {r['cpu_s']:.2f} s), "
+                f"util {r['util_pct']:.0f}%, mean loss {r['mean_loss']:.3f}")
 
 
 @contextlib.contextmanager

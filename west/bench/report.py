@@ -192,6 +192,10 @@ def notes(res: dict) -> str:
     if graphs:
         out.append("- train.encoder_graphs (the Conformer's blocks replayed; the rows' padding is not in the FLOP "
                    "counts): " + "; ".join(graphs))
+    compiled = [f"{name} {r['compilations']}" for name, r in res["modes"].items() if "compilations" in r]
+    if compiled:
+        out.append("- train.compile (the timed passes' repeated blocks compiled; FLOP and operator counts and any "
+                   "size search ran eagerly), graphs compiled over each mode's passes: " + ", ".join(compiled))
     env = res["env"]
     out.append(f"- time = median of {res['repeats']} passes (forward + backward + clip + AdamW, batches "
                f"collated beforehand, {res['warmup_steps']} warm-up step(s) untimed, same initial weights); "

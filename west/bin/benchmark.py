@@ -116,8 +116,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     tokenizer = load_tokenizer(cfg.model.llm.path)
     model = build_model(cfg.model, args.seed)
-    if cfg.train.compile:   # the timed passes are the eager production step; say so rather than ignore the key
-        print("[benchmark] train.compile: a west-train option, not applied to the benchmark's passes", flush=True)
     from west.bench.benchmark import ModeOutOfMemory  # heavy
     from west.bench.memory_search import NothingFits  # heavy
     from west.bench.sizing import find_sizes, run_within_budget  # heavy

@@ -15,6 +15,9 @@ about twice, not once per batch. :func:`compilations` reports how many graphs we
 """
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 from torch import nn
 
 SCOPES = ("all", "encoder", "llm")
@@ -27,6 +30,30 @@ def compile_regions(model: nn.Module, scope: str = "all") -> int:
     differently); returns how many were wrapped."""
     import torch  # heavy
 
+    blocks = regions(model, scope)
+    for block in blocks:
+        block.forward = torch.compile(block.forward)
+    return len(blocks)
+
+
+@contextlib.contextmanager
+def compiled_regions(model: nn.Module, scope: str = "all") -> Iterator[int]:
+    """:func:`compile_regions` for a while (the benchmark's timed passes), then the blocks' own
+    ``forward`` again, so that operator and FLOP counters, which trace eager code, see the same
+    model before and after. Yields how many blocks were compiled."""
+    blocks = regions(model, scope)
+    if any("forward" in vars(b) for b in blocks):
+        raise ValueError("train.compile: the blocks are compiled already")
+    n = compile_regions(model, scope)
+    try:
+        yield n
+    finally:
+        for block in blocks:
+            del block.forward   # the instance's compiled wrapper: the class's forward again
+
+
+def regions(model: nn.Module, scope: str) -> list[nn.Module]:
+    """The blocks ``train.compile`` compiles for ``scope``."""
     if scope not in SCOPES:
         raise ValueError(f"train.compile_scope: {scope!r} is not one of {SCOPES}")
     units = getattr(model, "fsdp_units", None)
@@ -39,9 +66,7 @@ def compile_regions(model: nn.Module, scope: str = "all") -> int:
             raise ValueError(f"train.compile_scope {scope}: {type(model).__name__} has no speech encoder to tell apart")
         own = {id(b) for b in encoder.fsdp_units()}
         blocks = [b for b in blocks if (id(b) in own) == (scope == "encoder")]
-    for block in blocks:
-        block.forward = torch.compile(block.forward)
-    return len(blocks)
+    return blocks
 
 
 def compilations() -> int:
