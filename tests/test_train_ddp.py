@@ -27,9 +27,10 @@ def _full_state(model) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in sd.items()}
 
 
-def _trainer(out_dir: str, info, crash_at: int = -1) -> Trainer:
+def _trainer(out_dir: str, info, crash_at: int = -1, late_readback: bool = False) -> Trainer:
     train = TrainConfig(lr=1e-2, warmup_steps=2, max_epochs=2, accum_steps=2, save_every=2,
-                        keep_last=3, tensorboard=False, progress_bar=False, log_every=1000, seed=1)
+                        keep_last=3, tensorboard=False, progress_bar=False, log_every=1000, seed=1,
+                        late_readback=late_readback)
     run = RunConfig(output_dir=out_dir, train_data="unused", resume="auto", audit=True)
     n = BATCHES_PER_RANK[info.rank]
     data = ListData(make_batches(n, seed=10 + info.rank, prefix=f"r{info.rank}_"), crash_at=crash_at)
@@ -70,6 +71,9 @@ def _worker(rank: int, world: int, port: int, tmp: str) -> None:
     resumed = _trainer(f"{tmp}/resume", info)
     res["resumed"] = {"summary": resumed.fit(), "losses": resumed.losses,
                       "params": _full_state(resumed.model), "full_params": _full_state(full.model)}
+    # 5. the uninterrupted run again, each step's figures read one step late (train.late_readback)
+    late = _trainer(f"{tmp}/late", info, late_readback=True)
+    res["late"] = {"summary": late.fit(), "losses": late.losses, "params": _full_state(late.model)}
     torch.save(res, f"{tmp}/rank{rank}.pt")
     cleanup()
 
@@ -135,3 +139,13 @@ def test_two_rank_resume_continues_exactly(results):
     assert_close(rs[0]["resumed"]["params"], rs[0]["resumed"]["full_params"], "resumed vs full")
     log = [json.loads(line) for line in (tmp / "resume" / "train_log.jsonl").read_text().splitlines()]
     assert [x["step"] for x in log] == [1, 2, 3, 4, 5, 6]
+
+
+def test_late_readback_on_two_ranks_trains_as_the_read_back_run(results):
+    """The same losses and weights with a rank feeding dummy batches at the epoch's end; the
+    figures are summed over ranks on the device before either rank reads them."""
+    _, ranks = results
+    for r in ranks:
+        assert r["late"]["summary"]["step"] == r["full"]["summary"]["step"]
+        assert r["late"]["losses"] == r["full"]["losses"]
+        assert_close(r["late"]["params"], r["resumed"]["full_params"], "late readback")

@@ -6,8 +6,8 @@
 # OUT (at most 8 files, for the device tool). This script holds the options, the environment, part
 # build and the loop; the other parts are in tools/gpu_suite/{train,profile,bench}_parts.sh.
 #
-#   bash tools/gpu_suite.sh OUT [--parts build,encoder_graphs_exact,gap,best,encoder_graphs_compiled,train,
-#        encoder_graphs_compiled_train,contention,compile,pyspy,queues,rotary,hostpy,
+#   bash tools/gpu_suite.sh OUT [--parts build,encoder_graphs_exact,late_readback,best,encoder_graphs_compiled,gap,
+#        train,encoder_graphs_compiled_train,contention,compile,pyspy,queues,rotary,hostpy,
 #        compile_encoder,cudnn,kernels,profile_compiled,norm,graphs,encoder_graphs,marks,floor,ring,weights,profile,syncs,attention,
 #        ckpt,headroom,bench] [--num_utts 700]
 #        (parts run in the order given; a failed part is logged and the next one runs)
@@ -25,7 +25,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 [ $# -ge 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-parts=build,encoder_graphs_exact,gap,best,encoder_graphs_compiled,train,encoder_graphs_compiled_train,contention,compile,pyspy,queues,rotary,hostpy,compile_encoder,cudnn,kernels,profile_compiled,norm,graphs,encoder_graphs,marks,floor,ring,weights,profile,syncs,attention,ckpt,headroom,bench   # open questions first
+parts=build,encoder_graphs_exact,late_readback,best,encoder_graphs_compiled,gap,train,encoder_graphs_compiled_train,contention,compile,pyspy,queues,rotary,hostpy,compile_encoder,cudnn,kernels,profile_compiled,norm,graphs,encoder_graphs,marks,floor,ring,weights,profile,syncs,attention,ckpt,headroom,bench   # open questions first
 num_utts=700
 num_train=800
 memory_budget=24GiB
@@ -50,7 +50,7 @@ done
 has() { [[ ",$parts," == *",$1,"* ]]; }
 declare -A estimate=([build]=60 [train]=40 [bench]=430 [profile]=65 [compile]=120 [ckpt]=50 [syncs]=50
                      [attention]=90 [headroom]=130 [big]=300 [gap]=75 [profile_compiled]=120 [graphs]=150 [kernels]=75
-                     [norm]=45 [cudnn]=90 [hostpy]=80 [contention]=90 [weights]=45 [rotary]=45 [marks]=110 [pyspy]=70 [compile_encoder]=90 [floor]=20 [queues]=70 [ring]=55 [encoder_graphs]=50 [encoder_graphs_full]=50 [encoder_graphs_exact]=70 [best]=90 [encoder_graphs_compiled]=120 [encoder_graphs_compiled_train]=110)   # seconds on one H100/H200: measured, or guessed for new parts
+                     [norm]=45 [cudnn]=90 [hostpy]=80 [contention]=90 [weights]=45 [rotary]=45 [marks]=110 [pyspy]=70 [compile_encoder]=90 [floor]=20 [queues]=70 [ring]=55 [encoder_graphs]=50 [encoder_graphs_full]=50 [encoder_graphs_exact]=70 [best]=90 [encoder_graphs_compiled]=120 [encoder_graphs_compiled_train]=110 [late_readback]=70)   # seconds on one H100/H200: measured, or guessed for new parts
 failed=(); skipped=(); fallback=
 if $plan; then   # what a call would run by the estimates, as --budget decides it; nothing is run
   t=0

@@ -22,6 +22,13 @@ part_ckpt() {   # the seed config's checkpoint_scope mlp (part train) against wh
   log "ckpt: the same with model.llm.checkpoint_scope layer (whole decoder layers replayed)"
   train_run train_scope_layer --model.llm.gradient_checkpointing true --model.llm.checkpoint_scope layer
 }
+part_late_readback() {   # the step's read-back waited ~35 ms for the GPU to finish the backward, then the GPU
+  # idled while the host launched the next step's first phases (H200, fifth run): read the figures a step late
+  log "late_readback: west-train reading each step's figures back before the update (the config), then one step late"
+  steps=$(( steps < 20 ? steps : 20 ))
+  train_run train_readback
+  train_run train_late_readback --train.late_readback true
+}
 part_gap() {   # west-train's step is 1.32x the benchmark's (H200, fifth run), its projector and splice host-paced
   # at 16-21 ms where the benchmark's runner takes about 1: is it what runs beside the launching thread?
   log "gap: west-train without the pin-memory thread, then with the loader in the main thread (nothing beside it), marked"

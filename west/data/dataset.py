@@ -194,7 +194,7 @@ def _fingerprint(conf: DataConfig, shape: SpeechShape, paths: list[str]) -> str:
 
 
 class WestDataLoader(DataLoader):
-    """The one object the trainer reads data through (west.train.loop.TrainData): this rank's
+    """The one object the trainer reads data through (west.train.data_interface.TrainData): this rank's
     batches of the epoch, where it is in them (``state_dict``), what it skipped, and the dummy
     batch it computes when it has none left. It records consumption for resume and reports
     skipped input at the end of the epoch; its ``dataset`` plans and decodes."""

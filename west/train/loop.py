@@ -2,7 +2,7 @@
 
 It only relies on the shared contract: batches are :class:`west.batch.Batch`,
 ``model(batch)`` returns ``dict(loss_sum, n_tokens, n_correct)``, and the data
-object follows :class:`TrainData`.
+object follows :class:`west.train.data_interface.TrainData`.
 
 Equal-steps rule: a step runs while ANY rank still has a batch. A rank that is
 out of data feeds dummy batches (one tiny sample, all labels IGNORE: zero loss,
@@ -29,7 +29,7 @@ import random
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Iterator, Optional, Protocol
+from typing import Iterator, Optional
 
 import numpy as np
 import torch
@@ -44,10 +44,12 @@ from west.ranks import all_reduce_max, allow_cudnn_attention, barrier, sum_count
 from west.train.compile import compilations, compile_regions
 from west.train.config import RunConfig, TrainConfig
 from west.train.cuda_graphs import static_decoder_for
+from west.train.data_interface import TrainData
 from west.train.distributed import DistInfo, wrap_model
 from west.train.encoder_graphs import encoder_shape, static_encoder_for
 from west.train.evaluate import Evaluator
 from west.train.gpu_monitor import build_monitor
+from west.train.late_readback import PendingStep, check_fused, queue_train_step
 from west.train.metrics import (
     AllocatorEvents,
     EpochTotals,
@@ -61,26 +63,6 @@ from west.train.preempt import Preemption
 from west.train.profiling import build_profiler
 from west.train.schedule import optimizer_from_config, scheduler_from_config
 from west.train.step import BadStepGuard, StepResult, plan_step, train_step, working_weights
-
-
-class TrainData(Protocol):
-    """What the loop needs from the data side (one object per rank).
-
-    ``set_epoch(e)`` starts epoch e from its beginning; iterating yields this
-    rank's remaining batches of the current epoch; ``state_dict()`` is the
-    position after the last batch yielded; ``load_state_dict`` makes the next
-    iteration continue from there; ``dummy_batch()`` is what this rank computes (at zero
-    weight) in a step where it has no batch left, so every rank runs the same collectives.
-    Optional: ``skipped_counts() -> dict`` (bad inputs skipped so far this epoch) and
-    ``__len__`` (batches per epoch on this rank, used to size the cosine schedule of
-    epoch-limited runs). west.data.dataset.WestDataLoader is one.
-    """
-
-    def set_epoch(self, epoch: int) -> None: ...
-    def __iter__(self) -> Iterator[Batch]: ...
-    def state_dict(self) -> dict: ...
-    def load_state_dict(self, state: dict) -> None: ...
-    def dummy_batch(self) -> Batch: ...
 
 
 def seed_everything(seed: int) -> None:
@@ -121,6 +103,9 @@ class Trainer:
         # The frozen base LLM (model.llm.path) that lean checkpoints refer to instead of storing it.
         self.base = base_llm_of(model)
         self.optimizer = optimizer_from_config(self.model, train)
+        if train.late_readback:
+            check_fused(self.optimizer)
+        self._pending: Optional[tuple] = None   # a step queued, not yet logged (train.late_readback)
         self.scheduler = scheduler_from_config(self.optimizer, train, self._total_steps())
         self.ckpt_root = f"{run.output_dir}/checkpoints"
         self.step = 0
@@ -260,6 +245,7 @@ class Trainer:
         it, self._exhausted = iter(self.data), False
         while True:
             if self.cfg.max_steps > 0 and self.step >= self.cfg.max_steps:
+                self._log_pending(logger)
                 return False
             t0 = time.perf_counter()
             batches, n_real = self._fetch(it)
@@ -268,35 +254,55 @@ class Trainer:
             if plan.stop and self.preempted is None:
                 self._agree_to_stop(plan.stop_ranks)
             if plan.global_real_batches == 0:
+                self._log_pending(logger)
                 return True  # fit() looks at self.preempted before the epoch-end work
             marks = self.clock.around_step(unwrap(self.model), self.optimizer) if self.clock else nullcontext()
+            queue = queue_train_step if self.cfg.late_readback else train_step
             with marks:
-                result: StepResult = train_step(
-                    self.model, batches, plan, self.optimizer, self.scheduler, device=self.info.device,
-                    world_size=self.info.world_size, grad_clip=self.cfg.grad_clip,
-                    precision=self.cfg.precision, weights=self.weights)
+                outcome = queue(self.model, batches, plan, self.optimizer, self.scheduler, device=self.info.device,
+                                world_size=self.info.world_size, grad_clip=self.cfg.grad_clip,
+                                precision=self.cfg.precision, weights=self.weights)
             self.step += 1
             wall = time.perf_counter() - t0
             marked = {"phase_marks": {"gpu": self.clock.cuda, "phases": self.clock.last}} if self.clock else {}
             reserved = peak_reserved_mb(self.info.device)   # before peak_memory_mb resets the peaks
-            rec = step_record(self.step, self.epoch, result, wall, peak_memory_mb(self.info.device),
-                              {"data_wait_s": data_s, **reserved, **monitor.read(), **allocator.read(), **marked})
-            logger.log_step(rec)
-            logger.log_audit(self.step, self.epoch, [k for b in batches for k in b.keys])
-            self.totals.add(rec, result.loss_sum)
-            self.losses.append(result.loss)
+            host = {"data_wait_s": data_s, **reserved, **monitor.read(), **allocator.read(), **marked}
+            self._log_pending(logger)   # the step before (train.late_readback): its figures have arrived
+            self._pending = (self.step, self.epoch, outcome, wall, peak_memory_mb(self.info.device), host,
+                             [k for b in batches for k in b.keys])
             profiler.step()
-            self.guard.update(result.status == "nonfinite", self.step)  # may raise, on all ranks
+            if not self.cfg.late_readback or self.preempted:
+                self._log_pending(logger)
             if self.preempted:
                 return False  # fit() saves at once: no evaluation in the time left
             evaluate = bool(self.cfg.eval_every) and self.step % self.cfg.eval_every == 0
             if evaluate:
+                self._log_pending(logger)
                 self.evaluate(logger)
             save = (self.cfg.save_every and self.step % self.cfg.save_every == 0) or self._best_save_due()
             if save:
+                self._log_pending(logger)
                 self.save()
             if evaluate or save:
                 allocator.read()   # what evaluation and saving allocated is not the next step's
+
+    def _log_pending(self, logger: MetricsLogger) -> None:
+        """Log the step whose figures are pending (read back now), count it, and let the bad-step
+        guard see it (it may raise, on all ranks)."""
+        if self._pending is None:
+            return
+        step, epoch, outcome, wall, peak, host, keys = self._pending
+        self._pending = None
+        result: StepResult = outcome
+        if isinstance(outcome, PendingStep):   # the wait for its figures is its step's time too
+            result = outcome.result()
+            wall += result.sync_wait_s
+        rec = step_record(step, epoch, result, wall, peak, host)
+        logger.log_step(rec)
+        logger.log_audit(step, epoch, keys)
+        self.totals.add(rec, result.loss_sum)
+        self.losses.append(result.loss)
+        self.guard.update(result.status == "nonfinite", step)
 
     def _agree_to_stop(self, n_ranks: int) -> None:
         self.preempted = self.preemption.requested or "a signal to another rank"

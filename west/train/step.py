@@ -223,30 +223,36 @@ def train_step(model: nn.Module, micro_batches: Sequence[Batch], plan: StepPlan,
     t1 = time.perf_counter()
     values = queued.tolist()   # the sync
     t2 = time.perf_counter()
+    result = read_result(values, plan, lr, t1 - t0, t2 - t1)   # raises before any update
+    if result.status == "ok":
+        optimizer.step()
+        if weights is not None:
+            weights.refresh()
+        scheduler.step()
+    # else a non-finite loss or norm on any rank: every rank skips alike
+    optimizer.zero_grad(set_to_none=True)
+    result.update_s = time.perf_counter() - t2
+    return result
+
+
+def read_status(values: Sequence[float]) -> str:
+    """"ok", or "nonfinite" where the step's loss or gradient norm (read back from
+    :func:`queue_step`'s vector) is NaN or inf: the update is skipped."""
+    return "ok" if math.isfinite(values[0]) and math.isfinite(values[-1]) else "nonfinite"
+
+
+def read_result(values: Sequence[float], plan: StepPlan, lr: float, launch_s: float,
+                sync_wait_s: float) -> StepResult:
+    """The step's figures from :func:`queue_step`'s vector, read back; raises if the model counted
+    other label tokens than the batches hold."""
     n = len(_SUMS)
     g_loss, g_correct = values[0], int(values[1])
-    g_aux = dict(zip(AUX_KEYS, values[2:n]))
     if values[n] > 0:
         raise RuntimeError(f"the model's label-token count differs from the {plan.local_tokens} labels != "
                            "IGNORE_INDEX its batches hold (on this or another rank): the model must use "
                            "Batch.labels as given (already shifted)")
     counters = dict(zip(COUNTER_NAMES, (int(c) for c in values[n + 1:-1])))
-    norm = values[-1]
-    mean = g_loss / plan.global_tokens
-
-    def result(status: str, norm: float) -> StepResult:
-        return StepResult(status, mean, g_loss, plan.global_tokens, g_correct, norm, lr, counters, g_aux,
-                          launch_s=t1 - t0, sync_wait_s=t2 - t1, update_s=time.perf_counter() - t2)
-
-    if not math.isfinite(g_loss):   # a non-finite loss on any rank: every rank skips alike
-        optimizer.zero_grad(set_to_none=True)
-        return result("nonfinite", math.nan)
-    if not math.isfinite(norm):  # finite loss, overflowing gradient: same on every rank
-        optimizer.zero_grad(set_to_none=True)
-        return result("nonfinite", norm)
-    optimizer.step()
-    if weights is not None:
-        weights.refresh()
-    scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
-    return result("ok", norm)
+    status = read_status(values)
+    norm = values[-1] if math.isfinite(g_loss) else math.nan
+    return StepResult(status, g_loss / plan.global_tokens, g_loss, plan.global_tokens, g_correct, norm, lr,
+                      counters, dict(zip(AUX_KEYS, values[2:n])), launch_s=launch_s, sync_wait_s=sync_wait_s)
