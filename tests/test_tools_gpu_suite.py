@@ -110,7 +110,7 @@ def test_kernels_part_needs_cuda_and_more_than_eight_files_are_bundled(tmp_path)
 def test_every_part_is_defined_estimated_and_listed():
     """A part the default order names has a function (in gpu_suite.sh or tools/gpu_suite/*_parts.sh) and a
     time estimate (what --budget skips by); every defined part is in the default order, or is one of the
-    second call's parts (big, encoder_graphs_full)."""
+    second call's parts (big, encoder_graphs_full); docs/benchmarks.md's table of parts has a row for each."""
     import re
 
     tools = ROOT / "tools"
@@ -121,6 +121,8 @@ def test_every_part_is_defined_estimated_and_listed():
     assert len(default) == len(set(default)) and set(default) <= defined
     assert defined - set(default) == {"big", "encoder_graphs_full"}
     assert estimated == defined
+    rows = set(re.findall(r"^\| (\w+) \|", (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8"), re.M))
+    assert defined <= rows, f"parts without a row in docs/benchmarks.md's table: {sorted(defined - rows)}"
 
 
 def test_plan_says_what_a_call_would_run_and_runs_nothing(tmp_path):
