@@ -28,6 +28,8 @@ part_late_readback() {   # the step's read-back waited ~35 ms for the GPU to fin
   steps=$(( steps < 20 ? steps : 20 ))
   train_run train_readback
   train_run train_late_readback --train.late_readback true
+  "$python" "$repo/tools/compare_losses.py" "$exp/train_readback/train_log.jsonl" \
+    "$exp/train_late_readback/train_log.jsonl" --json "$out/late_exact.json" | tee -a "$out/suite.md"
 }
 part_gap() {   # west-train's step is 1.32x the benchmark's (H200, fifth run), its projector and splice host-paced
   # at 16-21 ms where the benchmark's runner takes about 1: is it what runs beside the launching thread?
