@@ -14,7 +14,7 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(
         ["bash", str(ROOT / "tools" / "gpu_suite.sh"), str(out), "--tiny", "--device", "cpu", "--python",
-         sys.executable, "--work_dir", str(tmp_path / "work"), "--parts", "build,attention,bench,train,marks,pyspy,weights,rotary,norm,cudnn,graphs,headroom,profile,hostpy,gap,floor,queues,ring,encoder_graphs,encoder_graphs_full,encoder_graphs_exact,best,contention"],
+         sys.executable, "--work_dir", str(tmp_path / "work"), "--parts", "build,attention,bench,train,marks,pyspy,weights,rotary,norm,cudnn,graphs,headroom,profile,hostpy,gap,floor,queues,ring,encoder_graphs,encoder_graphs_full,encoder_graphs_exact,best,contention,late_readback"],
         env=subprocess_env(), capture_output=True, text=True, timeout=900)
     log = (out / "suite.log").read_text(encoding="utf-8") if (out / "suite.log").exists() else ""
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + log[-3000:]
@@ -38,6 +38,7 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert "| train_encoder_graphs_no_ckpt |" in suite                   # encoder_graphs_full
     assert "| train_nodrop_graphs |" in suite and "[compare_losses] 3 steps: largest relative" in suite   # _exact
     assert "| train_marks |" in suite and "train_marks, phase by phase (train.phase_marks)" in suite   # west-train marked
+    assert "| train_readback |" in suite and "| train_late_readback |" in suite   # late_readback
     # pyspy: without py-spy on the machine (CI) the part says so and the suite goes on
     assert "pyspy: skipped (no py-spy" in log or "samples in 12 steps at 100 Hz" in suite
     assert "| train_static |" in suite and "| train_static_cudnn |" in suite   # cudnn: static batches, SDPA off/on
@@ -57,7 +58,7 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
         jsons = {Path(m.name).name: json.load(tar.extractfile(m)) for m in tar.getmembers() if m.isfile()}
     assert sorted(set(jsons) - {"pyspy.json", "pyspy_marks.json"}) == [   # those two where py-spy is installed
         "attention.json", "benchmark.json", "encoder_attention.json", "floor.json", "graphs_exact.json", "hostpy.json",
-        "hostpy_graphs.json", "marks.json", "marks_cuts.json", "marks_queues.json", "profile.json"]
+        "hostpy_graphs.json", "late_exact.json", "marks.json", "marks_cuts.json", "marks_queues.json", "profile.json"]
     bench = jsons["benchmark.json"]
     assert {"static", "dynamic", "pack", "pack_encoder_padded"} <= set(bench["modes"])
     assert all(r["ops"]["per_step"]["total"] > 0 for r in bench["modes"].values())
@@ -65,6 +66,7 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert rows and not any("error" in r for r in rows)
     assert max(r["worst"] for r in rows) < 1e-4            # float32 on the CPU
     assert jsons["graphs_exact.json"]["worst"]["rel"] < 1e-5   # padded blocks run eagerly on the CPU
+    assert jsons["late_exact.json"]["worst"]["rel"] == 0       # the same steps, read a step late
     marks = jsons["marks.json"]["modes"]
     assert set(marks) == {"pack", "pack_encoder_padded", "static"}
     assert all(r["phase_marks"]["steps"] == 6 and r["phase_marks"]["step_ms"] > 0 for r in marks.values())
