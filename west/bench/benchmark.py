@@ -214,7 +214,7 @@ def timed_passes(runner: PassRunner, model: torch.nn.Module, modes: Sequence[Mod
     warm-up did not meet compiles inside the timed steps)."""
     for rep in range(repeats):
         for m in modes:
-            before = compilations()
+            before = compilations() if train.compile else 0   # (reading dynamo's counters imports it)
             try:
                 with model_overrides(model, m.model), graphed_llm(model, m, train, dev) as static, \
                         graphed_encoder(model, m, train, dev) as encoder_static:

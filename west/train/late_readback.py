@@ -26,7 +26,7 @@ from torch import nn
 from west.batch import Batch
 from west.models.working_weights import WorkingWeights
 from west.schema import ConfigError
-from west.train.step import StepPlan, StepResult, queue_step, read_result, train_step
+from west.train.step import StepPlan, StepResult, nonfinite_on_device, queue_step, read_result, train_step, update
 
 
 class PendingStep:
@@ -76,15 +76,7 @@ def queue_train_step(model: nn.Module, micro_batches: Sequence[Batch], plan: Ste
     queued = queue_step(model, micro_batches, plan, device=device, world_size=world_size, grad_clip=grad_clip,
                         precision=precision, params=params, weights=weights)
     t1 = time.perf_counter()
-    skip = (~torch.isfinite(queued[0]) | ~torch.isfinite(queued[-1])).float()   # the loss sum, the norm
-    optimizer.found_inf = skip   # read by fused AdamW: a set flag leaves weights and state as they were
-    try:
-        optimizer.step()
-    finally:
-        del optimizer.found_inf
-    if weights is not None:
-        weights.refresh()
-    scheduler.step()
+    update(optimizer, scheduler, weights, found_inf=nonfinite_on_device(queued))
     optimizer.zero_grad(set_to_none=True)
     figures = queued.to("cpu", non_blocking=True) if queued.device.type == "cuda" else queued
     return PendingStep(figures, plan, lr, t1 - t0, time.perf_counter() - t1)

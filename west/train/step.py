@@ -224,21 +224,34 @@ def train_step(model: nn.Module, micro_batches: Sequence[Batch], plan: StepPlan,
     values = queued.tolist()   # the sync
     t2 = time.perf_counter()
     result = read_result(values, plan, lr, t1 - t0, t2 - t1)   # raises before any update
-    if result.status == "ok":
-        optimizer.step()
-        if weights is not None:
-            weights.refresh()
-        scheduler.step()
-    # else a non-finite loss or norm on any rank: every rank skips alike
+    if result.status == "ok":   # else a non-finite loss or norm on any rank: every rank skips alike
+        update(optimizer, scheduler, weights)
     optimizer.zero_grad(set_to_none=True)
     result.update_s = time.perf_counter() - t2
     return result
 
 
-def read_status(values: Sequence[float]) -> str:
-    """"ok", or "nonfinite" where the step's loss or gradient norm (read back from
-    :func:`queue_step`'s vector) is NaN or inf: the update is skipped."""
-    return "ok" if math.isfinite(values[0]) and math.isfinite(values[-1]) else "nonfinite"
+def update(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
+           weights: Optional[WorkingWeights], found_inf: Optional[torch.Tensor] = None) -> None:
+    """The optimizer step, the bf16 working copies refreshed, the schedule advanced. ``found_inf``
+    (a device flag, train.late_readback): fused AdamW leaves weights and state as they are where it
+    is set, as it does for a gradient scaler."""
+    if found_inf is not None:
+        optimizer.found_inf = found_inf
+    try:
+        optimizer.step()
+    finally:
+        if found_inf is not None:
+            del optimizer.found_inf
+    if weights is not None:
+        weights.refresh()
+    scheduler.step()
+
+
+def nonfinite_on_device(queued: torch.Tensor) -> torch.Tensor:
+    """1.0 where :func:`queue_step`'s loss sum or gradient norm is NaN or inf, else 0.0, on the
+    device: :func:`read_result`'s rule without reading anything back."""
+    return (~torch.isfinite(queued[0]) | ~torch.isfinite(queued[-1])).float()
 
 
 def read_result(values: Sequence[float], plan: StepPlan, lr: float, launch_s: float,
@@ -252,7 +265,7 @@ def read_result(values: Sequence[float], plan: StepPlan, lr: float, launch_s: fl
                            "IGNORE_INDEX its batches hold (on this or another rank): the model must use "
                            "Batch.labels as given (already shifted)")
     counters = dict(zip(COUNTER_NAMES, (int(c) for c in values[n + 1:-1])))
-    status = read_status(values)
+    status = "ok" if math.isfinite(g_loss) and math.isfinite(values[-1]) else "nonfinite"   # loss sum, norm
     norm = values[-1] if math.isfinite(g_loss) else math.nan
     return StepResult(status, g_loss / plan.global_tokens, g_loss, plan.global_tokens, g_correct, norm, lr,
                       counters, dict(zip(AUX_KEYS, values[2:n])), launch_s=launch_s, sync_wait_s=sync_wait_s)
