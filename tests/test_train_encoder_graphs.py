@@ -17,13 +17,15 @@ KERNEL_PACKS = ["--batch_type", "pack", "--pack_tokens", "200", "--max_steps", "
 
 
 def test_padded_encoder_blocks_train_like_unpadded_ones(tmp_path_factory, corpus):
-    d, out = eager_and_graphed(tmp_path_factory, corpus, "encoder_graphs", KERNEL_PACKS, [
+    # run "eager" asks for auto, which the CPU turns down (it would pad and not replay), saying why
+    d, out = eager_and_graphed(tmp_path_factory, corpus, "encoder_graphs", [*KERNEL_PACKS, "--train.encoder_graphs", "auto"], [
         "--train.encoder_graphs", "true", "--train.encoder_graph_rows", "1024", "--train.encoder_graph_max_len", "256"])
     assert_same_steps(d, 3, "computed_enc_frames")
     # products over more rows round differently: up to 2e-6 apart after 3 steps
     assert_same_final_weights(d, 3, atol=1e-5)
     assert "3 encoder batches padded (eager) at 1024 rows, 0 unpadded (train.encoder_graphs)" in out["graphs"]
-    assert "train.encoder_graphs" not in out["eager"]
+    assert "train.encoder_graphs auto: false (needs CUDA, the run is on cpu)" in out["eager"]
+    assert "encoder batches" not in out["eager"] and "auto" not in out["graphs"]
 
 
 PACK = ["--data.batch_type", "pack", "--data.pack_tokens", "200"]
@@ -167,3 +169,38 @@ def test_compiled_blocks_at_the_static_shape_match_eager_and_compile_once(tmp_pa
         assert gw0.keys() == gw1.keys() and all(g is not None for g in gw1.values())
         for n in gw0:
             torch.testing.assert_close(gw1[n], gw0[n], rtol=1e-3, atol=1e-4, msg=n)
+
+
+@pytest.mark.parametrize("device,world,extra,decided", [
+    ("cuda", 1, [], "true (the Conformer's blocks replayed from CUDA graphs)"),
+    ("cpu", 1, [], "false (needs CUDA, the run is on cpu)"),
+    ("cuda", 2, [], "false (one process only (the graph's weight gradients are not reduced across ranks by DDP's "
+                    "hooks), the run has 2)"),
+    ("cuda", 1, ["--train.precision", "fp32"], "false (the encoder's packed rows run sdpa_segments on cuda"),
+    ("cuda", 1, ["--train.accum_steps", "2"], "false (needs train.accum_steps 1"),
+    ("cuda", 1, ["--data.batch_type", "static"], "false (needs data.batch_type pack, got static)")])
+def test_auto_turns_the_replay_on_only_where_it_runs(tmp_path_factory, monkeypatch, device, world, extra, decided):
+    """seed_gpu.yaml's ``auto``: on for one CUDA process on the kernel route, else off with the reason
+    (decided from the config alone, nothing built; the GPU's capability check answers as an sm90's)."""
+    from west.config import resolve_encoder_graphs, split_overrides
+
+    monkeypatch.setattr("west.models.varlen_kernels._sm80", lambda device: True)
+    batching = [] if "--data.batch_type" in extra else PACK
+    argv = ["--model.llm.path", str(tiny_llm(tmp_path_factory)), *batching, *WENET, "--train.precision", "bf16",
+            "--train.encoder_graphs", "auto", *extra]
+    cfg = load_config(str(TINY_CPU), split_overrides(argv))
+    assert cfg.train.encoder_graphs == "auto"
+    note = resolve_encoder_graphs(cfg, torch.device(device), world)
+    assert note.startswith(f"train.encoder_graphs auto: {decided}")
+    assert cfg.train.encoder_graphs == decided.split()[0]
+    assert resolve_encoder_graphs(cfg, torch.device(device), world) is None   # decided once
+
+
+def test_yaml_booleans_and_words_both_read():
+    from west.train.config import TrainConfig
+
+    assert TrainConfig.from_dict({"encoder_graphs": True}).encoder_graphs == "true"
+    assert TrainConfig.from_dict({"encoder_graphs": False}).encoder_graphs == "false"
+    assert TrainConfig.from_dict({"encoder_graphs": "auto"}).encoder_graphs == "auto"
+    with pytest.raises(ConfigError, match="train.encoder_graphs: must be one of"):
+        TrainConfig.from_dict({"encoder_graphs": "sometimes"})

@@ -6,7 +6,7 @@ import importlib.util
 import os
 from dataclasses import field
 from pathlib import Path
-from typing import Collection, Sequence
+from typing import TYPE_CHECKING, Collection, Sequence
 
 import yaml
 
@@ -14,6 +14,9 @@ from west.data.config import DataConfig, for_shape
 from west.models.config import SpeechLLMConfig
 from west.schema import ConfigError, require, section
 from west.train.config import RunConfig, TrainConfig
+
+if TYPE_CHECKING:
+    import torch
 
 # attention that runs on CUDA only (west_varlen's backends, and the stock flash_attention_*), and why
 CUDA_ONLY = {"flash": "needs a CUDA device", "torch_varlen": "is torch's CUDA kernel",
@@ -157,25 +160,55 @@ def _check_encoder_graphs(cfg: Config) -> None:
     the cu_seqlens kernel route, its gradients used before the next replay (one micro-batch, one
     process), and nothing else rewriting the blocks (bf16 copies, checkpointing). Compiled blocks
     (``train.compile``, scope all or encoder) are what the graph records: inductor's fused kernels
-    at the one static shape, compiled once."""
-    train, model = cfg.train, cfg.model
-    if not train.encoder_graphs:
+    at the one static shape, compiled once. ``auto`` is decided where the run starts
+    (:func:`resolve_encoder_graphs`)."""
+    train = cfg.train
+    if train.encoder_graphs == "false":
         return
-    from west.data.policies import POLICIES  # heavy
-
-    key = "train.encoder_graphs"
-    require(POLICIES[cfg.data.batch_type].packs_rows, key, f"needs data.batch_type pack, got {cfg.data.batch_type}")
-    enc = model.encoder
-    require(enc.type == "conformer" and enc.pos_enc == "wenet" and enc.attn_backend in ("auto", "varlen"), key,
-            "needs west's Conformer with model.encoder.pos_enc wenet and attn_backend auto or varlen (packed rows "
-            f"through a cu_seqlens kernel), got type {enc.type}, pos_enc {enc.pos_enc}, attn_backend {enc.attn_backend}")
-    require(not model.freeze_encoder, key, "needs a trained encoder (model.freeze_encoder false)")
-    require(train.accum_steps == 1, key, "needs train.accum_steps 1 (the next replay overwrites the gradients)")
-    require(not (train.fsdp or train.bf16_weights), key, "not with train.fsdp or train.bf16_weights")
-    require(not (enc.gradient_checkpointing or train.grad_checkpointing), key,
-            "not with the encoder's gradient checkpointing")
-    rows = train.encoder_graph_rows or cfg.data.pack_tokens * model.projector.stride
+    rows = train.encoder_graph_rows or cfg.data.pack_tokens * cfg.model.projector.stride
     need = 1 + -(-rows // train.encoder_graph_max_len)
     require(train.encoder_graph_segments >= need, "train.encoder_graph_segments",
             f"must be >= {need}: one utterance and {rows} rows of padding in segments of at most "
             f"train.encoder_graph_max_len={train.encoder_graph_max_len}")
+    if train.encoder_graphs == "true":
+        blockers = encoder_graph_blockers(cfg)
+        require(not blockers, "train.encoder_graphs", blockers[0] if blockers else "")
+
+
+def encoder_graph_blockers(cfg: Config, device: torch.device | None = None, world_size: int = 1) -> list[str]:
+    """Why train.encoder_graphs cannot run with ``cfg`` (empty: it can); with ``device``, also why
+    it cannot run there with ``world_size`` processes (west.train.encoder_graphs.where_blocker)."""
+    from west.data.policies import POLICIES  # heavy
+
+    train, enc = cfg.train, cfg.model.encoder
+    checks = [
+        (POLICIES[cfg.data.batch_type].packs_rows, f"needs data.batch_type pack, got {cfg.data.batch_type}"),
+        (enc.type == "conformer" and enc.pos_enc == "wenet" and enc.attn_backend in ("auto", "varlen"),
+         "needs west's Conformer with model.encoder.pos_enc wenet and attn_backend auto or varlen (packed rows "
+         f"through a cu_seqlens kernel), got type {enc.type}, pos_enc {enc.pos_enc}, attn_backend {enc.attn_backend}"),
+        (not cfg.model.freeze_encoder, "needs a trained encoder (model.freeze_encoder false)"),
+        (train.accum_steps == 1, "needs train.accum_steps 1 (the next replay overwrites the gradients)"),
+        (not (train.fsdp or train.bf16_weights), "not with train.fsdp or train.bf16_weights"),
+        (not (enc.gradient_checkpointing or train.grad_checkpointing), "not with the encoder's gradient checkpointing"),
+    ]
+    blockers = [msg for ok, msg in checks if not ok]
+    if device is not None:
+        from west.train.encoder_graphs import where_blocker  # heavy
+
+        where = where_blocker(enc.attn_backend, enc.attn_dropout, enc.pos_enc == "wenet", train.precision, device,
+                              world_size)
+        blockers += [where] if where else []
+    return blockers
+
+
+def resolve_encoder_graphs(cfg: Config, device: torch.device, world_size: int) -> str | None:
+    """``train.encoder_graphs auto`` -> ``true`` where the replay can run on ``device`` with
+    ``world_size`` processes, else ``false``, in place; the sentence saying which and why (None: not auto)."""
+    if cfg.train.encoder_graphs != "auto":
+        return None
+    blockers = encoder_graph_blockers(cfg, device, world_size)
+    if device.type != "cuda":   # elsewhere the blocks would run padded and eagerly: slower, for tests
+        blockers.insert(0, f"needs CUDA, the run is on {device.type}")
+    cfg.train.encoder_graphs = "false" if blockers else "true"
+    why = blockers[0] if blockers else "the Conformer's blocks replayed from CUDA graphs"
+    return f"train.encoder_graphs auto: {cfg.train.encoder_graphs} ({why})"

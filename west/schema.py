@@ -63,6 +63,8 @@ def coerce(value: Any, typ: Any, key: str) -> Any:
     try:
         if isinstance(value, str) and origin in (list, dict):  # "0.9,0.95", "[0.9, 0.95]", "{a: 1}"
             value = value.split(",") if origin is list and not value.strip().startswith("[") else yaml.safe_load(value)
+        if typ is str and isinstance(value, bool):   # YAML's true/false for a key that also takes words
+            return "true" if value else "false"
         if typ is bool:
             return value if isinstance(value, bool) else BOOLS[str(value).strip().lower()]
         # what a scalar must not be read from: True as 1, 1.5 as 1, a mapping or list as its text

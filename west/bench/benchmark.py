@@ -257,7 +257,7 @@ def graphed_encoder(model: torch.nn.Module, mode: Mode, train: TrainConfig, devi
     """``train.encoder_graphs`` for one packed mode's passes, as west-train runs it: the Conformer's
     blocks on rows padded to one shape, captured on CUDA; unpadded again after. FLOPs are counted
     without it. Other modes and configs: unchanged."""
-    if not train.encoder_graphs or not POLICIES[mode.data["batch_type"]].packs_rows:
+    if train.encoder_graphs != "true" or not POLICIES[mode.data["batch_type"]].packs_rows:
         yield None
         return
     shape = encoder_shape(train.encoder_graph_rows, train.encoder_graph_segments, train.encoder_graph_max_len,

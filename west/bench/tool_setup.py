@@ -14,7 +14,7 @@ from west.batch import Batch
 from west.bench.benchmark import load_batches
 from west.bench.modes import Mode, select_utterances, standard_modes
 from west.bench.runner import PassRunner
-from west.config import load_config, split_overrides
+from west.config import load_config, resolve_encoder_graphs, split_overrides
 from west.models.llm import load_tokenizer
 from west.ranks import resolved_device
 from west.train.build import build_model
@@ -53,6 +53,9 @@ def tool_setup(args: argparse.Namespace, overrides: list[str], subset: Path) -> 
     to ``subset``, tokenizer and a PassRunner over the built model."""
     cfg = load_config(args.config, split_overrides(overrides))
     device = torch.device(resolved_device(cfg.train.device))
+    note = resolve_encoder_graphs(cfg, device, 1)
+    if note:
+        print(note, flush=True)
     modes = standard_modes([m for m in args.modes.split(",") if m], args.batch_size, args.max_tokens_in_batch,
                            args.pack_tokens)
     select_utterances(args.data, args.num_utts, subset, args.seed)

@@ -55,7 +55,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args, rest = build_arg_parser().parse_known_args(argv)
-    from west.config import ConfigError, load_config, split_overrides  # heavy
+    from west.config import ConfigError, load_config, resolve_encoder_graphs, split_overrides  # heavy
     from west.ranks import cuda_allocator_defaults, resolved_device  # heavy
 
     cuda_allocator_defaults()
@@ -107,6 +107,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     device = resolved_device(cfg.train.device)
+    note = resolve_encoder_graphs(cfg, torch.device(device), 1)
+    if note:
+        print(f"west-benchmark: {note}", flush=True)
     env = machine(device)
     subset = out / "bench_data.list"
     try:

@@ -11,7 +11,7 @@ import torch
 
 from west.checkpoint.base_llm import frozen_names
 from west.checkpoint.model_state import state_bytes
-from west.config import Config
+from west.config import Config, resolve_encoder_graphs
 from west.data.dataset import build_dataloader
 from west.host_memory import keep_freed_host_memory
 from west.models.config import SpeechLLMConfig
@@ -90,6 +90,9 @@ def build_trainer(cfg: Config, info: DistInfo) -> Trainer:
         print(f"model: {total / 1e6:.2f} M parameters, {trainable / 1e6:.2f} M trainable; "
               f"data: {cfg.data.batch_type} batches, {len(dataset)} batches per epoch per rank (planned); "
               f"{info.world_size} rank(s) on {info.device.type}", flush=True)
+    note = resolve_encoder_graphs(cfg, info.device, info.world_size)
+    if note and info.is_main:
+        print(note, flush=True)
     trainer = Trainer(cfg.train, cfg.run, model, loader, info, evaluator, pack_tokens=cfg.data.pack_tokens)
     if info.is_main:
         print(describe_groups(model, trainer.optimizer, cfg.train.projector_warmup_steps), flush=True)

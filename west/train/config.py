@@ -50,7 +50,8 @@ class TrainConfig:
     cuda_graphs: bool = False                       # the frozen LLM decoder as CUDA graphs, rows padded to pack_tokens
     graph_segments: int = setting(256, min=1)       # cuda_graphs: segment slots per row (utterances + padding)
     graph_max_seqlen: int = setting(512, min=1)     # cuda_graphs: the longest segment the kernels are sized for
-    encoder_graphs: bool = False                    # the Conformer's blocks as CUDA graphs, fwd + bwd, rows padded
+    encoder_graphs: str = setting("false", choices=("false", "true", "auto"))  # the Conformer's blocks as CUDA
+    #   graphs, fwd + bwd, rows padded; auto: true where that runs (one CUDA process, bf16; the start says why not)
     encoder_graph_rows: int = setting(0, min=0)     # encoder_graphs: rows per pack; 0 = pack_tokens x projector stride
     encoder_graph_segments: int = setting(256, min=2)  # encoder_graphs: segment slots (utterances + padding)
     encoder_graph_max_len: int = setting(1024, min=1)  # encoder_graphs: the longest utterance, in encoder frames

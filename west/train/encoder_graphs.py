@@ -35,18 +35,14 @@ def static_encoder_for(model: nn.Module, shape: StaticShape, precision: str, dev
                        world_size: int = 1, warmup_iters: int = 3) -> StaticBlocks:
     """Route ``model``'s packed training batches through its encoder's blocks at ``shape``; on
     CUDA, capture those blocks' forward and backward (``model`` already on ``device``)."""
-    if world_size > 1:
-        raise ConfigError("train.encoder_graphs: one process only (the graph's weight gradients are not "
-                          "reduced across ranks by DDP's hooks)")
     speech_llm = unwrap(model)
     encoder = speech_llm.encoder
     attn = encoder.blocks[0].attn   # the route its packed training rows take (dropout on)
+    blocker = where_blocker(attn.backend, attn.attn_dropout, attn.key_positions, precision, device, world_size)
+    if blocker:
+        raise ConfigError(f"train.encoder_graphs: {blocker}")
     route = encoder_backend(attn.backend, device, True, attn.attn_dropout, attn.key_positions,
                             _activation_dtype(precision))
-    if route not in KERNEL_ROUTES:
-        raise ConfigError(f"train.encoder_graphs: the encoder's packed rows run {route} on {device.type} "
-                          "(a cu_seqlens kernel needs CUDA with bf16, or model.encoder.attn_backend varlen "
-                          "without attention dropout)")
     static = StaticBlocks(encoder, shape, route)
     encoder.static_blocks = static
     if device.type == "cuda":
@@ -55,6 +51,20 @@ def static_encoder_for(model: nn.Module, shape: StaticShape, precision: str, dev
         capture(static, precision, warmup_iters)
         encoder.train(was_training)
     return static
+
+
+def where_blocker(backend: str, attn_dropout: float, key_positions: bool, precision: str, device: torch.device,
+                  world_size: int) -> str | None:
+    """Why the replay cannot run on ``device`` with ``world_size`` processes (None: it can): its
+    weight gradients bypass DDP's hooks, and only a cu_seqlens kernel takes the static segments."""
+    if world_size > 1:
+        return ("one process only (the graph's weight gradients are not reduced across ranks by DDP's "
+                f"hooks), the run has {world_size}")
+    route = encoder_backend(backend, device, True, attn_dropout, key_positions, _activation_dtype(precision))
+    if route not in KERNEL_ROUTES:
+        return (f"the encoder's packed rows run {route} on {device.type} (a cu_seqlens kernel needs CUDA with "
+                "bf16, or model.encoder.attn_backend varlen without attention dropout)")
+    return None
 
 
 def _activation_dtype(precision: str) -> torch.dtype:

@@ -99,7 +99,7 @@ class Trainer:
         self.encoder_static = static_encoder_for(
             self.model, encoder_shape(train.encoder_graph_rows, train.encoder_graph_segments, train.encoder_graph_max_len,
                                       pack_tokens, unwrap(model).cfg.projector.stride),
-            train.precision, info.device, info.world_size) if train.encoder_graphs else None
+            train.precision, info.device, info.world_size) if train.encoder_graphs == "true" else None
         # The frozen base LLM (model.llm.path) that lean checkpoints refer to instead of storing it.
         self.base = base_llm_of(model)
         self.optimizer = optimizer_from_config(self.model, train)
