@@ -56,14 +56,14 @@ part_queues() {   # a stream holds about 1,000 pending launches: where the GPU i
   train_run train_queues
 }
 part_pyspy() {   # where the launching thread's time goes in C++ and the driver too (cProfile sees Python only)
-  local spy warm=2 rate=100 n=$(( prof_steps * 10 ))
+  local spy warm=2 rate=20 n=$(( prof_steps * 10 ))   # sixth run (H100): at 100 a second, native unwinding fell 63 s behind in 240 s
   spy=$(command -v py-spy || true)
   [ -n "$spy" ] || [ ! -x /tmp/site/bin/py-spy ] || spy=/tmp/site/bin/py-spy
   [ -n "$spy" ] || { log "pyspy: skipped (no py-spy: tools/gpu_wheels.sh puts its wheel into .whl/)"; return 0; }
   log "pyspy: native stack samples of pack steps, the backward on the launching thread (py-spy, tools/stack_summary.py)"
   rm -f "$work_dir/pyspy_stacks.txt"
-  # bounded: native unwinding through CUDA's libraries is untried here (a stuck py-spy ends; its tool runs on)
-  launcher=(timeout 240 "$spy" record --native --idle --rate "$rate" --format raw -o "$work_dir/pyspy_stacks.txt" --)
+  # bounded; SIGINT, not timeout's TERM, so that py-spy still writes the samples it has (TERM loses them all)
+  launcher=(timeout -s INT 150 "$spy" record --native --idle --rate "$rate" --format raw -o "$work_dir/pyspy_stacks.txt" --)
   profile_run pyspy_marks pack --phase_marks --single_thread_backward --steps "$n" --warmup_steps "$warm"
   launcher=()
   [ -s "$work_dir/pyspy_stacks.txt" ] || { log "pyspy: no samples (py-spy may not be allowed to trace here: suite.log)"; return 1; }

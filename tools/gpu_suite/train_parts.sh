@@ -23,18 +23,24 @@ part_ckpt() {   # the seed config's checkpoint_scope mlp (part train) against wh
   train_run train_scope_layer --model.llm.gradient_checkpointing true --model.llm.checkpoint_scope layer
 }
 part_late_readback() {   # the step's read-back waited ~35 ms for the GPU to finish the backward, then the GPU
-  # idled while the host launched the next step's first phases (H200, fifth run): read the figures a step late
-  log "late_readback: west-train reading each step's figures back before the update (the config), then one step late"
+  # idled while the host launched the next step's first phases (H200, fifth run): read the figures a step late.
+  # With the encoder eager it bought nothing (H100, sixth run): the host, a step ahead, fills the launch queue
+  # with the encoder's ~1,000 small kernels and waits there instead. Replayed, they are two launches
+  log "late_readback: west-train with the encoder replayed, reading each step's figures back before the update, then one step late"
+  local graphs=(--train.encoder_graphs true --train.encoder_graph_rows 12288)
+  $tiny && graphs=(--train.encoder_graphs true --model.encoder.pos_enc wenet --model.encoder.attn_backend varlen)
   steps=$(( steps < 20 ? steps : 20 ))
-  train_run train_readback
-  train_run train_late_readback --train.late_readback true
+  train_run train_readback "${graphs[@]}"
+  train_run train_late_readback "${graphs[@]}" --train.late_readback true
   "$python" "$repo/tools/compare_losses.py" "$exp/train_readback/train_log.jsonl" \
     "$exp/train_late_readback/train_log.jsonl" --json "$out/late_exact.json" | tee -a "$out/suite.md"
 }
 part_gap() {   # west-train's step is 1.32x the benchmark's (H200, fifth run), its projector and splice host-paced
   # at 16-21 ms where the benchmark's runner takes about 1: is it what runs beside the launching thread?
-  log "gap: west-train without the pin-memory thread, then with the loader in the main thread (nothing beside it), marked"
+  # Sixth run (H100): 6.2 and 1.2 ms without the pin thread, but with no marked run beside it on that card
+  log "gap: west-train as configured, without the pin-memory thread, then with the loader in the main thread (nothing beside it), marked"
   steps=$(( steps < 20 ? steps : 20 ))   # phases 16-21 ms against about 1: 15 steps of medians tell them apart
+  train_run train_pin_thread --train.phase_marks true
   train_run train_no_pin_thread --data.pin_memory false --train.phase_marks true
   train_run train_main_thread_loader --data.num_workers 0 --data.pin_memory false --train.phase_marks true
 }
