@@ -27,3 +27,21 @@ def test_medians_after_the_warm_up_and_mean_allocator_events(tmp_path, capsys):
     assert step_summary.main([str(log), "--name", "r", "--skip", "1"]) == 0
     row = capsys.readouterr().out.splitlines()[-1]
     assert row.startswith("| r | 3 | 0.400 |") and row.endswith("| 4.0 | 6.0 | – | – | 3.0 | 0.0 |")
+
+
+def test_time_outside_the_marked_phases_is_taken_step_by_step(tmp_path, capsys):
+    """Medians of the step and of its phases do not subtract: a step whose loader waited long and
+    one whose phases ran long must each leave only the loop's own work outside."""
+    def step(i, wall, data, phase_ms):
+        phases = [{"phase": name, "host_ms": ms, "gpu_ms": ms, "lag_start_ms": 0.0, "lag_end_ms": 0.0}
+                  for name, ms in zip(("encoder forward", "LLM forward"), phase_ms)]
+        return dict(step=i, status="ok", step_time_s=wall, data_wait_s=data,
+                    phase_marks={"gpu": True, "phases": phases})
+    log = tmp_path / "train_log.jsonl"
+    steps = [step(1, 0.300, 0.100, (100.0, 90.0)), step(2, 0.300, 0.000, (150.0, 140.0)),
+             step(3, 0.250, 0.010, (120.0, 100.0))]
+    log.write_text("\n".join(json.dumps(s) for s in steps) + "\n", encoding="utf-8")
+    s = step_summary.summarize(log, skip=0)
+    assert abs(s["outside_ms"] - 10.0) < 1e-9   # 10, 10, 20 ms outside: median 10
+    assert step_summary.main([str(log), "--skip", "0"]) == 0
+    assert "outside the phases and the loader's wait: 10.0 ms per step" in capsys.readouterr().out

@@ -99,7 +99,7 @@ def test_west_train_logs_each_steps_phases_and_step_summary_reads_them(tmp_path_
     assert step_summary.main([str(d / "run" / "train_log.jsonl"), "--name", "marked", "--skip", "1"]) == 0
     out = capsys.readouterr().out
     assert "marked, phase by phase (train.phase_marks)" in out and "| encoder backward, clip, read-back |" in out
-    assert "2 steps, medians:" in out
+    assert "2 steps, medians:" in out and "outside the phases and the loader's wait: " in out
 
 
 def test_no_mark_while_a_cuda_graph_is_captured(monkeypatch):

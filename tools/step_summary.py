@@ -7,7 +7,8 @@ SM % (NVML, when sampled), peak allocated and (CUDA) reserved memory, and the ho
 step (queueing forward/backward/clip, then blocked in the step's one read-back: near 0 on a GPU
 when the host paces the step), and the mean per step of the CUDA caching allocator's device allocations and
 flush-and-retry events (0 in a steady state). A run with ``train.phase_marks`` also gets its
-phases' table: host and GPU ms per phase and how far the host was ahead of the GPU. Not a test.
+phases' table: host and GPU ms per phase and how far the host was ahead of the GPU, and the time
+each step spent outside its phases and the loader's wait. Not a test.
 
     python tools/step_summary.py exp/run/train_log.jsonl --name pack --skip 5
 """
@@ -43,10 +44,20 @@ def summarize(path: Path, skip: int) -> dict:
     for key in ("peak_mem_mb", "peak_reserved_mb"):   # the most over the run, in GiB
         if out[key] is not None:
             out[key] = max(s[key] for s in steps if isinstance(s.get(key), (int, float))) / 1024
-    marked = [s["phase_marks"] for s in steps if "phase_marks" in s]
+    marked = [s for s in steps if "phase_marks" in s]
     if marked:   # train.phase_marks: the phases' medians (west.train.phase_marks)
-        out["phase_marks"] = phase_summary([m["phases"] for m in marked], gpu=marked[0]["gpu"])
+        out["phase_marks"] = phase_summary([s["phase_marks"]["phases"] for s in marked],
+                                           gpu=marked[0]["phase_marks"]["gpu"])
+        out["outside_ms"] = statistics.median(outside_phases_ms(s) for s in marked)
     return out
+
+
+def outside_phases_ms(step: dict) -> float:
+    """A marked step's time in neither its phases nor the loader's wait: the loop's own work around
+    the step (planning it, placing the hooks, reading the marks back). Medians of the step and of
+    its phases do not subtract; this is taken step by step."""
+    phases_ms = sum(p["host_ms"] for p in step["phase_marks"]["phases"])
+    return 1e3 * (step["step_time_s"] - (step.get("data_wait_s") or 0.0)) - phases_ms
 
 
 def main(argv=None) -> int:
@@ -60,7 +71,8 @@ def main(argv=None) -> int:
     cells = [fmt.format(s[key]) if s[key] is not None else "–" for key, _, fmt in COLUMNS]
     print(f"{head}\n|{'---|' * (len(COLUMNS) + 2)}\n| {a.name} | {s['steps']} | " + " | ".join(cells) + " |")
     if "phase_marks" in s:
-        print(f"\n{a.name}, phase by phase (train.phase_marks):\n\n{lag_table(s['phase_marks'])}")
+        print(f"\n{a.name}, phase by phase (train.phase_marks):\n\n{lag_table(s['phase_marks'])}\n"
+              f"outside the phases and the loader's wait: {s['outside_ms']:.1f} ms per step (median over steps)")
     return 0
 
 
