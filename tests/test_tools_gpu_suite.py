@@ -14,7 +14,7 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(
         ["bash", str(ROOT / "tools" / "gpu_suite.sh"), str(out), "--tiny", "--device", "cpu", "--python",
-         sys.executable, "--work_dir", str(tmp_path / "work"), "--parts", "build,attention,bench,train,marks,pyspy,weights,rotary,norm,cudnn,graphs,headroom,profile,hostpy,gap,floor,queues,ring,encoder_graphs,encoder_graphs_full,encoder_graphs_exact,best,contention,late_readback"],
+         sys.executable, "--work_dir", str(tmp_path / "work"), "--parts", "build,attention,bench,train,marks,pyspy,weights,rotary,norm,cudnn,graphs,headroom,profile,hostpy,gap,floor,queues,ring,encoder_graphs,encoder_graphs_full,encoder_graphs_exact,best,contention,late_readback,encoder_time"],
         env=subprocess_env(), capture_output=True, text=True, timeout=900)
     log = (out / "suite.log").read_text(encoding="utf-8") if (out / "suite.log").exists() else ""
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + log[-3000:]
@@ -22,7 +22,8 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert "| train_eager |" in suite and "time on training 10,000 utts (extrapolated from" in suite
     assert "### pack (" in suite and "| forward/llm |" in suite          # the profile's tables
     assert "| train_two_workers |" in suite and "| train_one_thread |" in suite   # contention
-    assert "| train_no_pin_thread |" in suite and "| train_main_thread_loader |" in suite   # gap: the loader
+    assert "| train_pin_thread |" in suite and "| train_no_pin_thread |" in suite   # gap: the loader
+    assert "| train_main_thread_loader |" in suite and "outside the phases and the loader's wait: " in suite
     assert "train_main_thread_loader, phase by phase (train.phase_marks)" in suite
     assert "| autocast |" in suite and "[launch_floor] cpu:" in suite     # floor: host time per operator
     assert "| train_stock_norm |" in suite                              # norm: the stock RMSNorms
@@ -40,9 +41,11 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert "| train_marks |" in suite and "train_marks, phase by phase (train.phase_marks)" in suite   # west-train marked
     assert "| train_readback |" in suite and "| train_late_readback |" in suite   # late_readback
     # pyspy: without py-spy on the machine (CI) the part says so and the suite goes on
-    assert "pyspy: skipped (no py-spy" in log or "samples in 12 steps at 100 Hz" in suite
+    assert "pyspy: skipped (no py-spy" in log or "samples in 12 steps at 20 Hz" in suite
     assert "| train_static |" in suite and "| train_static_cudnn |" in suite   # cudnn: static batches, SDPA off/on
     assert "| host launch s | sync wait s | device allocs | alloc retries |" in suite
+    assert "### The encoder's 2 blocks on CPU: 512 rows, 400 real" in suite   # encoder_time (no replay on the CPU)
+    assert "| eager, padded to the static shape |" in suite and "operators moving" in suite
     assert "| train_graphs |" in suite and "LLM rows padded (eager) at 1024 tokens, 0 unpadded (train.cuda_graphs)" in suite
     assert "train.cuda_graphs true:" in suite   # the benchmark with it (without: the same command, on a GPU only)
     assert "LLM rows padded (eager) at 1024 tokens, 0 unpadded\n" in suite
@@ -57,8 +60,9 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     with tarfile.open(out / "json.tar") as tar:
         jsons = {Path(m.name).name: json.load(tar.extractfile(m)) for m in tar.getmembers() if m.isfile()}
     assert sorted(set(jsons) - {"pyspy.json", "pyspy_marks.json"}) == [   # those two where py-spy is installed
-        "attention.json", "benchmark.json", "encoder_attention.json", "floor.json", "graphs_exact.json", "hostpy.json",
-        "hostpy_graphs.json", "late_exact.json", "marks.json", "marks_cuts.json", "marks_queues.json", "profile.json"]
+        "attention.json", "benchmark.json", "encoder_attention.json", "encoder_time.json", "floor.json",
+        "graphs_exact.json", "hostpy.json", "hostpy_graphs.json", "late_exact.json", "marks.json", "marks_cuts.json",
+        "marks_queues.json", "profile.json"]
     bench = jsons["benchmark.json"]
     assert {"static", "dynamic", "pack", "pack_encoder_padded"} <= set(bench["modes"])
     assert all(r["ops"]["per_step"]["total"] > 0 for r in bench["modes"].values())

@@ -1,0 +1,55 @@
+"""west.bench.encoder_time and tools/encoder_gpu_time.py on the CPU: the traffic counter's bytes for
+known operators, attention's FLOPs, the kernel summary of a trace, and the tool's table and JSON
+(the replay and the kernel columns are CUDA's; the CPU run leaves them out and says so)."""
+import json
+
+import torch
+
+from west.bench.encoder_time import Traffic, attention_flops, kernel_summary, table
+
+from helpers.e2e import ROOT, import_tool
+
+
+def test_traffic_counts_each_operators_tensors_in_and_out_and_skips_views():
+    a, b = torch.randn(10), torch.randn(10)
+    with Traffic() as mode:
+        c = a + b            # reads 2 x 40 bytes, writes 40
+        c.view(2, 5)         # a view: nothing moves
+        torch.mm(a.view(2, 5).t(), b.view(2, 5))   # (5, 2) @ (2, 5): reads 80, writes 100
+    assert mode.ops == 2 and mode.bytes == 120 + 180
+
+
+def test_attention_flops_are_per_segment():
+    # segments of 3 and 5 rows, d 8: forward 4*8*(9+25), backward 2.5 times that
+    assert attention_flops([0, 3, 8], 8) == int(3.5 * 4 * 8 * 34)
+    assert attention_flops([0, 8], 8) > attention_flops([0, 3, 8], 8)   # one segment of 8 sees more
+
+
+def test_kernel_summary_per_call_by_name():
+    events = [{"cat": "kernel", "name": "gemm", "dur": 300.0}, {"cat": "kernel", "name": "gemm", "dur": 300.0},
+              {"cat": "kernel", "name": "add", "dur": 50.0}, {"cat": "gpu_memcpy", "name": "copy", "dur": 20.0},
+              {"cat": "cpu_op", "name": "aten::mm", "dur": 999.0}]   # host side: not GPU work
+    s = kernel_summary(events, iters=2, top=2)
+    assert s["kernels"] == 2.0 and abs(s["kernel_ms"] - 0.335) < 1e-12
+    assert [k["name"] for k in s["top"]] == ["gemm", "add"] and s["top"][0] == {"name": "gemm", "calls": 1.0,
+                                                                                 "ms": 0.3}
+    text = table({"replayed": {"forward_ms": 1.0, "forward_host_ms": 0.1, "backward_ms": 2.0, "step_ms": 3.0,
+                               "step_host_ms": 0.2, **s}},
+                 {"ops": 10, "bytes": 3e9, "flops": 2e12, "copy_gb_s": 3000.0, "matmul_tflop_s": 800.0})
+    assert "| replayed | 1.0 (0.1) | 2.0 | 3.0 (0.2) | 2 | 0.3 | 2.7 |" in text
+    assert "moving 3.00 GB = 1.0 ms at the copy's 3,000 GB/s; 2.00 TFLOP of products and attention = 2.5 ms" in text
+
+
+def test_the_tool_times_the_padded_blocks_on_the_cpu(tmp_path, capsys):
+    encoder_gpu_time = import_tool("encoder_gpu_time")
+    out = tmp_path / "encoder_time.json"
+    conf = ROOT / "recipes" / "aishell" / "conf" / "bench_llm_heavy.yaml"
+    assert encoder_gpu_time.main(["--config", str(conf), "--rows", "512", "--fill", "400", "--segments", "32",
+                                  "--max_len", "256", "--repeats", "2", "--device", "cpu", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "pos_enc relative -> wenet" in text or "pos_enc None -> wenet" in text
+    assert "| eager, padded to the static shape |" in text and "| – | – | – |" in text and "replayed (train.encoder_graphs)" not in text
+    res = json.loads(out.read_text())
+    assert res["real_rows"] == 400 and res["rows"] == 512 and res["floors"]["ops"] > 0
+    eager = res["variants"]["eager, padded to the static shape"]
+    assert eager["step_ms"] >= eager["forward_ms"] > 0 and res["floors"]["flops"] > 0

@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""The Conformer's blocks alone at train.encoder_graphs' static shape: eager, then replayed from
+CUDA graphs. Per variant: forward and backward ms (the host's in brackets), kernels per forward +
+backward and their summed time, the idle time in the span, the costliest kernels; and the blocks'
+eager traffic and FLOPs against the device's copy bandwidth and matrix-product rate, measured here
+(west.bench.encoder_time). Utterance lengths are drawn like the built-in corpus's, in encoder frames,
+until the real rows fill --fill of the --rows. On a CPU the replay and the kernel columns are left
+out. Not a test.
+
+    python tools/encoder_gpu_time.py --config recipes/aishell/conf/seed_gpu.yaml --out encoder_time.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+import torch
+import yaml
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from west.bench.encoder_time import attention_flops, copy_bandwidth, table, time_variant, traffic
+from west.bench.peak import matmul_peak
+from west.models.config import ConformerConfig
+from west.models.conformer import ConformerEncoder
+from west.models.static_decoder import StaticShape
+from west.train.encoder_graphs import capture, static_encoder_for
+
+CONF = Path(__file__).resolve().parents[1] / "recipes" / "aishell" / "conf"
+
+
+class Holder(nn.Module):
+    """What static_encoder_for reads: a model with an ``encoder``."""
+
+    def __init__(self, encoder: nn.Module) -> None:
+        super().__init__()
+        self.encoder = encoder
+
+
+def lengths(fill: int, rng: random.Random, frames_per_s: float = 25.0) -> list[int]:
+    """Utterances of 1.5 to 14 s (mean about 4.4, like the synthesized corpus), in encoder frames
+    (40 ms each after 4x subsampling), until ``fill`` rows are taken (the last cut to fit)."""
+    out: list[int] = []
+    while sum(out) < fill:
+        out.append(max(1, min(int(rng.lognormvariate(1.4, 0.45) * frames_per_s), 350)))
+    out[-1] -= sum(out) - fill
+    return [n for n in out if n > 0]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default=str(CONF / "seed_gpu.yaml"), help="a run YAML: its model.encoder")
+    p.add_argument("--rows", type=int, default=12288, help="the static shape's rows (train.encoder_graph_rows)")
+    p.add_argument("--fill", type=int, default=9650, help="real rows in the pack (seed corpus: about 9,650)")
+    p.add_argument("--segments", type=int, default=256)
+    p.add_argument("--max_len", type=int, default=1024)
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--out", type=Path, default=None, help="JSON of every figure")
+    a = p.parse_args(argv)
+    device = torch.device(a.device)
+    cuda = device.type == "cuda"
+    torch.manual_seed(0)
+    section = yaml.safe_load(Path(a.config).read_text())["model"]["encoder"]
+    if section.get("pos_enc") != "wenet":   # the replay's route: WeNet's term folded into q and k
+        print(f"[encoder_gpu_time] model.encoder.pos_enc {section.get('pos_enc')} -> wenet (the replayed route)")
+        section = {**section, "pos_enc": "wenet"}
+    if not cuda:   # the kernel's torch reference, which has no dropout (west.models.conformer.encoder_backend)
+        section = {**section, "attn_backend": "varlen", "attn_dropout": 0.0}
+    encoder = ConformerEncoder(ConformerConfig.from_dict(section)).to(device).train()
+    precision = "bf16" if cuda else "fp32"
+    static = static_encoder_for(Holder(encoder), StaticShape(a.rows, a.segments, a.max_len), precision, device)
+    static.stack.autocast = torch.bfloat16 if cuda else None   # the capture sets it; the eager variant too
+    lens = lengths(min(a.fill, a.rows), random.Random(0))
+    dtype = torch.bfloat16 if cuda else torch.float32   # the subsampling's output under bf16 autocast
+    args = static.inputs(torch.randn(sum(lens), encoder.output_dim, device=device, dtype=dtype), lens)
+    x_in = args[0].detach().requires_grad_(True)
+    args = (x_in, *args[1:])
+    grad = torch.randn(a.rows, encoder.output_dim, device=device, dtype=x_in.dtype)
+    params = [q for q in static.stack.parameters() if q.requires_grad]
+
+    def clear() -> None:
+        x_in.grad = None
+        for q in params:
+            q.grad = None
+
+    def eager() -> torch.Tensor:
+        return static.stack(*args)
+
+    variants = {"eager, padded to the static shape": time_variant(eager, grad, clear, device, a.repeats)}
+    if cuda:
+        capture(static, precision)
+        variants["replayed (train.encoder_graphs)"] = time_variant(lambda: static.replay(*args), grad, clear,
+                                                                   device, a.repeats)
+    clear()
+    with FlopCounterMode(display=False) as fc:   # the products; the varlen attention is opaque to it
+        eager().backward(grad)
+    moved = traffic(lambda: (clear(), eager().backward(grad)))
+    cu = args[2].tolist()
+    floors = {**moved, "flops": fc.get_total_flops() + attention_flops(cu, encoder.output_dim),
+              "copy_gb_s": copy_bandwidth(device) if cuda else None,
+              "matmul_tflop_s": matmul_peak(device)["tflops"] if cuda else None}
+    name = torch.cuda.get_device_name(device) if cuda else "CPU"
+    print(f"### The encoder's {len(encoder.blocks)} blocks on {name}: {a.rows:,} rows, {sum(lens):,} real in "
+          f"{len(lens)} utterances, {precision}\n")
+    print(table(variants, floors))
+    if a.out:
+        a.out.write_text(json.dumps({"device": name, "rows": a.rows, "real_rows": sum(lens), "utterances": len(lens),
+                                     "variants": variants, "floors": floors}, indent=1), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

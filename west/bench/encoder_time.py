@@ -1,0 +1,138 @@
+"""The Conformer's blocks alone at ``train.encoder_graphs``' static shape, eager and replayed: where
+their GPU time goes.
+
+Why: replayed in west-train, the blocks' forward spanned 23.5 ms of the GPU and their backward 28 ms
+per pack (H200, fifth run) for about 1 ms of matrix products each way, and compiling them made the
+benchmark's step longer (H100, sixth run). Whether that time is kernels (and which) or gaps between
+them decides what comes next: other or fused kernels, or a look at the replay. Three figures per
+variant: the host's and the drained time of a forward and of a forward + backward
+(:func:`west.bench.timing.host_and_device_ms`), the kernels a profiler sees in one forward + backward
+(count, summed time, the costliest by name), and once for the blocks, the bytes their eager
+operators read and write (:class:`Traffic`, each operator's tensors in and out: an upper bound on
+what fused kernels need) and the FLOPs of their products. ``tools/encoder_gpu_time.py`` runs it.
+"""
+from __future__ import annotations
+
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from west.bench.timing import host_and_device_ms
+from west.bench.trace_gaps import GPU_CATS, load_events
+
+
+class Traffic(TorchDispatchMode):
+    """Bytes of the tensors each dispatched operator takes and returns, views and profiler
+    markers left out: the device memory the eager operators touch if nothing stays in a cache."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.namespace != "profiler" and not func.is_view:
+            self.ops += 1
+            flat = tree_flatten((args, kwargs or {}, out))[0]
+            self.bytes += sum(t.numel() * t.element_size() for t in flat if isinstance(t, torch.Tensor))
+        return out
+
+
+def traffic(step: Callable[[], object]) -> dict:
+    """Operators (views apart) and the bytes they read and write over one ``step()``."""
+    with Traffic() as mode:
+        step()
+    return {"ops": mode.ops, "bytes": mode.bytes}
+
+
+def attention_flops(cu_seqlens: Sequence[int], d_model: int) -> int:
+    """Forward + backward FLOPs of attention within segments: 4·d·Σ len² forward (scores and the
+    weighted sum), 2.5 times that backward (the flash kernels' recomputation included)."""
+    sq = sum((b - a) ** 2 for a, b in zip(cu_seqlens, cu_seqlens[1:]))
+    return int(3.5 * 4 * d_model * sq)
+
+
+def kernel_summary(events: Sequence[dict], iters: int, top: int = 8) -> dict:
+    """GPU work in a Chrome trace of ``iters`` calls, per call: kernels (copies and memsets
+    included), their summed time, and the ``top`` names by time with calls and ms per call."""
+    by_name: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for e in events:
+        if e.get("cat") in GPU_CATS:
+            by_name[e["name"]][0] += 1
+            by_name[e["name"]][1] += e["dur"] / 1e3
+    ranked = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]
+    return {"kernels": sum(n for n, _ in by_name.values()) / iters,
+            "kernel_ms": sum(ms for _, ms in by_name.values()) / iters,
+            "top": [{"name": name, "calls": n / iters, "ms": ms / iters} for name, (n, ms) in ranked]}
+
+
+def profile_kernels(step: Callable[[], object], iters: int = 3) -> list[dict]:
+    """The Chrome-trace events of ``iters`` calls of ``step()`` under torch.profiler, GPU activity
+    only (the CPU's operators are not recorded, so the host is not slowed)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            step()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        return load_events(path)
+
+
+def time_variant(forward: Callable[[], torch.Tensor], grad: torch.Tensor, clear: Callable[[], None],
+                 device: torch.device, repeats: int) -> dict:
+    """Host and drained ms of the forward alone and of forward + backward (medians); on CUDA the
+    kernels of one forward + backward, as :func:`kernel_summary` gives them."""
+    def step() -> None:
+        clear()
+        forward().backward(grad)
+
+    def fwd() -> None:
+        clear()
+        forward()
+
+    fwd_host, fwd_ms = host_and_device_ms(fwd, device, repeats)
+    step_host, step_ms = host_and_device_ms(step, device, repeats)
+    out = {"forward_host_ms": fwd_host, "forward_ms": fwd_ms, "step_host_ms": step_host, "step_ms": step_ms,
+           "backward_ms": step_ms - fwd_ms}
+    if device.type == "cuda":
+        out.update(kernel_summary(profile_kernels(step), iters=3))
+    return out
+
+
+def copy_bandwidth(device: torch.device, mib: int = 512, repeats: int = 10) -> float:
+    """GB/s of a device-to-device copy (bytes read plus bytes written), median of ``repeats``."""
+    src = torch.randn(mib * 2**18, device=device)
+    dst = torch.empty_like(src)
+    _, ms = host_and_device_ms(lambda: dst.copy_(src), device, repeats)
+    return 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e9
+
+
+def table(variants: dict[str, dict], floors: dict) -> str:
+    """Markdown: one row per variant, its costliest kernels, and the floors' line."""
+    lines = ["| blocks | forward ms (host) | backward ms | forward + backward ms (host) | kernels | kernel ms | "
+             "idle in the span ms |", "|---|---|---|---|---|---|---|"]
+    for name, v in variants.items():
+        kernels = f"{v['kernels']:,.0f} | {v['kernel_ms']:.1f} | {v['step_ms'] - v['kernel_ms']:.1f}" \
+            if "kernels" in v else "– | – | –"
+        lines.append(f"| {name} | {v['forward_ms']:.1f} ({v['forward_host_ms']:.1f}) | {v['backward_ms']:.1f} | "
+                     f"{v['step_ms']:.1f} ({v['step_host_ms']:.1f}) | {kernels} |")
+    for name, v in variants.items():
+        if v.get("top"):
+            lines += ["", f"{name}, costliest kernels per forward + backward:", "",
+                      "| kernel | calls | ms |", "|---|---|---|"]
+            lines += [f"| {k['name'][:90]} | {k['calls']:.0f} | {k['ms']:.2f} |" for k in v["top"]]
+    bw, peak = floors.get("copy_gb_s"), floors.get("matmul_tflop_s")
+    at_bw = f" = {floors['bytes'] / bw / 1e6:.1f} ms at the copy's {bw:,.0f} GB/s" if bw else ""
+    at_peak = f" = {floors['flops'] / peak / 1e9:.1f} ms at {peak:,.0f} TFLOP/s" if peak else ""
+    lines += ["", f"eager forward + backward: {floors['ops']:,} operators moving {floors['bytes'] / 1e9:.2f} GB"
+              f"{at_bw}; {floors['flops'] / 1e12:.2f} TFLOP of products and attention{at_peak}"]
+    return "\n".join(lines)
