@@ -1,13 +1,12 @@
 """west.bench.stack_samples and tools/stack_summary.py on py-spy's raw format (lines written as
 py-spy 0.4 writes them with --native --threads; py-spy itself is not needed here)."""
 import json
-import sys
 
 import pytest
 
 from west.bench.stack_samples import library, parse_raw, summarize, table
 
-from helpers.e2e import ROOT
+from helpers.e2e import import_tool
 
 STEP = "main (profile_step.py:177);PassRunner.step (west/bench/runner.py:50);train_step (west/train/step.py:221)"
 RAW = "\n".join([
@@ -63,11 +62,7 @@ def test_summary_in_milliseconds_per_step_of_the_samples_inside_train_step():
 
 
 def test_stack_summary_cli_writes_json_and_says_when_no_step_was_sampled(tmp_path, capsys):
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        import stack_summary
-    finally:
-        sys.path.pop(0)
+    stack_summary = import_tool("stack_summary")
     raw = tmp_path / "stacks.txt"
     raw.write_text(RAW, encoding="utf-8")
     assert stack_summary.main([str(raw), "--rate", "100", "--steps", "2", "--out", str(tmp_path / "s.json")]) == 0

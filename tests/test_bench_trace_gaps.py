@@ -3,13 +3,12 @@ possible here), and tools/profile_step.py end to end on the CPU."""
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
 from west.bench.trace_gaps import FORWARD_OTHER, REST, Innermost, analyse, kernel_timeline, table, timeline_table, union
 
-from helpers.e2e import ROOT
+from helpers.e2e import import_tool
 
 
 def X(cat, name, ts, dur, tid=1, **args):
@@ -114,11 +113,7 @@ def test_a_trace_without_steps_is_refused_and_one_without_gpu_events_gives_host_
 def test_profile_step_runs_the_production_step_on_the_cpu(tmp_path, corpus, capsys):
     from helpers.e2e import bench_setup
 
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        import profile_step
-    finally:
-        sys.path.pop(0)
+    profile_step = import_tool("profile_step")
     llm, conf = bench_setup(tmp_path, corpus["texts"].values())
     out = tmp_path / "profile.json"
     rc = profile_step.main(["--config", str(conf), "--model.llm.path", str(llm), "--data", str(corpus["list"]),

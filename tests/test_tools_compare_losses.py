@@ -1,17 +1,12 @@
 """tools/compare_losses.py: two west-train logs step by step (the suite's encoder_graphs_exact): the
 losses side by side, the largest relative difference, steps that only one run has, bad records."""
 import json
-import sys
 
 import pytest
 
-from helpers.e2e import ROOT
+from helpers.e2e import import_tool
 
-sys.path.insert(0, str(ROOT / "tools"))
-try:
-    import compare_losses
-finally:
-    sys.path.pop(0)
+compare_losses = import_tool("compare_losses")
 
 
 def write_log(path, losses, extra=()):

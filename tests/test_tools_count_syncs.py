@@ -2,18 +2,13 @@
 shaped like torch's sync debug mode ones (the mode itself needs a GPU: tools/gpu_suite.sh)."""
 from __future__ import annotations
 
-import sys
 import warnings
 
-from helpers.e2e import ROOT
+from helpers.e2e import import_tool
 
 
 def _tool():
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        import count_syncs
-    finally:
-        sys.path.pop(0)
+    count_syncs = import_tool("count_syncs")
     return count_syncs
 
 

@@ -1,19 +1,14 @@
 """tools/plot_phases.py: a step's phases on a host lane and a GPU lane, from profile_step's JSON or
 a west-train log with train.phase_marks (marks given by hand: the CPU has no second clock)."""
 import json
-import sys
 
 import pytest
 
 from west.train.phase_marks import phases, summarize
 
-from helpers.e2e import ROOT
+from helpers.e2e import import_tool
 
-sys.path.insert(0, str(ROOT / "tools"))
-try:
-    import plot_phases
-finally:
-    sys.path.pop(0)
+plot_phases = import_tool("plot_phases")
 
 # (mark, host ms, GPU ms): the encoder host-paced, the LLM's forward run ahead of by the host
 MARKS = [("step", 0.0, 0.0), ("forward/encoder", 1.0, 1.0), ("after forward/encoder", 30.0, 30.2),

@@ -3,21 +3,16 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
-from helpers.e2e import ROOT
+from helpers.e2e import import_tool
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_padding_tool_tables(tmp_path, capsys):
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        import qwen2_audio_padding as tool
-    finally:
-        sys.path.pop(0)
+    tool = import_tool("qwen2_audio_padding")
     assert tool.main(["--out", str(tmp_path / "pad.json")]) == 0
     out = json.loads((tmp_path / "pad.json").read_text())
     even = [r for r in out["difference"] if r["tower_frames"] * 4 == r["mel_frames"]]   # an even conv frame count

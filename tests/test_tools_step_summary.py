@@ -1,15 +1,10 @@
 """tools/step_summary.py: the steady-state row of a west-train log (medians of the steps after the
 warm-up), with rare allocator events averaged so that one step's burst is not hidden."""
 import json
-import sys
 
-from helpers.e2e import ROOT
+from helpers.e2e import import_tool
 
-sys.path.insert(0, str(ROOT / "tools"))
-try:
-    import step_summary
-finally:
-    sys.path.pop(0)
+step_summary = import_tool("step_summary")
 
 
 def test_medians_after_the_warm_up_and_mean_allocator_events(tmp_path, capsys):

@@ -70,11 +70,10 @@ def test_lags_say_which_phases_the_host_paces():
 def test_west_train_logs_each_steps_phases_and_step_summary_reads_them(tmp_path_factory, corpus, capsys):
     """train.phase_marks: every step's phases in train_log.jsonl, the dev evaluation between steps
     (the same model's forward) in none of them; tools/step_summary.py gives the table."""
-    import sys
 
     from west.bin.train import main
 
-    from helpers.e2e import ROOT, read_jsonl, tiny_llm, train_argv, write_lists
+    from helpers.e2e import import_tool, read_jsonl, tiny_llm, train_argv, write_lists
     from helpers.threads import torch_threads
 
     d = tmp_path_factory.mktemp("marks")
@@ -90,11 +89,7 @@ def test_west_train_logs_each_steps_phases_and_step_summary_reads_them(tmp_path_
         marks = s["phase_marks"]
         assert marks["gpu"] is False and [p["phase"] for p in marks["phases"]] == PACKED_ORDER
         assert sum(p["host_ms"] for p in marks["phases"]) <= 1e3 * s["step_time_s"]
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        import step_summary
-    finally:
-        sys.path.pop(0)
+    step_summary = import_tool("step_summary")
     capsys.readouterr()
     assert step_summary.main([str(d / "run" / "train_log.jsonl"), "--name", "marked", "--skip", "1"]) == 0
     out = capsys.readouterr().out

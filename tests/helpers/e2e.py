@@ -5,6 +5,7 @@ once per pytest session under the session's base temp dir and reused.
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -172,3 +173,12 @@ def assert_same_steps(d: Path, steps: int, counter: str) -> None:
     for a, b in zip(want, got):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
         assert b[counter] == a[counter]
+
+
+def import_tool(name: str):
+    """A script of tools/ as a module (tools/ is no package): what its tests call."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.pop(0)
