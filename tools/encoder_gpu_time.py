@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """The Conformer's blocks alone at train.encoder_graphs' static shape: eager, then replayed from
 CUDA graphs. Per variant: forward and backward ms (the host's in brackets), kernels per forward +
-backward and their summed time, the idle time in the span, the costliest kernels; and the blocks'
-eager traffic and FLOPs against the device's copy bandwidth and matrix-product rate, measured here
-(west.bench.encoder_time). Utterance lengths are drawn like the built-in corpus's, in encoder frames,
+backward and their summed time, the idle time in the span, the costliest kernels; with --compiled,
+the same for the blocks compiled in place (train.compile_scope encoder), launched and replayed; and
+the blocks' eager traffic and FLOPs against the device's copy bandwidth and matrix-product rate,
+measured here (west.bench.encoder_time). Utterance lengths are drawn like the built-in corpus's, in encoder frames,
 until the real rows fill --fill of the --rows. On a CPU the replay and the kernel columns are left
 out. Not a test.
 
@@ -26,7 +27,8 @@ from west.bench.peak import matmul_peak
 from west.models.config import ConformerConfig
 from west.models.conformer import ConformerEncoder
 from west.models.static_decoder import StaticShape
-from west.train.encoder_graphs import capture, static_encoder_for
+from west.train.compile import compile_regions
+from west.train.encoder_graphs import static_encoder_for
 
 CONF = Path(__file__).resolve().parents[1] / "recipes" / "aishell" / "conf"
 
@@ -57,6 +59,7 @@ def main(argv=None) -> int:
     p.add_argument("--segments", type=int, default=256)
     p.add_argument("--max_len", type=int, default=1024)
     p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--compiled", action="store_true", help="also the blocks compiled (inductor), then replayed")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", type=Path, default=None, help="JSON of every figure")
     a = p.parse_args(argv)
@@ -71,7 +74,8 @@ def main(argv=None) -> int:
         section = {**section, "attn_backend": "varlen", "attn_dropout": 0.0}
     encoder = ConformerEncoder(ConformerConfig.from_dict(section)).to(device).train()
     precision = "bf16" if cuda else "fp32"
-    static = static_encoder_for(Holder(encoder), StaticShape(a.rows, a.segments, a.max_len), precision, device)
+    shape = StaticShape(a.rows, a.segments, a.max_len)
+    static = static_encoder_for(Holder(encoder), shape, precision, device)   # on CUDA: captured (replay)
     static.stack.autocast = torch.bfloat16 if cuda else None   # the capture sets it; the eager variant too
     lens = lengths(min(a.fill, a.rows), random.Random(0))
     dtype = torch.bfloat16 if cuda else torch.float32   # the subsampling's output under bf16 autocast
@@ -91,13 +95,19 @@ def main(argv=None) -> int:
 
     variants = {"eager, padded to the static shape": time_variant(eager, grad, clear, device, a.repeats)}
     if cuda:
-        capture(static, precision)
         variants["replayed (train.encoder_graphs)"] = time_variant(lambda: static.replay(*args), grad, clear,
                                                                    device, a.repeats)
+    moved = traffic(lambda: (clear(), eager().backward(grad)))   # the eager blocks', before any compiling
     clear()
     with FlopCounterMode(display=False) as fc:   # the products; the varlen attention is opaque to it
         eager().backward(grad)
-    moved = traffic(lambda: (clear(), eager().backward(grad)))
+    if a.compiled:   # in place, as train.compile_scope encoder does; the warm-up calls compile
+        compile_regions(encoder)
+        variants["compiled"] = time_variant(eager, grad, clear, device, a.repeats)
+        if cuda:   # captured again: the graphs record inductor's kernels
+            compiled = static_encoder_for(Holder(encoder), shape, precision, device)
+            variants["compiled, replayed"] = time_variant(lambda: compiled.replay(*args), grad, clear, device,
+                                                          a.repeats)
     cu = args[2].tolist()
     floors = {**moved, "flops": fc.get_total_flops() + attention_flops(cu, encoder.output_dim),
               "copy_gb_s": copy_bandwidth(device) if cuda else None,
