@@ -178,7 +178,8 @@ def test_compiled_blocks_at_the_static_shape_match_eager_and_compile_once(tmp_pa
                     "hooks), the run has 2)"),
     ("cuda", 1, ["--train.precision", "fp32"], "false (the encoder's packed rows run sdpa_segments on cuda"),
     ("cuda", 1, ["--train.accum_steps", "2"], "false (needs train.accum_steps 1"),
-    ("cuda", 1, ["--data.batch_type", "static"], "false (needs data.batch_type pack, got static)")])
+    ("cuda", 1, ["--data.batch_type", "static"], "false (needs data.batch_type pack, got static)"),
+    ("cuda", 1, ["sized eagerly"], "false (--memory_budget sizes eager steps")])
 def test_auto_turns_the_replay_on_only_where_it_runs(tmp_path_factory, monkeypatch, device, world, extra, decided):
     """seed_gpu.yaml's ``auto``: on for one CUDA process on the kernel route, else off with the reason
     (decided from the config alone, nothing built; the GPU's capability check answers as an sm90's)."""
@@ -186,11 +187,12 @@ def test_auto_turns_the_replay_on_only_where_it_runs(tmp_path_factory, monkeypat
 
     monkeypatch.setattr("west.models.varlen_kernels._sm80", lambda device: True)
     batching = [] if "--data.batch_type" in extra else PACK
+    sized_eagerly = extra == ["sized eagerly"]   # west-benchmark --memory_budget
     argv = ["--model.llm.path", str(tiny_llm(tmp_path_factory)), *batching, *WENET, "--train.precision", "bf16",
-            "--train.encoder_graphs", "auto", *extra]
+            "--train.encoder_graphs", "auto", *([] if sized_eagerly else extra)]
     cfg = load_config(str(TINY_CPU), split_overrides(argv))
     assert cfg.train.encoder_graphs == "auto"
-    note = resolve_encoder_graphs(cfg, torch.device(device), world)
+    note = resolve_encoder_graphs(cfg, torch.device(device), world, sized_eagerly)
     assert note.startswith(f"train.encoder_graphs auto: {decided}")
     assert cfg.train.encoder_graphs == decided.split()[0]
     assert resolve_encoder_graphs(cfg, torch.device(device), world) is None   # decided once

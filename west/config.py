@@ -201,12 +201,18 @@ def encoder_graph_blockers(cfg: Config, device: torch.device | None = None, worl
     return blockers
 
 
-def resolve_encoder_graphs(cfg: Config, device: torch.device, world_size: int) -> str | None:
+def resolve_encoder_graphs(cfg: Config, device: torch.device, world_size: int,
+                           sized_eagerly: bool = False) -> str | None:
     """``train.encoder_graphs auto`` -> ``true`` where the replay can run on ``device`` with
-    ``world_size`` processes, else ``false``, in place; the sentence saying which and why (None: not auto)."""
+    ``world_size`` processes, else ``false``, in place; the sentence saying which and why (None: not
+    auto). ``sized_eagerly``: batch sizes were searched under a memory cap with eager steps
+    (west-benchmark --memory_budget), so the replay's own memory would come on top: ``false``."""
     if cfg.train.encoder_graphs != "auto":
         return None
     blockers = encoder_graph_blockers(cfg, device, world_size)
+    if sized_eagerly:
+        blockers.insert(0, "--memory_budget sizes eager steps, and the replay's memory would come on top; "
+                           "--train.encoder_graphs true replays anyway")
     if device.type != "cuda":   # elsewhere the blocks would run padded and eagerly: slower, for tests
         blockers.insert(0, f"needs CUDA, the run is on {device.type}")
     cfg.train.encoder_graphs = "false" if blockers else "true"

@@ -107,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     device = resolved_device(cfg.train.device)
-    note = resolve_encoder_graphs(cfg, torch.device(device), 1)
+    note = resolve_encoder_graphs(cfg, torch.device(device), 1, sized_eagerly=args.memory_budget is not None)
     if note:
         print(f"west-benchmark: {note}", flush=True)
     env = machine(device)
