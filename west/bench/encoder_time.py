@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -75,8 +76,6 @@ def kernel_summary(events: Sequence[dict], iters: int, top: int = 8) -> dict:
 def profile_kernels(step: Callable[[], object], iters: int = 3) -> list[dict]:
     """The Chrome-trace events of ``iters`` calls of ``step()`` under torch.profiler, GPU activity
     only (the CPU's operators are not recorded, so the host is not slowed)."""
-    from torch.profiler import ProfilerActivity, profile
-
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(iters):
             step()
