@@ -30,8 +30,8 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert "| train_bf16_weights |" in suite                            # weights: bf16 working copies
     assert "| train_fused_rotary |" in suite                            # rotary: one autograd node
     assert "Python on the launching thread" in suite and "| `<method 'run_backward'" in suite   # hostpy
-    assert suite.count("unprofiled, marked at phase boundaries") == 6   # marks: 3 modes, with the cuts; queues; hostpy_graphs
-    assert "| train_queues |" in suite                                   # queues: a deeper launch queue
+    assert suite.count("unprofiled, marked at phase boundaries") == 7   # marks: 3 modes, the cuts; queues twice; hostpy_graphs
+    assert "| train_queues |" in suite and "train_queues, phase by phase" in suite   # queues: a deeper launch queue
     assert "| train_pinned_ring |" in suite and "ring: check_pinned_ring.py skipped (needs CUDA" in log   # ring
     assert "train_pinned_ring, phase by phase (train.phase_marks)" in suite
     assert "| train_encoder_graphs |" in suite and "train_encoder_graphs, phase by phase" in suite   # encoder_graphs
@@ -62,7 +62,7 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert sorted(set(jsons) - {"pyspy.json", "pyspy_marks.json"}) == [   # those two where py-spy is installed
         "attention.json", "benchmark.json", "encoder_attention.json", "encoder_time.json", "floor.json",
         "graphs_exact.json", "hostpy.json", "hostpy_graphs.json", "late_exact.json", "marks.json", "marks_cuts.json",
-        "marks_queues.json", "profile.json"]
+        "marks_queues.json", "marks_queues_off.json", "profile.json"]
     bench = jsons["benchmark.json"]
     assert {"static", "dynamic", "pack", "pack_encoder_padded"} <= set(bench["modes"])
     assert all(r["ops"]["per_step"]["total"] > 0 for r in bench["modes"].values())

@@ -49,11 +49,14 @@ part_queues() {   # a stream holds about 1,000 pending launches: where the GPU i
   # large products) the host stops there, and cannot bank that time for the phases it paces (the encoder's
   # small kernels). CUDA_SCALE_LAUNCH_QUEUES=4x deepens the queue (a driver setting, read at CUDA's start;
   # one report of hangs on Jetson, hence the timeouts)
-  log "queues: pack with CUDA_SCALE_LAUNCH_QUEUES=4x (a 4x deeper launch queue): marked benchmark steps, then west-train"
+  # Baselines in the same call: the runner's marked steps without the variable, and part gap's train_pin_thread
+  log "queues: marked benchmark steps, then with CUDA_SCALE_LAUNCH_QUEUES=4x (a 4x deeper launch queue), then west-train with it, marked"
+  profile_run marks_queues_off pack --phase_marks --steps 6
   export CUDA_SCALE_LAUNCH_QUEUES=4x
   launcher=(timeout 150)
   profile_run marks_queues pack --phase_marks --steps 6
-  train_run train_queues
+  steps=$(( steps < 20 ? steps : 20 ))   # as part gap's runs
+  train_run train_queues --train.phase_marks true
 }
 part_pyspy() {   # where the launching thread's time goes in C++ and the driver too (cProfile sees Python only)
   local spy warm=2 rate=20 n=$(( prof_steps * 10 ))   # sixth run (H100): at 100 a second, native unwinding fell 63 s behind in 240 s
