@@ -4,7 +4,7 @@ CUDA graphs. Per variant: forward and backward ms (the host's in brackets), kern
 backward and their summed time, the idle time in the span, the costliest kernels; with --compiled,
 the same for the blocks compiled in place (train.compile_scope encoder), launched and replayed; and
 the blocks' eager traffic and FLOPs against the device's copy bandwidth and matrix-product rate,
-measured here (west.bench.encoder_time). Utterance lengths are drawn like the built-in corpus's, in encoder frames,
+measured here (west.bench.encoder_time). Utterance lengths are drawn AIShell-like (west.data.workloads), in encoder frames,
 until the real rows fill --fill of the --rows. On a CPU the replay and the kernel columns are left
 out. Not a test.
 
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 from pathlib import Path
 
+import numpy as np
 import torch
 import yaml
 from torch import nn
@@ -24,6 +24,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from west.bench.encoder_time import attention_flops, copy_bandwidth, table, time_variant, traffic
 from west.bench.peak import matmul_peak
+from west.data.workloads import aishell_like_durations
 from west.models.config import ConformerConfig
 from west.models.conformer import ConformerEncoder
 from west.models.static_decoder import StaticShape
@@ -41,14 +42,12 @@ class Holder(nn.Module):
         self.encoder = encoder
 
 
-def lengths(fill: int, rng: random.Random, frames_per_s: float = 25.0) -> list[int]:
-    """Utterances of 1.5 to 14 s (mean about 4.4, like the synthesized corpus), in encoder frames
-    (40 ms each after 4x subsampling), until ``fill`` rows are taken (the last cut to fit)."""
-    out: list[int] = []
-    while sum(out) < fill:
-        out.append(max(1, min(int(rng.lognormvariate(1.4, 0.45) * frames_per_s), 350)))
-    out[-1] -= sum(out) - fill
-    return [n for n in out if n > 0]
+def lengths(fill: int, seed: int = 0, frames_per_s: float = 25.0) -> list[int]:
+    """AIShell-like utterances (west.data.workloads) in encoder frames (40 ms each after 4x
+    subsampling), until ``fill`` rows are taken (the last cut to fit)."""
+    frames = (aishell_like_durations(fill // 25 + 8, seed) * frames_per_s).astype(int)   # more than enough
+    ends = np.minimum(np.cumsum(frames), fill)
+    return [int(n) for n in np.diff(ends, prepend=0) if n > 0]
 
 
 def main(argv=None) -> int:
@@ -77,7 +76,7 @@ def main(argv=None) -> int:
     shape = StaticShape(a.rows, a.segments, a.max_len)
     static = static_encoder_for(Holder(encoder), shape, precision, device)   # on CUDA: captured (replay)
     static.stack.autocast = torch.bfloat16 if cuda else None   # the capture sets it; the eager variant too
-    lens = lengths(min(a.fill, a.rows), random.Random(0))
+    lens = lengths(min(a.fill, a.rows))
     dtype = torch.bfloat16 if cuda else torch.float32   # the subsampling's output under bf16 autocast
     args = static.inputs(torch.randn(sum(lens), encoder.output_dim, device=device, dtype=dtype), lens)
     x_in = args[0].detach().requires_grad_(True)
