@@ -3,8 +3,8 @@
 SpeechLLM's loss is CE(h @ W.T (+ b), target) summed over the label rows, plus the count of
 rows whose argmax is the target. With Qwen2's 151,936 tokens, 1,500 label rows give 0.9 GB of
 float32 logits, their bf16 copy and their gradient. :func:`linear_cross_entropy` computes the
-same two numbers tile by tile (``impl="chunked"``), so at most one tile of logits exists at a
-time; on CUDA it can hand the work to Liger-Kernel or Apple's cut-cross-entropy instead.
+same two numbers chunk by chunk (``impl="chunked"``), so at most one chunk of logits exists at
+a time; on CUDA it can hand the work to Liger-Kernel or Apple's cut-cross-entropy instead.
 """
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ import torch.nn.functional as F
 from west.models.config import LOSS_IMPLS
 from west.models.precision import accumulation_dtype, autocast_dtype, autocast_on
 
-MIN_VOCAB_BLOCK = 1024   # narrowest logits tile (columns) the chunked path makes, for GEMM efficiency
 CCE_IMPL = "cce"   # cut-cross-entropy's own default (gradient filtering below bf16 precision)
 
 # impl -> (module, function, pip package)
@@ -40,12 +39,15 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     upcast to float32 for the softmax, as ``F.cross_entropy(F.linear(...).float())`` does.
 
     ``impl``:
-    * ``"chunked"``: the logits in tiles of at most ``chunk_rows`` x V elements (rows x a block
-      of the vocabulary, merged online); backward recomputes each tile's logits from (h, W,
-      the per-row logsumexp), so the extra memory is about one tile (its float32 and bf16
-      copies) and, when W trains, W's float32 gradient. W's gradient matmul is skipped when W
-      does not require grad. The default 512 x 151,936 is a 0.3 GB float32 tile; CPU time
-      was flat from 256 to 1024 at that vocabulary and 128 was slower at small ones.
+    * ``"chunked"``: the logits in chunks of at most ``chunk_rows`` rows x V, each over the
+      whole vocabulary. When a gradient is wanted (grad mode on and an input requiring it),
+      each chunk's (softmax - one_hot) goes into the gradients of h, W and b in the forward
+      itself, and the backward only scales them by its ``grad_loss``: no logits are recomputed.
+      The extra memory is about one chunk (its float32 and autocast-dtype copies), h's float32
+      gradient and, when W trains, W's float32 gradient; W's gradient matmul is skipped when W
+      does not require grad. Under autocast the (softmax - one_hot) chunk is rounded to bf16
+      before ``grad_loss`` scales it (plain rounds after), a difference within bf16 rounding.
+      The default 512 x 151,936 is a 0.3 GB float32 chunk.
     * ``"plain"``: the reference, all N x V logits at once.
     * ``"liger"`` / ``"cce"``: Liger-Kernel's fused linear cross entropy / cut-cross-entropy's
       ``linear_cross_entropy`` (impl :data:`CCE_IMPL`), CUDA tensors only. They do not return
@@ -64,7 +66,9 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     if hidden.shape[0] == 0:
         return _empty(hidden, weight, bias)
     if impl == "chunked":
-        return _ChunkedLinearCE.apply(hidden, weight, bias, target, chunk_rows, _compute_dtype(hidden, weight))
+        want_grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (hidden, weight, bias))
+        return _ChunkedLinearCE.apply(hidden, weight, bias, target, chunk_rows, _compute_dtype(hidden, weight),
+                                      want_grad)
     if impl == "plain":
         return _plain(hidden, weight, target, bias)
     return _library(impl, fn, hidden, weight, target, bias, chunk_rows)
@@ -134,96 +138,62 @@ def _plain(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
     return loss, (logits.detach().argmax(-1) == target).sum()
 
 
-def _tiles(n: int, v: int, chunk_rows: int) -> tuple[int, int]:
-    """(rows, vocab columns) of one logits tile, at most ``chunk_rows * v`` elements.
-
-    A tile is as tall as the budget allows while at least MIN_VOCAB_BLOCK columns wide: with
-    a large vocabulary all label rows fit in one tile row, so each block of W's gradient is
-    written once by one matmul over all rows (as the plain path computes it) instead of
-    being accumulated over row chunks (a (V, H) read-modify-write per chunk)."""
-    budget = chunk_rows * v
-    rows = min(n, max(chunk_rows, budget // min(v, MIN_VOCAB_BLOCK)))
-    return rows, min(v, budget // rows)
-
-
 class _ChunkedLinearCE(torch.autograd.Function):
-    """Forward keeps (h, W, b, target, per-row logsumexp), merging the tiles' maxima and
-    exp-sums online; backward recomputes each tile's logits and turns them into
-    (softmax - one_hot) * grad in place."""
+    """Row chunk by row chunk, each over the whole vocabulary: the chunk's logits, their
+    logsumexp, target logit and argmax. When a gradient is wanted, the same pass turns the
+    chunk's exponentials in place into (softmax - one_hot) and multiplies them into the
+    gradients of h, W and b: the loss ends the graph, so only ``grad_loss`` is unknown, and the
+    backward scales the kept gradients by it instead of recomputing any logits (two matmuls
+    per chunk instead of three, and the float32 chunk is swept by a few kernels once, not twice)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, target, chunk_rows: int, cd: torch.dtype):
+    def forward(ctx, hidden, weight, bias, target, chunk_rows: int, cd: torch.dtype, want_grad: bool):
         acc = accumulation_dtype(cd)
-        (n, _), v = hidden.shape, weight.shape[0]
-        rows, cols = _tiles(n, v, chunk_rows)
-        lse = torch.empty(n, dtype=acc, device=hidden.device)
-        loss = torch.zeros((), dtype=acc, device=hidden.device)
-        correct = torch.zeros((), dtype=torch.int64, device=hidden.device)
+        n, dev = hidden.shape[0], hidden.device
+        need_h, need_w, need_b = (want_grad and x for x in ctx.needs_input_grad[:3])
+        loss = torch.zeros((), dtype=acc, device=dev)
+        correct = torch.zeros((), dtype=torch.int64, device=dev)
+        grad_h = torch.empty(hidden.shape, dtype=accumulation_dtype(hidden.dtype), device=dev) if need_h else None
+        grad_w = grad_b = None   # summed over the chunks, from the first chunk's product
         with _no_autocast(hidden):
-            h_all = hidden.to(cd)
-            for r0 in range(0, n, rows):
-                h, t = h_all[r0:r0 + rows], target[r0:r0 + rows]
-                top = torch.full(t.shape, -torch.inf, dtype=acc, device=t.device)   # running max
-                arg = torch.zeros_like(t)                                          # its index
-                total = torch.zeros_like(top)                                      # sum exp(x - top)
-                picked = torch.zeros_like(top)                                     # target logit
-                for v0 in range(0, v, cols):
-                    x = F.linear(h, weight[v0:v0 + cols].to(cd), None if bias is None else bias[v0:v0 + cols].to(cd))
-                    x = x.to(acc)
-                    bmax, barg = x.max(-1)
-                    inside = (t >= v0) & (t < v0 + x.shape[1])
-                    at = x.gather(1, (t - v0).clamp_(0, x.shape[1] - 1)[:, None]).squeeze(1)
-                    picked = torch.where(inside, at, picked)
-                    better = bmax > top   # strict: ties keep the first index, as argmax does
-                    arg = torch.where(better, barg + v0, arg)
-                    new_top = torch.maximum(top, bmax)
-                    total = total * (top - new_top).exp() + x.sub_(new_top[:, None]).exp_().sum(-1)
-                    top = new_top
-                lse[r0:r0 + rows] = total.log() + top
-                loss += (lse[r0:r0 + rows] - picked).sum()
+            h_all, w = hidden.to(cd), weight.to(cd)
+            b = None if bias is None else bias.to(cd)
+            for r0 in range(0, n, chunk_rows):
+                h, t = h_all[r0:r0 + chunk_rows], target[r0:r0 + chunk_rows]
+                x = F.linear(h, w, b)                     # (rows, V) in cd, as F.linear under autocast
+                top, arg = x.max(-1)                      # exact in cd; ties give the first index
+                picked = x.gather(1, t[:, None]).squeeze(1).to(acc)
+                top = top.to(acc)
+                e = x.sub_(top[:, None]) if x.dtype == acc else torch.sub(x, top[:, None])   # float32
+                total = e.exp_().sum(-1)                  # e = exp(x - top)
+                loss += (total.log() + top - picked).sum()
                 correct += (arg == t).sum()
-        ctx.save_for_backward(hidden, weight, bias, target, lse)
-        ctx.chunk_rows, ctx.cd = chunk_rows, cd
+                if not (need_h or need_w or need_b):
+                    continue
+                e.scatter_add_(1, t[:, None], -total[:, None])   # the target's entry becomes p_t - 1 below
+                inv = total.reciprocal()
+                g = e.mul_(inv[:, None]) if e is x else torch.mul(e, inv[:, None], out=x)   # softmax - one_hot, in cd
+                if need_h:
+                    grad_h[r0:r0 + chunk_rows] = g @ w
+                if need_w:
+                    grad_w = _add(grad_w, g.t() @ h, accumulation_dtype(weight.dtype))
+                if need_b:
+                    grad_b = _add(grad_b, e.t() @ inv if e is not x else g.sum(0), accumulation_dtype(bias.dtype))
+        ctx.save_for_backward(grad_h, grad_w, grad_b)
+        ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
         ctx.mark_non_differentiable(correct)
         return loss, correct
 
     @staticmethod
     def backward(ctx, grad_loss, _grad_correct):
-        hidden, weight, bias, target, lse = ctx.saved_tensors
-        need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        cd, acc = ctx.cd, lse.dtype
-        (n, _), v = hidden.shape, weight.shape[0]
-        rows, cols = _tiles(n, v, ctx.chunk_rows)
-        dev = hidden.device
-        grad_h = torch.zeros(hidden.shape, dtype=accumulation_dtype(hidden.dtype), device=dev) if need_h else None
-        grad_w = torch.empty(weight.shape, dtype=accumulation_dtype(weight.dtype), device=dev) if need_w else None
-        grad_b = torch.empty(bias.shape, dtype=accumulation_dtype(bias.dtype), device=dev) if need_b else None
-        go = grad_loss.to(acc)
-        with _no_autocast(hidden):
-            h_all = hidden.to(cd)
-            for r0 in range(0, n, rows):
-                h, t, lse_r = h_all[r0:r0 + rows], target[r0:r0 + rows], lse[r0:r0 + rows, None]
-                for v0 in range(0, v, cols):
-                    w = weight[v0:v0 + cols].to(cd)
-                    p = F.linear(h, w, None if bias is None else bias[v0:v0 + cols].to(cd)).to(acc)
-                    p.sub_(lse_r).exp_()                                    # softmax
-                    inside = ((t >= v0) & (t < v0 + p.shape[1])).to(acc)    # - one_hot, without a sync:
-                    p.scatter_add_(1, (t - v0).clamp_(0, p.shape[1] - 1)[:, None], -inside[:, None])
-                    p.mul_(go)
-                    g = p.to(cd)
-                    if need_h:
-                        grad_h[r0:r0 + rows] += g @ w
-                    for grad, part in ((grad_w, (g.t() @ h) if need_w else None),
-                                       (grad_b, p.sum(0) if need_b else None)):
-                        if part is None:
-                            continue
-                        if r0 == 0:   # first (usually only) row tile: written once, not accumulated
-                            grad[v0:v0 + cols] = part
-                        else:
-                            grad[v0:v0 + cols] += part
-        return (None if grad_h is None else grad_h.to(hidden.dtype),
-                None if grad_w is None else grad_w.to(weight.dtype),
-                None if grad_b is None else grad_b.to(bias.dtype), None, None, None)
+        grads = [None if g is None else (g * grad_loss.to(g.dtype)).to(dtype)
+                 for g, dtype in zip(ctx.saved_tensors, ctx.dtypes)]
+        return (*grads, None, None, None, None)
+
+
+def _add(total: torch.Tensor | None, part: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``total + part`` in ``dtype``, with no zero-filled start (W's gradient is V x H)."""
+    return part.to(dtype) if total is None else total.add_(part)
 
 
 # ---------------------------------------------------------------- optional CUDA libraries
