@@ -72,6 +72,19 @@ def test_chunked_equals_plain_float32(n, chunk_rows, v, bias):
             assert_close(r, g, 1e-5)
 
 
+def test_weight_gradient_summed_in_vocabulary_blocks(monkeypatch):
+    """W's gradient is written block by block of the vocabulary (a (block, H) product, not (V, H)),
+    the first row chunk assigning and the later ones adding: still plain's gradient."""
+    monkeypatch.setattr(loss_mod, "W_GRAD_ROWS", 7)   # 50 = 7 blocks of 7 and one of 1
+    inputs = make(37, v=V)
+    ref = run("plain", *inputs, chunk_rows=8)
+    with OpRecorder() as rec:
+        got = run("chunked", *inputs, chunk_rows=8)
+    for r, g in zip(ref[2:], got[2:]):
+        assert_close(r, g, 1e-5)
+    assert sum(rec.ops[k] for k in MATMULS) == 5 * (2 + 8)   # per row chunk: logits, grad_h, 8 blocks of W's gradient
+
+
 def test_argmax_ties_count_the_first_index():
     """Two equal top logits far apart in the vocabulary: argmax (and so n_correct) takes the
     first, in the plain and the chunked path alike."""

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from west.models.config import LOSS_IMPLS
 from west.models.precision import accumulation_dtype, autocast_dtype, autocast_on
 
+W_GRAD_ROWS = 16384   # vocabulary rows per product of W's gradient (a 50 MB bf16 temporary at H 1,536)
 CCE_IMPL = "cce"   # cut-cross-entropy's own default (gradient filtering below bf16 precision)
 
 # impl -> (module, function, pip package)
@@ -154,7 +155,7 @@ class _ChunkedLinearCE(torch.autograd.Function):
         loss = torch.zeros((), dtype=acc, device=dev)
         correct = torch.zeros((), dtype=torch.int64, device=dev)
         grad_h = torch.empty(hidden.shape, dtype=accumulation_dtype(hidden.dtype), device=dev) if need_h else None
-        grad_w = grad_b = None   # summed over the chunks, from the first chunk's product
+        grad_w = grad_b = None   # summed over the chunks, starting from the first chunk's
         with _no_autocast(hidden):
             h_all, w = hidden.to(cd), weight.to(cd)
             b = None if bias is None else bias.to(cd)
@@ -168,17 +169,25 @@ class _ChunkedLinearCE(torch.autograd.Function):
                 total = e.exp_().sum(-1)                  # e = exp(x - top)
                 loss += (total.log() + top - picked).sum()
                 correct += (arg == t).sum()
-                if not (need_h or need_w or need_b):
-                    continue
-                e.scatter_add_(1, t[:, None], -total[:, None])   # the target's entry becomes p_t - 1 below
-                inv = total.reciprocal()
-                g = e.mul_(inv[:, None]) if e is x else torch.mul(e, inv[:, None], out=x)   # softmax - one_hot, in cd
-                if need_h:
-                    grad_h[r0:r0 + chunk_rows] = g @ w
-                if need_w:
-                    grad_w = _add(grad_w, g.t() @ h, accumulation_dtype(weight.dtype))
-                if need_b:
-                    grad_b = _add(grad_b, e.t() @ inv if e is not x else g.sum(0), accumulation_dtype(bias.dtype))
+                if need_h or need_w or need_b:
+                    e.scatter_add_(1, t[:, None], -total[:, None])   # the target's entry becomes p_t - 1 below
+                    inv = total.reciprocal()
+                    g = e.mul_(inv[:, None]) if e is x else torch.mul(e, inv[:, None], out=x)   # softmax - one_hot
+                    if need_h:
+                        grad_h[r0:r0 + chunk_rows] = g @ w
+                    if need_w:
+                        if grad_w is None:
+                            grad_w = torch.empty(weight.shape, dtype=accumulation_dtype(weight.dtype), device=dev)
+                        for v0 in range(0, weight.shape[0], W_GRAD_ROWS):   # a (W_GRAD_ROWS, H) product at a time
+                            part = g[:, v0:v0 + W_GRAD_ROWS].t() @ h
+                            if r0 == 0:
+                                grad_w[v0:v0 + W_GRAD_ROWS] = part
+                            else:
+                                grad_w[v0:v0 + W_GRAD_ROWS] += part
+                    if need_b:
+                        part = (e.t() @ inv if e is not x else g.sum(0)).to(accumulation_dtype(bias.dtype))
+                        grad_b = part if grad_b is None else grad_b.add_(part)
+                x = e = g = None   # this chunk's logits are freed before the next chunk's are made
         ctx.save_for_backward(grad_h, grad_w, grad_b)
         ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
         ctx.mark_non_differentiable(correct)
@@ -189,11 +198,6 @@ class _ChunkedLinearCE(torch.autograd.Function):
         grads = [None if g is None else (g * grad_loss.to(g.dtype)).to(dtype)
                  for g, dtype in zip(ctx.saved_tensors, ctx.dtypes)]
         return (*grads, None, None, None, None)
-
-
-def _add(total: torch.Tensor | None, part: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``total + part`` in ``dtype``, with no zero-filled start (W's gradient is V x H)."""
-    return part.to(dtype) if total is None else total.add_(part)
 
 
 # ---------------------------------------------------------------- optional CUDA libraries
