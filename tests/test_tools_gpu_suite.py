@@ -14,7 +14,7 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(
         ["bash", str(ROOT / "tools" / "gpu_suite.sh"), str(out), "--tiny", "--device", "cpu", "--python",
-         sys.executable, "--work_dir", str(tmp_path / "work"), "--parts", "build,attention,bench,train,marks,pyspy,weights,rotary,norm,cudnn,graphs,headroom,profile,hostpy,gap,floor,queues,ring,encoder_graphs,encoder_graphs_full,encoder_graphs_exact,best,contention,late_readback,encoder_time"],
+         sys.executable, "--work_dir", str(tmp_path / "work"), "--parts", "build,attention,bench,train,marks,pyspy,weights,rotary,norm,cudnn,graphs,headroom,profile,hostpy,gap,floor,queues,ring,encoder_graphs,encoder_graphs_full,encoder_graphs_exact,best,contention,late_readback,configured,encoder_time,loss"],
         env=subprocess_env(), capture_output=True, text=True, timeout=900)
     log = (out / "suite.log").read_text(encoding="utf-8") if (out / "suite.log").exists() else ""
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + log[-3000:]
@@ -23,8 +23,8 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert "### pack (" in suite and "| forward/llm |" in suite          # the profile's tables
     assert "| train_two_workers |" in suite and "| train_one_thread |" in suite   # contention
     assert "| train_pin_thread |" in suite and "| train_no_pin_thread |" in suite   # gap: the loader
-    assert "| train_main_thread_loader |" in suite and "outside the phases and the loader's wait: " in suite
-    assert "train_main_thread_loader, phase by phase (train.phase_marks)" in suite
+    assert "| train_ring_no_pin_thread |" in suite and "outside the phases and the loader's wait: " in suite
+    assert "train_ring_no_pin_thread, phase by phase (train.phase_marks)" in suite
     assert "| autocast |" in suite and "[launch_floor] cpu:" in suite     # floor: host time per operator
     assert "| train_stock_norm |" in suite                              # norm: the stock RMSNorms
     assert "| train_bf16_weights |" in suite                            # weights: bf16 working copies
@@ -46,10 +46,12 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert "| host launch s | sync wait s | device allocs | alloc retries |" in suite
     assert "### The encoder's 2 blocks on CPU: 512 rows, 400 real" in suite   # encoder_time (no replay on the CPU)
     assert "| eager, padded to the static shape |" in suite and "operators moving" in suite
+    assert "### the LLM's loss alone, H 32, V 1,000" in suite and "| 64 | bf16 | frozen | chunked |" in suite   # loss
     assert "| train_graphs |" in suite and "LLM rows padded (eager) at 1024 tokens, 0 unpadded (train.cuda_graphs)" in suite
     assert "train.cuda_graphs true:" in suite   # the benchmark with it (without: the same command, on a GPU only)
     assert "LLM rows padded (eager) at 1024 tokens, 0 unpadded\n" in suite
     assert "x the benchmark's" in suite                                  # headroom: west-train vs the benchmark
+    assert suite.count("x the benchmark's") == 2 and "- benchmark, pack token 1024, encoder packed" in suite   # configured
     headroom = (out / "benchmark_headroom.md").read_text(encoding="utf-8")
     assert "| sequence pack |" in headroom and "MFU" in headroom
     # more than 8 files: past the device tool's limit the JSON files travel in json.tar
@@ -61,7 +63,7 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
         jsons = {Path(m.name).name: json.load(tar.extractfile(m)) for m in tar.getmembers() if m.isfile()}
     assert sorted(set(jsons) - {"pyspy.json", "pyspy_marks.json"}) == [   # those two where py-spy is installed
         "attention.json", "benchmark.json", "encoder_attention.json", "encoder_time.json", "floor.json",
-        "graphs_exact.json", "hostpy.json", "hostpy_graphs.json", "late_exact.json", "marks.json", "marks_cuts.json",
+        "graphs_exact.json", "hostpy.json", "hostpy_graphs.json", "late_exact.json", "loss.json", "marks.json", "marks_cuts.json",
         "marks_queues.json", "marks_queues_off.json", "profile.json"]
     bench = jsons["benchmark.json"]
     assert {"static", "dynamic", "pack", "pack_encoder_padded"} <= set(bench["modes"])

@@ -20,7 +20,17 @@ part_headroom() {   # item 6's two open comparisons: the benchmark's step at wes
   "$python" -m west.bin.benchmark --config "$conf" "${common[@]}" --data "$data/train/data.list" \
     --data.cmvn "$data/train/global_cmvn.json" --num_utts "$num_utts" --out_dir "$exp/bench_fixed" \
     --modes pack --pack_tokens "$pack" --repeats "$reps" --profile never --no-count_ops >>"$out/suite.log" 2>&1
-  "$python" - "$exp/bench_fixed/benchmark.json" "$exp/$([ -d "$exp/train_eager" ] && echo train_eager)" <<'EOF2' | tee -a "$out/suite.md"
+  bench_vs_train "$exp/bench_fixed/benchmark.json" "$exp/train_eager"
+  "$python" -m west.bin.benchmark --config "$conf" "${common[@]}" --data "$data/train/data.list" \
+    --data.cmvn "$data/train/global_cmvn.json" --num_utts "$num_utts" --out_dir "$exp/bench_headroom" \
+    --modes pack --pack_tokens "$pack" --repeats "$reps" --profile never --memory_budget "$card" --no-count_ops \
+    --search_granularity "$gran" --model.llm.gradient_checkpointing false >>"$out/suite.log" 2>&1
+  cp "$exp/bench_headroom/benchmark.md" "$out/benchmark_headroom.md"
+  head -n 4 "$out/benchmark_headroom.md" | tee -a "$out/suite.md"
+}
+bench_vs_train() {   # benchmark.json, a west-train run's dir (absent: the benchmark's line only): the pack
+  # step of each, and west-train's as a multiple of the benchmark's (issue 23: within 10 %)
+  "$python" - "$1" "$2" <<'EOF2' | tee -a "$out/suite.md"
 import json, sys
 from pathlib import Path
 r = json.load(open(sys.argv[1]))["modes"]["pack"]
@@ -37,21 +47,15 @@ if log.is_file():
     print(f"- west-train at the same size: {med('step_time_s'):.3f} s per step (median of {len(recs)}; "
           f"{split(med('launch_s'), med('sync_wait_s'))}): {med('step_time_s') / step:.2f}x the benchmark's")
 EOF2
-  "$python" -m west.bin.benchmark --config "$conf" "${common[@]}" --data "$data/train/data.list" \
-    --data.cmvn "$data/train/global_cmvn.json" --num_utts "$num_utts" --out_dir "$exp/bench_headroom" \
-    --modes pack --pack_tokens "$pack" --repeats "$reps" --profile never --memory_budget "$card" --no-count_ops \
-    --search_granularity "$gran" --model.llm.gradient_checkpointing false >>"$out/suite.log" 2>&1
-  cp "$exp/bench_headroom/benchmark.md" "$out/benchmark_headroom.md"
-  head -n 4 "$out/benchmark_headroom.md" | tee -a "$out/suite.md"
 }
 best_run() {   # name, extra args...: west-benchmark pack $pack, the encoder's blocks replayed, the LLM's
   # checkpointing off, no cap, 2 timed passes; its table into OUT/benchmark_<name>.md
-  local name=$1 reps=2 extra=(--train.encoder_graph_rows 12288); shift
-  $tiny && { reps=1; extra=(--model.encoder.pos_enc wenet --model.encoder.attn_backend varlen); }
+  local name=$1 reps=2; shift
+  $tiny && reps=1
   "$python" -m west.bin.benchmark --config "$conf" "${common[@]}" --data "$data/train/data.list" \
     --data.cmvn "$data/train/global_cmvn.json" --num_utts "$num_utts" --out_dir "$exp/bench_$name" \
     --modes pack --pack_tokens "$pack" --repeats "$reps" --profile never --no-count_ops \
-    --train.encoder_graphs true --model.llm.gradient_checkpointing false "${extra[@]}" "$@" >>"$out/suite.log" 2>&1
+    "${replayed[@]}" --model.llm.gradient_checkpointing false "$@" >>"$out/suite.log" 2>&1
   cp "$exp/bench_$name/benchmark.md" "$out/benchmark_$name.md"
   head -n 3 "$out/benchmark_$name.md" | tee -a "$out/suite.md"
 }
@@ -116,4 +120,27 @@ part_big() {   # issue 23: fits 40 GiB at pack 8192; pack vs Whisper padded to 3
     >>"$out/suite.log" 2>&1
   cp "$exp/bench_big/benchmark.md" "$out/benchmark_big.md"
   tail -n 20 "$out/benchmark_big.md"
+}
+part_loss() {   # the loss phases took the H100 8.0 + 12.5 ms of each pack (sixth run's marks) for ~2 ms of products
+  log "loss: the LLM's cross-entropy alone at the seed's shapes: chunked (gradients in its forward) against plain,"\
+    "Liger-Kernel and cut-cross-entropy (.whl/loss/, installed for this part only)"
+  local site=/tmp/site_loss sizes=(--rows 1500,3000)
+  $tiny && sizes=(--rows 64 --hidden 32 --vocab 1000 --repeats 1)
+  if ls "$repo"/.whl/loss/*.whl >/dev/null 2>&1; then   # kept out of the other parts: auto would pick them up
+    "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
+      "$repo"/.whl/loss/*.whl >>"$out/suite.log" 2>&1 || log "loss: the libraries' wheels did not install"
+  fi
+  PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH} "$python" "$repo/tools/bench_loss.py" --device "$device" "${sizes[@]}" \
+    --out "$out/loss.json" 2>&1 | tee -a "$out/suite.log" | sed -n '/^### /,$p' | tee -a "$out/suite.md"
+}
+part_configured() {   # issue 23's "west-train within 10 % of the benchmark" for seed_gpu.yaml as it now runs on
+  # one GPU (the encoder replayed, the LLM's MLPs checkpointed): the fifth run's 1.32x had both eager
+  log "configured: west-benchmark pack $pack as west-train runs it on one GPU (encoder replayed, LLM checkpointing"\
+    "as configured), against late_readback's train_readback"
+  local reps=2; $tiny && reps=1
+  "$python" -m west.bin.benchmark --config "$conf" "${common[@]}" --data "$data/train/data.list" \
+    --data.cmvn "$data/train/global_cmvn.json" --num_utts "$num_utts" --out_dir "$exp/bench_configured" \
+    --modes pack --pack_tokens "$pack" --repeats "$reps" --profile never --no-count_ops \
+    "${replayed[@]}" >>"$out/suite.log" 2>&1
+  bench_vs_train "$exp/bench_configured/benchmark.json" "$exp/train_readback"
 }

@@ -56,7 +56,7 @@ part_queues() {   # a stream holds about 1,000 pending launches: where the GPU i
   launcher=(timeout 150)
   profile_run marks_queues pack --phase_marks --steps 6
   steps=$(( steps < 20 ? steps : 20 ))   # as part gap's runs
-  train_run train_queues --train.phase_marks true
+  train_run train_queues "${replayed[@]}" --train.phase_marks true   # as part gap's train_pin_thread
 }
 part_pyspy() {   # where the launching thread's time goes in C++ and the driver too (cProfile sees Python only)
   local spy warm=2 rate=20 n=$(( prof_steps * 10 ))   # sixth run (H100): at 100 a second, native unwinding fell 63 s behind in 240 s

@@ -27,22 +27,22 @@ part_late_readback() {   # the step's read-back waited ~35 ms for the GPU to fin
   # With the encoder eager it bought nothing (H100, sixth run): the host, a step ahead, fills the launch queue
   # with the encoder's ~1,000 small kernels and waits there instead. Replayed, they are two launches
   log "late_readback: west-train with the encoder replayed, reading each step's figures back before the update, then one step late"
-  local graphs=(--train.encoder_graphs true --train.encoder_graph_rows 12288)
-  $tiny && graphs=(--train.encoder_graphs true --model.encoder.pos_enc wenet --model.encoder.attn_backend varlen)
   steps=$(( steps < 20 ? steps : 20 ))
-  train_run train_readback "${graphs[@]}"
-  train_run train_late_readback "${graphs[@]}" --train.late_readback true
+  train_run train_readback "${replayed[@]}"
+  train_run train_late_readback "${replayed[@]}" --train.late_readback true
   "$python" "$repo/tools/compare_losses.py" "$exp/train_readback/train_log.jsonl" \
     "$exp/train_late_readback/train_log.jsonl" --json "$out/late_exact.json" | tee -a "$out/suite.md"
 }
-part_gap() {   # west-train's step is 1.32x the benchmark's (H200, fifth run), its projector and splice host-paced
-  # at 16-21 ms where the benchmark's runner takes about 1: is it what runs beside the launching thread?
-  # Sixth run (H100): 6.2 and 1.2 ms without the pin thread, but with no marked run beside it on that card
-  log "gap: west-train as configured, without the pin-memory thread, then with the loader in the main thread (nothing beside it), marked"
-  steps=$(( steps < 20 ? steps : 20 ))   # phases 16-21 ms against about 1: 15 steps of medians tell them apart
-  train_run train_pin_thread --train.phase_marks true
-  train_run train_no_pin_thread --data.pin_memory false --train.phase_marks true
-  train_run train_main_thread_loader --data.num_workers 0 --data.pin_memory false --train.phase_marks true
+part_gap() {   # west-train's step is 1.32x the benchmark's (H200, fifth run). With the encoder replayed there, the
+  # host spent 31 ms in the projector and 19 in the splice (GPU 22 and 19), which take the benchmark's runner about 1
+  # and took 6 and 1 with no pin thread (H100, sixth run, encoder eager, no baseline beside it): is it the pin thread?
+  log "gap: west-train as configured (the encoder replayed), marked: with the pin-memory thread, without it (each"\
+    "copy pinned by the step), and without it through a 64 MiB page-locked ring (train.pinned_ring_mib)"
+  steps=$(( steps < 20 ? steps : 20 ))   # phases 16-31 ms against about 1: 15 steps of medians tell them apart
+  train_run train_pin_thread "${replayed[@]}" --train.phase_marks true
+  train_run train_no_pin_thread "${replayed[@]}" --data.pin_memory false --train.phase_marks true
+  train_run train_ring_no_pin_thread "${replayed[@]}" --data.pin_memory false --train.pinned_ring_mib 64 \
+    --train.phase_marks true
 }
 part_contention() {   # west-train queued its step 1.27x slower than the benchmark (H200), which has no loader
   log "contention: west-train with 2 loader workers instead of $workers, then with OMP_NUM_THREADS=1 (torch's CPU threads)"
