@@ -18,6 +18,7 @@ def test_traffic_counts_each_operators_tensors_in_and_out_and_skips_views():
         c.view(2, 5)         # a view: nothing moves
         torch.mm(a.view(2, 5).t(), b.view(2, 5))   # (5, 2) @ (2, 5): reads 80, writes 100
     assert mode.ops == 2 and mode.bytes == 120 + 180
+    assert mode.by_op == {"add": 120, "mm": 180} and mode.calls == {"add": 1, "mm": 1}
 
 
 def test_attention_flops_are_per_segment():
@@ -52,6 +53,9 @@ def test_the_tool_times_the_padded_blocks_on_the_cpu(tmp_path, capsys):
     assert "| eager, padded to the static shape |" in text and "| – | – | – |" in text and "replayed (train.encoder_graphs)" not in text
     res = json.loads(out.read_text())
     assert res["real_rows"] == 400 and res["rows"] == 512 and res["floors"]["ops"] > 0
+    top = res["floors"]["top_ops"]   # the operators moving most bytes, largest first, in the table too
+    assert len(top) == 8 and top[0]["bytes"] >= top[-1]["bytes"] and sum(o["bytes"] for o in top) <= res["floors"]["bytes"]
+    assert f"| {top[0]['op']} | {top[0]['calls']:,} |" in text
     eager = res["variants"]["eager, padded to the static shape"]
     assert eager["step_ms"] > 0 and eager["forward_ms"] > 0 and res["floors"]["flops"] > 0
     assert "| compiled |" in text and res["variants"]["compiled"]["forward_ms"] > 0   # inductor on the CPU

@@ -14,7 +14,7 @@ what fused kernels need) and the FLOPs of their products. ``tools/encoder_gpu_ti
 from __future__ import annotations
 
 import tempfile
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -35,21 +35,29 @@ class Traffic(TorchDispatchMode):
         super().__init__()
         self.ops = 0
         self.bytes = 0
+        self.by_op: Counter = Counter()      # operator name -> bytes
+        self.calls: Counter = Counter()      # operator name -> calls
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if func.namespace != "profiler" and not func.is_view:
-            self.ops += 1
             flat = tree_flatten((args, kwargs or {}, out))[0]
-            self.bytes += sum(t.numel() * t.element_size() for t in flat if isinstance(t, torch.Tensor))
+            moved = sum(t.numel() * t.element_size() for t in flat if isinstance(t, torch.Tensor))
+            name = func.overloadpacket.__name__
+            self.ops += 1
+            self.bytes += moved
+            self.by_op[name] += moved
+            self.calls[name] += 1
         return out
 
 
-def traffic(step: Callable[[], object]) -> dict:
-    """Operators (views apart) and the bytes they read and write over one ``step()``."""
+def traffic(step: Callable[[], object], top: int = 8) -> dict:
+    """Operators (views apart) and the bytes they read and write over one ``step()``, with the
+    ``top`` operators by bytes: what fusing would save first."""
     with Traffic() as mode:
         step()
-    return {"ops": mode.ops, "bytes": mode.bytes}
+    return {"ops": mode.ops, "bytes": mode.bytes,
+            "top_ops": [{"op": name, "calls": mode.calls[name], "bytes": b} for name, b in mode.by_op.most_common(top)]}
 
 
 def attention_flops(cu_seqlens: Sequence[int], d_model: int) -> int:
@@ -134,4 +142,8 @@ def table(variants: dict[str, dict], floors: dict) -> str:
     at_peak = f" = {floors['flops'] / peak / 1e9:.1f} ms at {peak:,.0f} TFLOP/s" if peak else ""
     lines += ["", f"eager forward + backward: {floors['ops']:,} operators moving {floors['bytes'] / 1e9:.2f} GB"
               f"{at_bw}; {floors['flops'] / 1e12:.2f} TFLOP of products and attention{at_peak}"]
+    if floors.get("top_ops"):
+        lines += ["", "| operator (most bytes) | calls | GB | share |", "|---|---|---|---|"]
+        lines += [f"| {o['op']} | {o['calls']:,} | {o['bytes'] / 1e9:.2f} | {100 * o['bytes'] / floors['bytes']:.0f} % |"
+                  for o in floors["top_ops"]]
     return "\n".join(lines)
