@@ -255,6 +255,31 @@ class FakeLibrary:
         return F.cross_entropy(F.linear(e, c, bias).float(), targets, reduction=reduction)
 
 
+class PredictingLiger(FakeLibrary):
+    """A Liger release that can return each row's argmax (``return_predicted_tokens``)."""
+
+    def liger(self, input, weight, target, bias=None, ignore_index=-100, reduction="mean",
+              return_predicted_tokens=False):
+        logits = F.linear(input, weight, bias).float()
+        self.calls.append({"lib": "liger", "predicted": return_predicted_tokens})
+        loss = F.cross_entropy(logits, target, reduction=reduction)
+        return types.SimpleNamespace(loss=loss, predicted_tokens=logits.argmax(-1)) if return_predicted_tokens else loss
+
+
+def test_liger_that_returns_the_argmax_counts_without_an_extra_matmul(monkeypatch):
+    lib = PredictingLiger()
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers.functional",
+                        types.SimpleNamespace(liger_fused_linear_cross_entropy=lib.liger))
+    monkeypatch.setattr(loss_mod, "_on_cuda", lambda t: True)
+    monkeypatch.setattr(loss_mod, "_count_correct", lambda *a: pytest.fail("the extra argmax matmul ran"))
+    inputs = make(37)
+    ref = run("plain", *inputs)
+    got = run("liger", *inputs)
+    assert lib.calls == [{"lib": "liger", "predicted": True}]
+    assert int(got[1]) == int(ref[1]) and torch.allclose(got[0], ref[0], rtol=1e-5)
+    assert_close(ref[2], got[2], 1e-5)
+
+
 @pytest.fixture
 def fake(monkeypatch):
     """Install both fake libraries and pretend the tensors are on CUDA."""

@@ -9,6 +9,7 @@ a time; on CUDA it can hand the work to Liger-Kernel or Apple's cut-cross-entrop
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from contextlib import nullcontext
 
@@ -51,8 +52,9 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
       The default 512 x 151,936 is a 0.3 GB float32 chunk.
     * ``"plain"``: the reference, all N x V logits at once.
     * ``"liger"`` / ``"cce"``: Liger-Kernel's fused linear cross entropy / cut-cross-entropy's
-      ``linear_cross_entropy`` (impl :data:`CCE_IMPL`), CUDA tensors only. They do not return
-      the argmax, so ``n_correct`` costs one extra no-grad forward matmul, in chunks.
+      ``linear_cross_entropy`` (impl :data:`CCE_IMPL`), CUDA tensors only. Where the library
+      does not return each row's argmax (cut-cross-entropy, older Liger releases), ``n_correct``
+      costs one extra no-grad forward matmul, in chunks.
     * ``"auto"``: liger if importable and the tensors are on CUDA, else cce likewise, else chunked.
 
     N == 0 gives zeros whose graph still reaches ``hidden``, ``weight`` and ``bias`` (zero
@@ -241,7 +243,11 @@ def _library(impl: str, fn: Callable, hidden: torch.Tensor, weight: torch.Tensor
              bias: torch.Tensor | None, chunk_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     if impl == "liger":
         # Liger's forward runs under the caller's autocast and keeps float32 gradient
-        # buffers for float32 weights, so the tensors go in as they are.
+        # buffers for float32 weights, so the tensors go in as they are. Releases that can also
+        # return each row's argmax (0.8.5 can) save the count's extra matmul.
+        if "return_predicted_tokens" in inspect.signature(fn).parameters:
+            out = fn(hidden, weight, target, bias=bias, reduction="sum", return_predicted_tokens=True)
+            return out.loss.float(), (out.predicted_tokens == target).sum()
         loss = fn(hidden, weight, target, bias=bias, reduction="sum")
     else:
         # cut-cross-entropy before 25.6 ignores autocast: cast as F.linear would.
