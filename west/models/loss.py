@@ -8,6 +8,7 @@ a time; on CUDA it can hand the work to Liger-Kernel or Apple's cut-cross-entrop
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 from collections.abc import Callable
@@ -245,7 +246,7 @@ def _library(impl: str, fn: Callable, hidden: torch.Tensor, weight: torch.Tensor
         # Liger's forward runs under the caller's autocast and keeps float32 gradient
         # buffers for float32 weights, so the tensors go in as they are. Releases that can also
         # return each row's argmax (0.8.5 can) save the count's extra matmul.
-        if "return_predicted_tokens" in inspect.signature(fn).parameters:
+        if _takes(fn, "return_predicted_tokens"):
             out = fn(hidden, weight, target, bias=bias, reduction="sum", return_predicted_tokens=True)
             return out.loss.float(), (out.predicted_tokens == target).sum()
         loss = fn(hidden, weight, target, bias=bias, reduction="sum")
@@ -255,6 +256,12 @@ def _library(impl: str, fn: Callable, hidden: torch.Tensor, weight: torch.Tensor
         extra = {} if bias is None else {"bias": bias.to(cd)}   # bias= exists from 25.1.2 on
         loss = fn(hidden.to(cd), weight.to(cd), target, reduction="sum", impl=CCE_IMPL, **extra)
     return loss.float(), _count_correct(hidden, weight, target, bias, chunk_rows)
+
+
+@functools.lru_cache(maxsize=None)
+def _takes(fn: Callable, name: str) -> bool:
+    """Whether ``fn`` has a parameter ``name`` (looked up once per function, not every step)."""
+    return name in inspect.signature(fn).parameters
 
 
 @torch.no_grad()
