@@ -79,14 +79,10 @@ part_compile_encoder() {   # the encoder's small kernels (host-paced?) compiled,
 part_encoder_graphs() {   # the encoder's 12 trainable blocks: thousands of small kernels, each shorter on the GPU
   # than its launch on the host; replayed from CUDA graphs, two launches (rows padded to one shape)
   log "encoder_graphs: west-train with train.encoder_graphs true (the Conformer's blocks replayed), marked"
-  # rows: a pack of 8,192 LLM positions holds about 9,650 encoder rows of the built-in corpus (1.18 per
-  # position, counted on the CPU): 12,288 leaves room; a pack over it runs eagerly and is counted
-  local extra=(--train.encoder_graph_rows 12288)
-  $tiny && extra=(--model.encoder.pos_enc wenet --model.encoder.attn_backend varlen)   # CPU: the kernel's reference
-  if ! train_run train_encoder_graphs --train.encoder_graphs true --train.phase_marks true "${extra[@]}"; then
+  if ! train_run train_encoder_graphs "${replayed[@]}" --train.phase_marks true; then
     log "encoder_graphs: train_encoder_graphs failed (see suite.log); once more with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False"
     PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False train_run train_encoder_graphs_fixed_segments \
-      --train.encoder_graphs true --train.phase_marks true "${extra[@]}"
+      "${replayed[@]}" --train.phase_marks true
   fi
   { grep -h "(train.encoder_graphs)" "$out/suite.log" || true; } | tail -n 1 \
     | sed 's/^.*; \([0-9]* encoder batches\)/- \1/' | tee -a "$out/suite.md"
@@ -105,19 +101,14 @@ part_encoder_graphs_exact() {   # replayed blocks must train as the eager ones: 
 part_encoder_graphs_full() {   # if the encoder's graphs make the step GPU-bound, the LLM's MLP replay (a third
   # of its forward again) is what stands between the step and the MFU target: the same without it
   log "encoder_graphs_full: west-train with the encoder's blocks replayed and no LLM checkpointing (model.llm.gradient_checkpointing false)"
-  local extra=(--train.encoder_graph_rows 12288)
-  $tiny && extra=(--model.encoder.pos_enc wenet --model.encoder.attn_backend varlen)
-  train_run train_encoder_graphs_no_ckpt --train.encoder_graphs true --model.llm.gradient_checkpointing false \
-    "${extra[@]}"
+  train_run train_encoder_graphs_no_ckpt "${replayed[@]}" --model.llm.gradient_checkpointing false
 }
 part_encoder_graphs_compiled_train() {   # part encoder_graphs_compiled's configuration in west-train, with the
   # loader: against the fastest west-train step so far (encoder_graphs_full, 0.227 s on an H200)
   log "encoder_graphs_compiled_train: west-train with the encoder's blocks compiled (train.compile_scope encoder), then replayed, no LLM checkpointing, marked"
-  local extra=(--train.encoder_graph_rows 12288 --model.llm.gradient_checkpointing false --train.phase_marks true)
-  $tiny && extra=(--model.encoder.pos_enc wenet --model.encoder.attn_backend varlen --train.phase_marks true)
   steps=$(( steps < 30 ? steps : 30 ))   # the compilation takes the first steps; medians from step 6
-  train_run train_encoder_graphs_compiled --train.encoder_graphs true --train.compile true \
-    --train.compile_scope encoder "${extra[@]}"
+  train_run train_encoder_graphs_compiled "${replayed[@]}" --train.compile true --train.compile_scope encoder \
+    --model.llm.gradient_checkpointing false --train.phase_marks true
   { grep -h "(train.encoder_graphs)" "$out/suite.log" || true; } | tail -n 1 \
     | sed 's/^.*; \([0-9]* encoder batches\)/- compiled: \1/' | tee -a "$out/suite.md"
 }
