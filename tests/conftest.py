@@ -15,6 +15,23 @@ import soundfile as sf
 from helpers.corpus import make_wav, transcript, write_jsonl
 from helpers.threads import torch_threads
 
+# The slowest files, longest first (serial seconds on the 2-core VM, 2026-11-28: 440, 150, 110, 100).
+# Under CI's `-n 2 --dist loadfile` a worker takes the next file when it is free, and xdist would queue
+# the files by their number of tests: the gpu_suite file, 7 minutes in 5 tests, started late and
+# ran on alone. Queued first, it runs beside everything else and the two workers end together.
+SLOW_FILES = ("test_tools_gpu_suite.py", "test_train_compile.py", "test_bench_benchmark.py",
+              "test_recipes_aishell.py")
+
+
+def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):   # pytest-xdist: keep the order set below
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(items):
+    first = {name: i for i, name in enumerate(SLOW_FILES)}
+    items.sort(key=lambda item: first.get(item.path.name, len(first)))   # stable: the rest as collected
+
 
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory) -> Path:
