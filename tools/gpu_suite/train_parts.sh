@@ -44,6 +44,15 @@ part_gap() {   # west-train's step is 1.32x the benchmark's (H200, fifth run). W
   train_run train_ring_no_pin_thread "${replayed[@]}" --data.pin_memory false --train.pinned_ring_mib 64 \
     --train.phase_marks true
 }
+part_lora() {   # seed_gpu_lora.yaml (rank-16 adapters on every projection of the 1.5B LLM, whole layers
+  # checkpointed; WEST's best AIShell-1 results train this way) has never run on a GPU
+  log "lora: west-train with seed_gpu_lora.yaml (LoRA adapters train, the LLM's whole layers checkpointed),"\
+    "the encoder replayed as its train.encoder_graphs auto runs it"
+  local extra=()
+  if $tiny; then extra=(--model.lora "{r: 4}"); else conf=$repo/recipes/aishell/conf/seed_gpu_lora.yaml; fi
+  steps=$(( steps < 20 ? steps : 20 ))
+  train_run train_lora "${replayed[@]}" "${extra[@]}"
+}
 part_contention() {   # west-train queued its step 1.27x slower than the benchmark (H200), which has no loader
   log "contention: west-train with 2 loader workers instead of $workers, then with OMP_NUM_THREADS=1 (torch's CPU threads)"
   train_run train_two_workers --data.num_workers 2
