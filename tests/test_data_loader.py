@@ -56,6 +56,23 @@ def test_every_mode_yields_every_utterance_once(corpus, list_kinds, tokenizer, b
         assert b.counters["label_tokens"] == int((b.labels != IGNORE_INDEX).sum())
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_plan_knows_each_packs_encoder_frames(list_kinds, tokenizer, kind):
+    """most_encoder_frames (what train.encoder_graphs sizes its replay by) is the largest pack's
+    encoder frames as the batches then hold them, known from the list before any audio is read."""
+    batches, ds = run(list_kinds[kind], tokenizer, batch_type="pack")
+    held = [sum(SHAPE.encoder_frames(int(t)) for t in b.feat_lens) for b in batches]
+    planned = [int(ds.encoder_frames[ids].sum()) for ids in ds.rank_batches()]
+    assert len(held) > 2 and len(set(held)) > 1
+    if kind == "raw":   # lengths from durations: an upper bound, within a frame or two per utterance
+        assert all(0 <= p - h <= 2 * len(b.keys) for p, h, b in zip(planned, held, batches)), (planned, held)
+    else:               # frame counts in the shard index and in utt2num_frames: exact
+        assert planned == held
+    assert ds.most_encoder_frames() == max(planned)
+    loader, _ = build_dataloader(str(list_kinds[kind]), tokenizer, DataConfig(**{**SIZES, "batch_type": "pack"}), SHAPE)
+    assert loader.most_encoder_frames() == max(planned)   # the loader's TrainData method
+
+
 @pytest.mark.parametrize("layout,multiple", [("packed", 64), ("padded", 64), ("packed", 0)])
 @pytest.mark.parametrize("kind", ["raw", "shard"])
 def test_pack_batches_follow_the_contract(list_kinds, tokenizer, layout, multiple, kind):

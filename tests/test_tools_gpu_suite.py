@@ -2,6 +2,7 @@
 the same steps with toy sizes on the CPU (corpus, LLM, attention checks, the benchmark with a
 memory budget, west-train with the real loader)."""
 import json
+import re
 import subprocess
 import sys
 import tarfile
@@ -35,7 +36,10 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert "| train_pinned_ring |" in suite and "ring: check_pinned_ring.py skipped (needs CUDA" in log   # ring
     assert "train_pinned_ring, phase by phase (train.phase_marks)" in suite
     assert "| train_encoder_graphs |" in suite and "train_encoder_graphs, phase by phase" in suite   # encoder_graphs
-    assert "\n- 3 encoder batches padded (eager) at 2048 rows, 0 unpadded (train.encoder_graphs)" in suite
+    # the replay's rows: the largest planned pack's encoder frames in multiples of 512, under pack x stride (2048)
+    rows = re.search(r"\n- 3 encoder batches padded \(eager\) at (\d+) rows, 0 unpadded \(train.encoder_graphs\)", suite)
+    assert rows and int(rows[1]) % 512 == 0 and int(rows[1]) < 2048, suite
+    assert f"the encoder's blocks replay at {int(rows[1]):,} rows per pack (the largest planned pack holds" in log
     assert "| train_encoder_graphs_no_ckpt |" in suite                   # encoder_graphs_full
     assert "| train_nodrop_graphs |" in suite and "[compare_losses] 3 steps: largest relative" in suite   # _exact
     assert "| train_marks |" in suite and "train_marks, phase by phase (train.phase_marks)" in suite   # west-train marked
@@ -59,7 +63,8 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["benchmark.md", "benchmark_best.md", "benchmark_headroom.md",
                                                      "json.tar", "suite.log", "suite.md"]
     best = (out / "benchmark_best.md").read_text(encoding="utf-8")   # best: encoder replayed, no LLM checkpointing
-    assert "| sequence pack |" in best and "pack: 3 encoder batches padded (eager) at 2048 rows, 0 unpadded" in best
+    best_rows = re.search(r"pack: 3 encoder batches padded \(eager\) at (\d+) rows, 0 unpadded", best)
+    assert "| sequence pack |" in best and best_rows and int(best_rows[1]) % 512 == 0 and int(best_rows[1]) < 2048
     with tarfile.open(out / "json.tar") as tar:
         jsons = {Path(m.name).name: json.load(tar.extractfile(m)) for m in tar.getmembers() if m.isfile()}
     assert sorted(set(jsons) - {"pyspy.json", "pyspy_marks.json"}) == [   # those two where py-spy is installed
@@ -120,7 +125,6 @@ def test_every_part_is_defined_estimated_and_listed():
     """A part the default order names has a function (in gpu_suite.sh or tools/gpu_suite/*_parts.sh) and a
     time estimate (what --budget skips by); every defined part is in the default order, or is one of the
     second call's parts (big, encoder_graphs_full); docs/benchmarks.md's table of parts has a row for each."""
-    import re
 
     tools = ROOT / "tools"
     text = "\n".join(p.read_text(encoding="utf-8") for p in [tools / "gpu_suite.sh", *sorted((tools / "gpu_suite").glob("*_parts.sh"))])

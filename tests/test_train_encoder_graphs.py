@@ -58,12 +58,27 @@ def test_the_benchmark_pads_packed_modes_only_and_restores_the_encoder():
     cfg.encoder.pos_enc, cfg.encoder.attn_backend = "wenet", "varlen"
     model = SpeechLLM(cfg)
     train = TrainConfig(encoder_graphs=True, encoder_graph_max_len=64)
-    static_mode, pack_mode = standard_modes(["static", "pack"], 4, 512, 200)
-    with graphed_encoder(model, static_mode, train, torch.device("cpu")) as static:
+    static_mode, pack_mode = standard_modes(["static", "pack"], 4, 512, 2000)
+    shapes = [{"enc_sub_frames_real": 700}, {"enc_sub_frames_real": 1100}]   # the mode's batches
+    with graphed_encoder(model, static_mode, train, torch.device("cpu"), shapes) as static:
         assert static is None and model.encoder.static_blocks is None
-    with graphed_encoder(model, pack_mode, train, torch.device("cpu")) as static:
-        assert model.encoder.static_blocks is static and static.shape.tokens == 200 * 2   # pack x stride
+    with graphed_encoder(model, pack_mode, train, torch.device("cpu"), shapes) as static:
+        assert model.encoder.static_blocks is static and static.shape.tokens == 1536   # 1,100 rounded up to 512s
     assert model.encoder.static_blocks is None
+    with graphed_encoder(model, pack_mode, train, torch.device("cpu"), []) as static:
+        assert static.shape.tokens == 2000 * 2   # no batches seen: pack x stride, which any pack fits
+
+
+def test_the_rows_are_the_largest_planned_pack_rounded_up_within_the_bound():
+    from west.train.encoder_graphs import ROWS_STEP, encoder_rows
+
+    assert ROWS_STEP == 512
+    assert encoder_rows(0, 8192, 2, 9650) == (
+        9728, "the largest planned pack holds 9,650 encoder frames, rounded up to a multiple of 512")
+    assert encoder_rows(0, 8192, 2, 10240)[0] == 10240 and encoder_rows(0, 8192, 2, 10241)[0] == 10752
+    assert encoder_rows(0, 8192, 2, 16300)[0] == 16384   # never past pack x stride
+    assert encoder_rows(0, 8192, 2) == (16384, "no plan: pack_tokens 8,192 x projector stride 2, which any pack fits")
+    assert encoder_rows(12288, 8192, 2, 9650) == (12288, "train.encoder_graph_rows")   # set: as set
 
 
 def test_a_route_without_a_kernel_or_several_ranks_is_refused():

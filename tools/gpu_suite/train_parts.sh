@@ -99,11 +99,11 @@ part_encoder_graphs() {   # the encoder's 12 trainable blocks: thousands of smal
 part_encoder_graphs_exact() {   # replayed blocks must train as the eager ones: with dropout off (masks drawn in a
   # graph come from another stream) the two runs' losses step by step, apart only by rounding
   log "encoder_graphs_exact: 10 steps eager, then with train.encoder_graphs, model.encoder.dropout 0: losses step by step"
-  local extra=(--model.encoder.dropout 0) graph=(--train.encoder_graph_rows 12288)
-  $tiny && { extra+=(--model.encoder.pos_enc wenet --model.encoder.attn_backend varlen); graph=(); }
+  local extra=(--model.encoder.dropout 0)
+  $tiny && extra+=(--model.encoder.pos_enc wenet --model.encoder.attn_backend varlen)   # the eager run's route too
   steps=$(( steps < 10 ? steps : 10 ))
   train_run train_nodrop_eager "${extra[@]}"
-  train_run train_nodrop_graphs "${extra[@]}" --train.encoder_graphs true ${graph[@]+"${graph[@]}"}
+  train_run train_nodrop_graphs "${extra[@]}" "${replayed[@]}"
   "$python" "$repo/tools/compare_losses.py" "$exp/train_nodrop_eager/train_log.jsonl" \
     "$exp/train_nodrop_graphs/train_log.jsonl" --json "$out/graphs_exact.json" | tee -a "$out/suite.md"
 }

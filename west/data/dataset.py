@@ -69,19 +69,21 @@ class SpeechDataset(IterableDataset):
         self.encoder = PromptEncoder(tokenizer, conf, shape)
         self.policy = make_policy(conf, self.encoder.pad_id, self.encoder.placeholder_id, shape)
         self.cmvn = GlobalCMVN.from_json(conf.cmvn) if conf.cmvn else None
-        self.sources, self.list_skips, eligible, lengths = [], [], [], []
+        self.sources, self.list_skips, eligible, lengths, encoder_frames = [], [], [], [], []
         offset = 0
         for path in paths:
             stats = DataStats(conf.max_warnings)
             table = LengthTable(self.encoder, conf, stats, self.policy.sample_budget(), path)
             self.sources.append(open_list(path, stats, conf.data_type, table.add))
-            n_lengths, usable = table.finish()
+            n_lengths, usable, n_frames = table.finish()
             self.list_skips.append((path, stats))
             lengths.append(n_lengths)
+            encoder_frames.append(n_frames)
             eligible.append(usable + offset)
             offset += n_lengths.shape[0]
         self.offsets = np.cumsum([0] + [len(s) for s in self.sources])
         self.lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+        self.encoder_frames = np.concatenate(encoder_frames) if encoder_frames else np.zeros(0, np.int64)
         self.eligible = eligible
         self.fingerprint = _fingerprint(conf, shape, paths)
         for path, stats in self.list_skips:
@@ -122,6 +124,11 @@ class SpeechDataset(IterableDataset):
 
     def __len__(self) -> int:
         return len(self.rank_batches())
+
+    def most_encoder_frames(self) -> int:
+        """The most encoder frames (after subsampling, all of a batch's utterances together) of any
+        batch this rank has in the current epoch's plan: the size a fixed-shape encoder must take."""
+        return max((int(self.encoder_frames[ids].sum()) for ids in self.rank_batches()), default=0)
 
     def record(self, gid: int) -> dict:
         """The record with global id ``gid`` (lists are numbered one after the other)."""
@@ -215,6 +222,9 @@ class WestDataLoader(DataLoader):
 
     def skipped_counts(self) -> dict:
         return self.dataset.stats.as_dict()
+
+    def most_encoder_frames(self) -> int:
+        return self.dataset.most_encoder_frames()
 
     def dummy_batch(self) -> Batch:
         return self.dataset.dummy_batch()

@@ -58,7 +58,7 @@ def check_record(secs: float, n_tokens: int, conf: DataConfig, budget: Optional[
 
 
 class LengthTable:
-    """Collects lengths record by record; ``finish()`` returns (lengths, usable indices)."""
+    """Collects lengths record by record; ``finish()`` returns (lengths, usable indices, encoder frames)."""
 
     def __init__(self, encoder: PromptEncoder, conf: DataConfig, stats: DataStats, budget: Optional[int],
                  list_path: str):
@@ -67,6 +67,7 @@ class LengthTable:
         self.kaldi_feats = feature_kind(conf.features).kaldi_feats
         self._lengths: list[int] = []
         self._keep: list[bool] = []
+        self._encoder_frames: list[int] = []   # after the encoder's subsampling, all audio parts
         self._chunk: list[tuple[Record, list[int]]] = []
 
     def add(self, rec: Record) -> None:
@@ -97,12 +98,15 @@ class LengthTable:
                 keep = False
             self._lengths.append(length)
             self._keep.append(keep)
+            self._encoder_frames.append(sum(self.encoder.shape.encoder_frames(f) for f in fr))
         self._chunk.clear()
 
-    def finish(self) -> tuple[np.ndarray, np.ndarray]:
-        """(lengths of all records, indices of the records that passed the filters)."""
+    def finish(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(LLM-token lengths of all records, indices of the records that passed the filters, encoder
+        frames of all records: exact from ``num_frames``, an upper bound from ``duration``)."""
         self._flush()
-        return np.asarray(self._lengths, np.int64), np.nonzero(np.asarray(self._keep, bool))[0]
+        return (np.asarray(self._lengths, np.int64), np.nonzero(np.asarray(self._keep, bool))[0],
+                np.asarray(self._encoder_frames, np.int64))
 
 
 def _seconds(spec: AudioSpec, frames: int, shift_s: float) -> float:

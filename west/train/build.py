@@ -97,6 +97,9 @@ def build_trainer(cfg: Config, info: DistInfo) -> Trainer:
     if info.is_main:
         print(describe_groups(model, trainer.optimizer, cfg.train.projector_warmup_steps), flush=True)
         print(checkpoint_line(model, trainer.base, cfg.train.save_frozen_llm), flush=True)
+        if trainer.encoder_static is not None:
+            print(f"train.encoder_graphs: the encoder's blocks replay at {trainer.encoder_static.shape.tokens:,} "
+                  f"rows per pack ({trainer.encoder_rows_note})", flush=True)
         if trainer.weights is not None:
             print(trainer.weights.describe(), flush=True)
     return trainer

@@ -52,7 +52,7 @@ class TrainConfig:
     graph_max_seqlen: int = setting(512, min=1)     # cuda_graphs: the longest segment the kernels are sized for
     encoder_graphs: str = setting("false", choices=("false", "true", "auto"))  # the Conformer's blocks as CUDA
     #   graphs, fwd + bwd, rows padded; auto: true where that runs (one CUDA process, bf16; the start says why not)
-    encoder_graph_rows: int = setting(0, min=0)     # encoder_graphs: rows per pack; 0 = pack_tokens x projector stride
+    encoder_graph_rows: int = setting(0, min=0)     # encoder_graphs: rows per pack; 0 = the planned packs' most
     encoder_graph_segments: int = setting(256, min=2)  # encoder_graphs: segment slots (utterances + padding)
     encoder_graph_max_len: int = setting(1024, min=1)  # encoder_graphs: the longest utterance, in encoder frames
     fsdp: bool = False                              # FSDP2 fully_shard instead of DDP

@@ -24,11 +24,31 @@ from west.ranks import unwrap
 from west.schema import ConfigError
 from west.train.cuda_graphs import graphed
 
+ROWS_STEP = 512   # planned rows are rounded up to a multiple of this: room for a later epoch's packs
 
-def encoder_shape(rows: int, segments: int, max_len: int, pack_tokens: int, projector_stride: int) -> StaticShape:
-    """The static shape: ``rows`` (0 = ``pack_tokens`` × the projector's stride, every LLM position
-    a speech token), ``segments`` boundaries, ``max_len`` the longest utterance in encoder frames."""
-    return StaticShape(rows or pack_tokens * projector_stride, segments, max_len)
+
+def encoder_rows(rows: int, pack_tokens: int, projector_stride: int, planned: int = 0) -> tuple[int, str]:
+    """The static shape's rows, and where they come from. ``rows`` when set; else the most encoder
+    frames of any planned pack (``planned``) rounded up to :data:`ROWS_STEP`; without a plan,
+    ``pack_tokens`` × the projector's stride, which every pack fits (each speech token stands for
+    ``stride`` frames and takes one LLM position), at most that in any case. Every padding row
+    costs the replay what a real one does: the built-in corpus fills a pack of 8,192 with about
+    9,650 frames, so the bound (16,384) would compute 70 % more rows than it holds. A later
+    epoch's pack above the rows runs eagerly and is counted in the run's last line."""
+    bound = pack_tokens * projector_stride
+    if rows:
+        return rows, "train.encoder_graph_rows"
+    if planned:
+        return (min(bound, -(-planned // ROWS_STEP) * ROWS_STEP),
+                f"the largest planned pack holds {planned:,} encoder frames, rounded up to a multiple of {ROWS_STEP}")
+    return bound, f"no plan: pack_tokens {pack_tokens:,} x projector stride {projector_stride}, which any pack fits"
+
+
+def encoder_shape(rows: int, segments: int, max_len: int, pack_tokens: int, projector_stride: int,
+                  planned: int = 0) -> StaticShape:
+    """The static shape: rows from :func:`encoder_rows`, ``segments`` boundaries, ``max_len`` the
+    longest utterance in encoder frames."""
+    return StaticShape(encoder_rows(rows, pack_tokens, projector_stride, planned)[0], segments, max_len)
 
 
 def static_encoder_for(model: nn.Module, shape: StaticShape, precision: str, device: torch.device,
