@@ -2,6 +2,8 @@
 rows padded to train.encoder_graph_rows (what one captured graph replays on CUDA), and the run's
 per-step losses and final weights are those of the same run unpadded; the last line counts the
 batches. The config refuses what the captured blocks cannot do."""
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -59,10 +61,11 @@ def test_the_benchmark_pads_packed_modes_only_and_restores_the_encoder():
     model = SpeechLLM(cfg)
     train = TrainConfig(encoder_graphs=True, encoder_graph_max_len=64)
     static_mode, pack_mode = standard_modes(["static", "pack"], 4, 512, 2000)
-    shapes = [{"enc_sub_frames_real": 700}, {"enc_sub_frames_real": 1100}]   # the mode's batches
-    with graphed_encoder(model, static_mode, train, torch.device("cpu"), shapes) as static:
+    # the mode's batches: fbank frames per utterance, 4x subsampled to (n - 3) // 4 encoder frames
+    batches = [SimpleNamespace(feat_lens=torch.tensor([1203, 1603])), SimpleNamespace(feat_lens=torch.tensor([4403]))]
+    with graphed_encoder(model, static_mode, train, torch.device("cpu"), batches) as static:
         assert static is None and model.encoder.static_blocks is None
-    with graphed_encoder(model, pack_mode, train, torch.device("cpu"), shapes) as static:
+    with graphed_encoder(model, pack_mode, train, torch.device("cpu"), batches) as static:   # 700 and 1,100 frames
         assert model.encoder.static_blocks is static and static.shape.tokens == 1536   # 1,100 rounded up to 512s
     assert model.encoder.static_blocks is None
     with graphed_encoder(model, pack_mode, train, torch.device("cpu"), []) as static:

@@ -183,7 +183,7 @@ def main(argv=None) -> int:
             batches = [batches[i % len(batches)] for i in range(need)]
         with model_overrides(setup.runner.model, m.model), \
                 graphed_llm(setup.runner.model, m, setup.cfg.train, setup.device) as static, \
-                graphed_encoder(setup.runner.model, m, setup.cfg.train, setup.device) as encoder_static:
+                graphed_encoder(setup.runner.model, m, setup.cfg.train, setup.device, batches) as encoder_static:
             with torch.autograd.set_multithreading_enabled(not args.single_thread_backward):
                 res = profile_mode(setup.runner, batches, args.warmup_steps, traces / f"{m.name}.json",
                                    args.kernels_only, args.host_python, args.phase_marks)

@@ -149,7 +149,7 @@ def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, trai
         if count_ops:
             t0 = time.perf_counter()
             with model_overrides(model, m.model), cap_lifted(dev), graphed_llm(model, m, train, dev), \
-                    graphed_encoder(model, m, train, dev, results[m.name]["batches"]):
+                    graphed_encoder(model, m, train, dev, loaded[m.name]):
                 results[m.name]["ops"] = count_step_ops(runner, loaded[m.name])
                 results[m.name]["encoder_ops"] = count_encoder_ops(model, loaded[m.name], dev, train.precision)
             ops, enc = results[m.name]["ops"]["per_step"], results[m.name]["encoder_ops"]["per_step"]
@@ -217,7 +217,7 @@ def timed_passes(runner: PassRunner, model: torch.nn.Module, modes: Sequence[Mod
             before = compilations() if train.compile else 0   # (reading dynamo's counters imports it)
             try:
                 with model_overrides(model, m.model), graphed_llm(model, m, train, dev) as static, \
-                        graphed_encoder(model, m, train, dev, results[m.name]["batches"]) as encoder_static:
+                        graphed_encoder(model, m, train, dev, loaded[m.name]) as encoder_static:
                     r = runner.run(loaded[m.name], warmup_steps)
                     if static is not None:
                         results[m.name]["llm_graph"] = static.summary()
@@ -253,17 +253,19 @@ def graphed_llm(model: torch.nn.Module, mode: Mode, train: TrainConfig, device: 
 
 @contextlib.contextmanager
 def graphed_encoder(model: torch.nn.Module, mode: Mode, train: TrainConfig, device: torch.device,
-                    shapes: Sequence[dict]) -> Iterator[Optional[StaticBlocks]]:
+                    batches: Sequence[Batch]) -> Iterator[Optional[StaticBlocks]]:
     """``train.encoder_graphs`` for one packed mode's passes, as west-train runs it: the Conformer's
-    blocks on rows padded to one shape (sized by the largest of the mode's batches, ``shapes`` from
-    :func:`batch_shapes`, as west-train's by its planned packs), captured on CUDA; unpadded again
-    after. FLOPs are counted without it. Other modes and configs: unchanged."""
+    blocks on rows padded to one shape (sized by the most encoder frames of the mode's ``batches``,
+    as west-train's by its planned packs), captured on CUDA; unpadded again after. FLOPs are
+    counted without it. Other modes and configs: unchanged."""
     if train.encoder_graphs != "true" or not POLICIES[mode.data["batch_type"]].packs_rows:
         yield None
         return
-    planned = max((s["enc_sub_frames_real"] for s in shapes), default=0)
+    speech = unwrap(model).cfg.speech_shape()
+    most = max((sum(speech.encoder_frames(int(n)) for n in b.feat_lens.tolist()) for b in batches
+                if b.feat_lens is not None), default=0)
     shape = encoder_shape(train.encoder_graph_rows, train.encoder_graph_segments, train.encoder_graph_max_len,
-                          mode.data["pack_tokens"], unwrap(model).cfg.projector.stride, planned)
+                          mode.data["pack_tokens"], unwrap(model).cfg.projector.stride, most)
     static = static_encoder_for(model, shape, train.precision, device)
     try:
         yield static
