@@ -18,6 +18,7 @@ from west.models.config import LLMConfig, LoraSettings
 from west.models.encoders import RELEASE_TYPES
 from west.models.hf_attention import ATTN_NAME, register
 from west.models.mlp_checkpoint import checkpoint_mlps
+from west.models.precision import autocast_on
 from west.schema import ConfigError
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -114,6 +115,29 @@ def apply_lora(llm: nn.Module, lora: LoraSettings) -> nn.Module:
     conf = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                       target_modules=list(lora.target_modules), task_type="CAUSAL_LM")
     return get_peft_model(llm, conf)
+
+
+class LoraInputCasts:
+    """peft (0.15 on) casts each adapted projection's input to the adapters' dtype before their
+    products (``cast_input_dtype_enabled``). With float32 adapters under bf16 autocast that makes a
+    float32 copy of every adapted input, runs the adapter's dropout on it, and autocast casts it back
+    to bf16 for the product: two copies of the activation per adapter and pass, and their
+    gradients', for the same bf16 product (a bf16 value survives the float32 round trip exactly).
+    So the cast is off while autocast is on, and on elsewhere, where a bf16 input has to meet float32
+    adapters in float32. The dropout then runs on the bf16 input: with dropout 0 the step is the same
+    bit for bit (tests/test_models_lora_casts.py); with dropout the masks are other draws."""
+
+    def __init__(self, llm: nn.Module) -> None:
+        self.layers = [m for m in llm.modules() if hasattr(m, "cast_input_dtype_enabled")]
+        self.enabled = True
+
+    def match(self, device_type: str) -> None:
+        """The casts off if autocast is on for ``device_type``, else on (the flags set only when that changes)."""
+        enabled = not autocast_on(device_type)
+        if enabled != self.enabled:
+            for layer in self.layers:
+                layer.cast_input_dtype_enabled = enabled
+            self.enabled = enabled
 
 
 def is_peft(module: nn.Module) -> bool:

@@ -31,7 +31,7 @@ from west.models.encoders import encoder_class
 from west.models.fused_norm import fuse_rms_norms
 from west.models.fused_rotary import fuse_rotary
 from west.models.hf_attention import ATTN_NAME, packed_kwargs
-from west.models.llm import apply_lora, decoder_layers, llm_checkpointing, load_llm
+from west.models.llm import LoraInputCasts, apply_lora, decoder_layers, llm_checkpointing, load_llm
 from west.models.loss import linear_cross_entropy
 from west.models.projector import CompactPosteriorProjector, LinearProjector, PosteriorProjector, Projector
 from west.models.static_decoder import StaticDecoder, StaticShape
@@ -78,6 +78,7 @@ class SpeechLLM(nn.Module):
         if cfg.llm.gradient_checkpointing:
             llm_checkpointing(llm, cfg.llm)
         self.llm = apply_lora(llm, cfg.lora) if cfg.lora is not None else llm
+        self.lora_casts = LoraInputCasts(self.llm) if cfg.lora is not None else None   # matched to autocast per call
         self.static_decoder: Optional[StaticDecoder] = None   # use_static_decoder(): train.cuda_graphs
         self.ctc_head: Optional[nn.Linear] = None
         self.blank_embedding: Optional[nn.Parameter] = None
@@ -178,6 +179,8 @@ class SpeechLLM(nn.Module):
         instead of a padding mask. Models whose masks come as a per-layer-type mapping (Qwen2/3,
         Gemma2 …) get that mapping with no mask in it, so transformers does not build one, nor
         read position ids back from the device to look for packed rows."""
+        if self.lora_casts is not None:
+            self.lora_casts.match(embeds.device.type)
         if batch.is_packed:
             args = (embeds, batch.position_ids, batch.cu_seqlens, self._host_cu(batch), batch.max_seqlen)
             if self.static_decoder is not None and self.training and torch.is_grad_enabled():
@@ -312,6 +315,8 @@ class SpeechLLM(nn.Module):
         eos = eos_token_id if eos_token_id is not None else gen_cfg.eos_token_id
         pad = pad_token_id if pad_token_id is not None else gen_cfg.pad_token_id
         pad = pad if pad is not None else _first(eos)
+        if self.lora_casts is not None:
+            self.lora_casts.match(embeds.device.type)
         out = self.llm.generate(inputs_embeds=embeds, attention_mask=mask, max_new_tokens=max_new_tokens,
                                 num_beams=num_beams, do_sample=False, eos_token_id=eos, pad_token_id=pad,
                                 use_cache=True, **generate_kwargs)
