@@ -37,9 +37,9 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert "train_pinned_ring, phase by phase (train.phase_marks)" in suite
     assert "| train_encoder_graphs |" in suite and "train_encoder_graphs, phase by phase" in suite   # encoder_graphs
     # the replay's rows: the largest planned pack's encoder frames in multiples of 512, under pack x stride (2048)
-    rows = re.search(r"\n- 3 encoder batches padded \(eager\) at (\d+) rows, 0 unpadded \(train.encoder_graphs\)", suite)
-    assert rows and int(rows[1]) % 512 == 0 and int(rows[1]) < 2048, suite
-    assert f"the encoder's blocks replay at {int(rows[1]):,} rows per pack (the largest planned pack holds" in log
+    replay_rows = re.search(r"\n- 3 encoder batches padded \(eager\) at (\d+) rows, 0 unpadded \(train.encoder_graphs\)", suite)
+    assert replay_rows and int(replay_rows[1]) % 512 == 0 and int(replay_rows[1]) < 2048, suite
+    assert f"the encoder's blocks replay at {int(replay_rows[1]):,} rows per pack (the largest planned pack holds" in log
     assert "| train_encoder_graphs_no_ckpt |" in suite                   # encoder_graphs_full
     assert "| train_nodrop_graphs |" in suite and "[compare_losses] 3 steps: largest relative" in suite   # _exact
     assert "| train_marks |" in suite and "train_marks, phase by phase (train.phase_marks)" in suite   # west-train marked
@@ -57,6 +57,7 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert "LLM rows padded (eager) at 1024 tokens, 0 unpadded\n" in suite
     assert "x the benchmark's" in suite                                  # headroom: west-train vs the benchmark
     assert suite.count("x the benchmark's") == 2 and "- benchmark, pack token 1024, encoder packed" in suite   # configured
+    assert f"configured: the encoder replayed at west-train's {int(replay_rows[1])} rows" in log   # the same replayed rows
     headroom = (out / "benchmark_headroom.md").read_text(encoding="utf-8")
     assert "| sequence pack |" in headroom and "MFU" in headroom
     # more than 8 files: past the device tool's limit the JSON files travel in json.tar

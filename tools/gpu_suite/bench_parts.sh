@@ -138,9 +138,13 @@ part_configured() {   # issue 23's "west-train within 10 % of the benchmark" for
   log "configured: west-benchmark pack $pack as west-train runs it on one GPU (encoder replayed, LLM checkpointing"\
     "as configured), against late_readback's train_readback"
   local reps=2; $tiny && reps=1
+  # the replay at west-train's rows (its plan's largest pack), not at the largest of the benchmark's fewer packs
+  local rows same=()
+  rows=$(grep -o "blocks replay at [0-9,]* rows" "$out/suite.log" | tail -n 1 | tr -dc '0-9' || true)
+  [ -n "$rows" ] && same=(--train.encoder_graph_rows "$rows") && log "configured: the encoder replayed at west-train's $rows rows"
   "$python" -m west.bin.benchmark --config "$conf" "${common[@]}" --data "$data/train/data.list" \
     --data.cmvn "$data/train/global_cmvn.json" --num_utts "$num_utts" --out_dir "$exp/bench_configured" \
     --modes pack --pack_tokens "$pack" --repeats "$reps" --profile never --no-count_ops \
-    "${replayed[@]}" >>"$out/suite.log" 2>&1
+    "${replayed[@]}" ${same[@]+"${same[@]}"} >>"$out/suite.log" 2>&1
   bench_vs_train "$exp/bench_configured/benchmark.json" "$exp/train_readback"
 }
