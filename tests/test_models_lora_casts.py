@@ -9,10 +9,9 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from west.models.config import LoraSettings
 from west.models.speech_llm import SpeechLLM
 
-from helpers.speech import ALL_PROJ, packed_batch, samples, tiny_config
+from helpers.speech import ALL_PROJ, lora_model, packed_batch, samples
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -29,15 +28,7 @@ class Ops(TorchDispatchMode):
 
 def bf16_lora_model() -> SpeechLLM:
     """The seed's setting in small: the base LLM in bf16, float32 adapters on every projection (random B)."""
-    torch.manual_seed(0)
-    cfg = tiny_config(lora=LoraSettings(r=4, alpha=8, dropout=0.0, target_modules=ALL_PROJ))
-    cfg.llm.dtype = "bfloat16"
-    model = SpeechLLM(cfg)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "lora_B" in n:
-                p.normal_(0, 0.1)
-    return model.eval()
+    return lora_model(llm_dtype="bfloat16")
 
 
 def step(model: SpeechLLM, batch, autocast: bool) -> tuple[torch.Tensor, dict, Counter]:

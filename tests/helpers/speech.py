@@ -164,14 +164,15 @@ def assert_same(a, b, what):
 ALL_PROJ = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def lora_model(seed=0, targets=ALL_PROJ, llm_path=None, **kw) -> SpeechLLM:
+def lora_model(seed=0, targets=ALL_PROJ, llm_path=None, llm_dtype="float32", **kw) -> SpeechLLM:
     """LoRA on attention and MLP projections, dropout 0; B drawn at random (peft starts it at 0,
     which would leave every A gradient exactly 0 and prove nothing about A). With ``llm_path``
-    the base LLM is read from that dir."""
+    the base LLM is read from that dir; ``llm_dtype`` its dtype (the adapters stay float32)."""
     torch.manual_seed(seed)
     cfg = tiny_config(lora=LoraSettings(r=4, alpha=8, dropout=0.0, target_modules=targets), **kw)
     if llm_path is not None:
         cfg.llm = LLMConfig(path=str(llm_path))
+    cfg.llm.dtype = llm_dtype
     model = SpeechLLM(cfg)
     with torch.no_grad():
         for n, p in model.named_parameters():
