@@ -264,8 +264,7 @@ def graphed_encoder(model: torch.nn.Module, mode: Mode, train: TrainConfig, devi
     speech = unwrap(model).cfg.speech_shape()
     most = max((sum(speech.encoder_frames(int(n)) for n in b.feat_lens.tolist()) for b in batches
                 if b.feat_lens is not None), default=0)
-    shape = encoder_shape(train.encoder_graph_rows, train.encoder_graph_segments, train.encoder_graph_max_len,
-                          mode.data["pack_tokens"], unwrap(model).cfg.projector.stride, most)
+    shape, _ = encoder_shape(train, mode.data["pack_tokens"], unwrap(model).cfg.projector.stride, most)
     static = static_encoder_for(model, shape, train.precision, device)
     try:
         yield static

@@ -22,6 +22,7 @@ from west.models.static_decoder import StaticShape
 from west.models.static_encoder import KERNEL_ROUTES, StaticBlocks
 from west.ranks import unwrap
 from west.schema import ConfigError
+from west.train.config import TrainConfig
 from west.train.cuda_graphs import graphed
 
 ROWS_STEP = 512   # planned rows are rounded up to a multiple of this: room for a later epoch's packs
@@ -44,11 +45,13 @@ def encoder_rows(rows: int, pack_tokens: int, projector_stride: int, planned: in
     return bound, f"no plan: pack_tokens {pack_tokens:,} x projector stride {projector_stride}, which any pack fits"
 
 
-def encoder_shape(rows: int, segments: int, max_len: int, pack_tokens: int, projector_stride: int,
-                  planned: int = 0) -> StaticShape:
-    """The static shape: rows from :func:`encoder_rows`, ``segments`` boundaries, ``max_len`` the
-    longest utterance in encoder frames."""
-    return StaticShape(encoder_rows(rows, pack_tokens, projector_stride, planned)[0], segments, max_len)
+def encoder_shape(train: TrainConfig, pack_tokens: int, projector_stride: int,
+                  planned: int = 0) -> tuple[StaticShape, str]:
+    """(the static shape, where its rows come from): rows from :func:`encoder_rows`,
+    ``train.encoder_graph_segments`` boundaries, ``train.encoder_graph_max_len`` the longest
+    utterance in encoder frames. What west-train and the benchmark replay at."""
+    rows, why = encoder_rows(train.encoder_graph_rows, pack_tokens, projector_stride, planned)
+    return StaticShape(rows, train.encoder_graph_segments, train.encoder_graph_max_len), why
 
 
 def static_encoder_for(model: nn.Module, shape: StaticShape, precision: str, device: torch.device,

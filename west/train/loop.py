@@ -39,7 +39,6 @@ from west.batch import Batch
 from west.checkpoint import training as ckpt
 from west.checkpoint.base_llm import base_llm_of
 from west.checkpoint.integrity import PREFIX, check_checkpoint, latest_usable, set_aside
-from west.models.static_decoder import StaticShape
 from west.pinned_ring import use_pinned_ring
 from west.ranks import all_reduce_max, allow_cudnn_attention, barrier, sum_counts_over_ranks, unwrap
 from west.train.compile import compilations, compile_regions
@@ -47,7 +46,7 @@ from west.train.config import RunConfig, TrainConfig
 from west.train.cuda_graphs import static_decoder_for
 from west.train.data_interface import TrainData
 from west.train.distributed import DistInfo, wrap_model
-from west.train.encoder_graphs import encoder_rows, static_encoder_for
+from west.train.encoder_graphs import encoder_shape, static_encoder_for
 from west.train.evaluate import Evaluator
 from west.train.gpu_monitor import build_monitor
 from west.train.late_readback import PendingStep, check_fused, queue_train_step
@@ -100,11 +99,9 @@ class Trainer:
         self.encoder_static, self.encoder_rows_note = None, ""
         if train.encoder_graphs == "true":   # at the rows of the epoch's largest pack (TrainData.most_encoder_frames)
             planned = getattr(data, "most_encoder_frames", lambda: 0)()
-            rows, self.encoder_rows_note = encoder_rows(train.encoder_graph_rows, pack_tokens,
-                                                        unwrap(model).cfg.projector.stride, planned)
-            self.encoder_static = static_encoder_for(
-                self.model, StaticShape(rows, train.encoder_graph_segments, train.encoder_graph_max_len),
-                train.precision, info.device, info.world_size)
+            shape, self.encoder_rows_note = encoder_shape(train, pack_tokens, unwrap(model).cfg.projector.stride,
+                                                          planned)
+            self.encoder_static = static_encoder_for(self.model, shape, train.precision, info.device, info.world_size)
         # The frozen base LLM (model.llm.path) that lean checkpoints refer to instead of storing it.
         self.base = base_llm_of(model)
         self.optimizer = optimizer_from_config(self.model, train)
