@@ -10,7 +10,7 @@ import torch
 from west.batch import COUNTER_NAMES, IGNORE_INDEX
 from west.data.config import DataConfig
 from west.data.dataset import build_dataloader
-from west.shapes import SpeechShape, num_speech_tokens
+from west.shapes import PackExtent, SpeechShape, num_speech_tokens
 
 SIZES = dict(batch_size=5, max_tokens_in_batch=300, pack_tokens=400, sort_buffer=10, plan_window=10)
 SHAPE = SpeechShape()
@@ -58,19 +58,46 @@ def test_every_mode_yields_every_utterance_once(corpus, list_kinds, tokenizer, b
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_plan_knows_each_packs_encoder_frames(list_kinds, tokenizer, kind):
-    """most_encoder_frames (what train.encoder_graphs sizes its replay by) is the largest pack's
-    encoder frames as the batches then hold them, known from the list before any audio is read."""
+    """pack_extent (what train.encoder_graphs sizes its replay by) is what the fullest packs hold in
+    the encoder as the batches then hold it (frames, segments, the longest segment), known from the
+    list before any audio is read."""
     batches, ds = run(list_kinds[kind], tokenizer, batch_type="pack")
-    held = [sum(SHAPE.encoder_frames(int(t)) for t in b.feat_lens) for b in batches]
+    per_segment = [[SHAPE.encoder_frames(int(t)) for t in b.feat_lens] for b in batches]
+    held = [sum(f) for f in per_segment]
     planned = [int(ds.encoder_frames[ids].sum()) for ids in ds.rank_batches()]
     assert len(held) > 2 and len(set(held)) > 1
     if kind == "raw":   # lengths from durations: an upper bound, within a frame or two per utterance
         assert all(0 <= p - h <= 2 * len(b.keys) for p, h, b in zip(planned, held, batches)), (planned, held)
+        assert 0 <= ds.pack_extent().longest - max(map(max, per_segment)) <= 2
     else:               # frame counts in the shard index and in utt2num_frames: exact
         assert planned == held
-    assert ds.most_encoder_frames() == max(planned)
+        assert ds.pack_extent().longest == max(map(max, per_segment))
+    segments = [len(f) for f in per_segment]
+    assert len(set(segments)) > 1
+    extent = PackExtent(max(planned), max(segments), ds.pack_extent().longest)
+    assert ds.pack_extent() == extent
     loader, _ = build_dataloader(str(list_kinds[kind]), tokenizer, DataConfig(**{**SIZES, "batch_type": "pack"}), SHAPE)
-    assert loader.most_encoder_frames() == max(planned)   # the loader's TrainData method
+    assert loader.pack_extent() == extent   # the loader's TrainData method
+
+
+def test_the_plan_counts_every_audio_part_as_a_segment(corpus, tokenizer, tmp_path):
+    """A conversation's audio parts are segments of their own in the encoder: pack_extent counts
+    them, and takes the longest part, not the conversation's frames."""
+    from helpers.corpus import write_jsonl
+
+    rows = corpus["rows"]
+    chats = [{"key": f"chat{i}", "messages": [
+        {"role": "user", "content": [{"type": "audio", "audio": a["wav"], "duration": a["duration"]},
+                                     {"type": "audio", "audio": b["wav"], "duration": b["duration"]}]},
+        {"role": "assistant", "content": a["txt"]}]} for i, (a, b) in enumerate(zip(rows[:12:2], rows[1:12:2]))]
+    lst = write_jsonl(tmp_path / "chats.list", chats + rows[12:])
+    batches, ds = run(lst, tokenizer, batch_type="pack")
+    per_segment = [[SHAPE.encoder_frames(int(t)) for t in b.feat_lens] for b in batches]
+    assert max(len(f) for f in per_segment) > max(len(b.keys) for b in batches)   # parts, not records
+    extent = ds.pack_extent()
+    assert extent.segments == max(len(f) for f in per_segment)
+    assert 0 <= extent.longest - max(map(max, per_segment)) <= 2   # from durations: a frame or two over
+    assert extent.encoder_frames >= max(map(sum, per_segment))
 
 
 @pytest.mark.parametrize("layout,multiple", [("packed", 64), ("padded", 64), ("packed", 0)])

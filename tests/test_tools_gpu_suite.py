@@ -39,7 +39,9 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     # the replay's rows: the largest planned pack's encoder frames in multiples of 512, under pack x stride (2048)
     replay_rows = re.search(r"\n- 3 encoder batches padded \(eager\) at (\d+) rows, 0 unpadded \(train.encoder_graphs\)", suite)
     assert replay_rows and int(replay_rows[1]) % 512 == 0 and int(replay_rows[1]) < 2048, suite
-    assert f"the encoder's blocks replay at {int(replay_rows[1]):,} rows per pack (the largest planned pack holds" in log
+    shape = re.search(rf"the encoder's blocks replay at {int(replay_rows[1]):,} rows per pack in (\d+) segments of at "
+                      r"most ([\d,]+) frames \(rows: the largest planned pack holds", log)
+    assert shape, log[-3000:]
     assert "| train_encoder_graphs_no_ckpt |" in suite                   # encoder_graphs_full
     assert "| train_nodrop_graphs |" in suite and "[compare_losses] 3 steps: largest relative" in suite   # _exact
     assert "| train_marks |" in suite and "train_marks, phase by phase (train.phase_marks)" in suite   # west-train marked
@@ -49,7 +51,10 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert "pyspy: skipped (no py-spy" in log or "samples in 12 steps at 20 Hz" in suite
     assert "| train_static |" in suite and "| train_static_cudnn |" in suite   # cudnn: static batches, SDPA off/on
     assert "| host launch s | sync wait s | device allocs | alloc retries |" in suite
-    assert "### The encoder's 2 blocks on CPU: 512 rows, 400 real" in suite   # encoder_time (no replay on the CPU)
+    # encoder_time (no replay on the CPU) at west-train's shape, and in the fixed slots and bound for comparison
+    assert (f"### The encoder's 2 blocks on CPU: {int(replay_rows[1]):,} rows in {shape[1]} segments of at most "
+            f"{shape[2]}, 400 real") in suite
+    assert "| eager in 64 segments of at most 256 |" in suite
     assert "| eager, padded to the static shape |" in suite and "operators moving" in suite
     assert "### the LLM's loss alone, H 32, V 1,000" in suite and "| 64 | bf16 | frozen | chunked |" in suite   # loss
     assert "| train_graphs |" in suite and "LLM rows padded (eager) at 1024 tokens, 0 unpadded (train.cuda_graphs)" in suite
@@ -57,7 +62,8 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert "LLM rows padded (eager) at 1024 tokens, 0 unpadded\n" in suite
     assert "x the benchmark's" in suite                                  # headroom: west-train vs the benchmark
     assert suite.count("x the benchmark's") == 2 and "- benchmark, pack token 1024, encoder packed" in suite   # configured
-    assert f"configured: the encoder replayed at west-train's {int(replay_rows[1])} rows" in log   # the same replayed rows
+    assert (f"configured: the encoder replayed at west-train's {int(replay_rows[1])} rows in {shape[1]} segments of "
+            f"at most {shape[2].replace(',', '')}") in log   # the same replayed shape
     headroom = (out / "benchmark_headroom.md").read_text(encoding="utf-8")
     assert "| sequence pack |" in headroom and "MFU" in headroom
     # more than 8 files: past the device tool's limit the JSON files travel in json.tar

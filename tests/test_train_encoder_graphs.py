@@ -2,6 +2,7 @@
 rows padded to train.encoder_graph_rows (what one captured graph replays on CUDA), and the run's
 per-step losses and final weights are those of the same run unpadded; the last line counts the
 batches. The config refuses what the captured blocks cannot do."""
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -11,6 +12,7 @@ from west.config import load_config
 from west.models.static_decoder import StaticShape
 from west.models.static_encoder import StaticBlocks
 from west.schema import ConfigError
+from west.shapes import PackExtent
 
 from helpers.e2e import TINY_CPU, assert_same_final_weights, assert_same_steps, eager_and_graphed, tiny_llm
 
@@ -26,6 +28,11 @@ def test_padded_encoder_blocks_train_like_unpadded_ones(tmp_path_factory, corpus
     # products over more rows round differently: up to 2e-6 apart after 3 steps
     assert_same_final_weights(d, 3, atol=1e-5)
     assert "3 encoder batches padded (eager) at 1024 rows, 0 unpadded (train.encoder_graphs)" in out["graphs"]
+    # the start says the shape and where each size comes from: rows and bound as set, the slots from the plan
+    assert re.search(r"train.encoder_graphs: the encoder's blocks replay at 1,024 rows per pack in 32 segments of at "
+                     r"most 256 frames \(rows: train.encoder_graph_rows; segments: the fullest planned pack holds \d+ "
+                     r"utterances, and the padding up to 4 segments, rounded up to a multiple of 32; longest: "
+                     r"train.encoder_graph_max_len\)", out["graphs"]), out["graphs"]
     assert "train.encoder_graphs auto: false (needs CUDA, the run is on cpu)" in out["eager"]
     assert "encoder batches" not in out["eager"] and "auto" not in out["graphs"]
 
@@ -38,7 +45,8 @@ WENET = ["--model.encoder.pos_enc", "wenet"]
     (PACK, "needs west's Conformer with model.encoder.pos_enc wenet"),
     (PACK + WENET + ["--train.accum_steps", "2"], "needs train.accum_steps 1"),
     (PACK + WENET + ["--model.freeze_encoder", "true"], "needs a trained encoder"),
-    (PACK + WENET + ["--train.encoder_graph_max_len", "1"], "train.encoder_graph_segments: must be >= 401"),
+    (PACK + WENET + ["--train.encoder_graph_rows", "400", "--train.encoder_graph_segments", "256",
+                     "--train.encoder_graph_max_len", "1"], "train.encoder_graph_segments: must be >= 401"),
     (WENET + ["--data.batch_type", "static"], "needs data.batch_type pack")])
 def test_the_config_refuses_what_the_graphs_cannot_do(tmp_path_factory, extra, message):
     from west.config import split_overrides
@@ -59,17 +67,44 @@ def test_the_benchmark_pads_packed_modes_only_and_restores_the_encoder():
     cfg = tiny_config()
     cfg.encoder.pos_enc, cfg.encoder.attn_backend = "wenet", "varlen"
     model = SpeechLLM(cfg)
-    train = TrainConfig(encoder_graphs=True, encoder_graph_max_len=64)
+    train = TrainConfig(encoder_graphs=True)
     static_mode, pack_mode = standard_modes(["static", "pack"], 4, 512, 2000)
     # the mode's batches: fbank frames per utterance, 4x subsampled to (n - 3) // 4 encoder frames
     batches = [SimpleNamespace(feat_lens=torch.tensor([1203, 1603])), SimpleNamespace(feat_lens=torch.tensor([4403]))]
     with graphed_encoder(model, static_mode, train, torch.device("cpu"), batches) as static:
         assert static is None and model.encoder.static_blocks is None
     with graphed_encoder(model, pack_mode, train, torch.device("cpu"), batches) as static:   # 700 and 1,100 frames
-        assert model.encoder.static_blocks is static and static.shape.tokens == 1536   # 1,100 rounded up to 512s
+        assert model.encoder.static_blocks is static
+        # 1,100 rows rounded up to 512s; the longest (1,100) to 128s; 2 utterances + 2 padding segments to 32s
+        assert static.shape == StaticShape(1536, 32, 1152)
     assert model.encoder.static_blocks is None
     with graphed_encoder(model, pack_mode, train, torch.device("cpu"), []) as static:
-        assert static.shape.tokens == 2000 * 2   # no batches seen: pack x stride, which any pack fits
+        assert static.shape == StaticShape(2000 * 2, 256, 1024)   # no batches seen: bounds any pack fits
+    train = TrainConfig(encoder_graphs=True, encoder_graph_max_len=64)
+    with graphed_encoder(model, pack_mode, train, torch.device("cpu"), batches) as static:
+        assert static.shape == StaticShape(1536, 32, 64)   # 2 + 1536 / 64 = 26 slots, in 32s
+
+
+def test_the_slots_and_the_bound_are_the_plans_unless_set():
+    from west.train.config import TrainConfig
+    from west.train.encoder_graphs import LENGTH_STEP, SEGMENTS_STEP, encoder_max_len, encoder_segments, encoder_shape
+
+    assert (LENGTH_STEP, SEGMENTS_STEP) == (128, 32)
+    assert encoder_max_len(0, 333) == (384, "the longest planned utterance has 333 encoder frames, rounded up to 128")
+    assert encoder_max_len(0, 384)[0] == 384 and encoder_max_len(0) == (1024, "no plan: 1,024 frames")
+    assert encoder_max_len(500, 333) == (500, "train.encoder_graph_max_len")
+    # the built-in corpus: 137 utterances in its fullest pack, 11,264 rows in segments of at most 384 (30 of padding)
+    assert encoder_segments(0, 11264, 384, 137) == (192, "the fullest planned pack holds 137 utterances, and the "
+                                                         "padding up to 30 segments, rounded up to a multiple of 32")
+    assert encoder_segments(0, 11264, 384) == (256, "no plan: 256 slots")
+    assert encoder_segments(0, 16384, 8)[0] == 2049   # no plan, and more padding than 256 slots hold
+    assert encoder_segments(64, 11264, 384, 137) == (64, "train.encoder_graph_segments")   # fewer: later eager
+    with pytest.raises(ConfigError, match="train.encoder_graph_segments: must be >= 31: one utterance and 11,264 rows"):
+        encoder_segments(30, 11264, 384, 137)
+    shape, why = encoder_shape(TrainConfig(encoder_graphs=True), 8192, 2, PackExtent(11081, 137, 333))
+    assert shape == StaticShape(11264, 192, 384)
+    assert why.startswith("rows: the largest planned pack holds 11,081 encoder frames") and "; segments: " in why
+    assert encoder_shape(TrainConfig(encoder_graphs=True), 8192, 2)[0] == StaticShape(16384, 256, 1024)
 
 
 def test_the_rows_are_the_largest_planned_pack_rounded_up_within_the_bound():

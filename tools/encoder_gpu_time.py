@@ -28,8 +28,9 @@ from west.data.workloads import aishell_like_durations
 from west.models.config import ConformerConfig
 from west.models.conformer import ConformerEncoder
 from west.models.static_decoder import StaticShape
+from west.models.static_encoder import StaticBlocks
 from west.train.compile import compile_regions
-from west.train.encoder_graphs import static_encoder_for
+from west.train.encoder_graphs import encoder_max_len, encoder_segments, static_encoder_for
 
 CONF = Path(__file__).resolve().parents[1] / "recipes" / "aishell" / "conf"
 
@@ -42,21 +43,50 @@ class Holder(nn.Module):
         self.encoder = encoder
 
 
-def lengths(fill: int, seed: int = 0, frames_per_s: float = 25.0) -> list[int]:
+def lengths(fill: int, longest: int = 0, seed: int = 0, frames_per_s: float = 25.0) -> list[int]:
     """AIShell-like utterances (west.data.workloads) in encoder frames (40 ms each after 4x
-    subsampling), until ``fill`` rows are taken (the last cut to fit)."""
+    subsampling), each at most ``longest`` (when set), until ``fill`` rows are taken (the last cut to fit)."""
     frames = (aishell_like_durations(fill // 25 + 8, seed) * frames_per_s).astype(int)   # more than enough
+    if longest:
+        frames = np.minimum(frames, longest)
     ends = np.minimum(np.cumsum(frames), fill)
     return [int(n) for n in np.diff(ends, prepend=0) if n > 0]
+
+
+def planned_shape(rows: int, segments: int, max_len: int, lens: list[int]) -> StaticShape:
+    """The static shape at ``rows``, its slots and bound as given or, where 0, planned from ``lens``
+    as west-train plans them from its packs (west.train.encoder_graphs)."""
+    max_len, _ = encoder_max_len(max_len, max(lens))
+    segments, _ = encoder_segments(segments, rows, max_len, len(lens))
+    return StaticShape(rows, segments, max_len)
+
+
+def padded(encoder: ConformerEncoder, shape: StaticShape, precision: str, rows: torch.Tensor,
+           lens: list[int]) -> tuple[StaticBlocks, tuple]:
+    """The blocks at ``shape`` (captured on CUDA) and ``rows`` padded to it, x requiring grad."""
+    static = static_encoder_for(Holder(encoder), shape, precision, rows.device)
+    static.stack.autocast = torch.bfloat16 if precision == "bf16" else None   # the capture sets it; eager too
+    padded_rows = static.inputs(rows, lens)
+    if isinstance(padded_rows, str):
+        raise SystemExit(f"[encoder_gpu_time] {len(lens)} utterances of {sum(lens):,} rows do not fit {shape} "
+                         f"({padded_rows}): give more --rows or --segments")
+    x, *rest = padded_rows
+    return static, (x.detach().requires_grad_(True), *rest)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default=str(CONF / "seed_gpu.yaml"), help="a run YAML: its model.encoder")
-    p.add_argument("--rows", type=int, default=12288, help="the static shape's rows (train.encoder_graph_rows)")
+    p.add_argument("--rows", type=int, default=11264,
+                   help="the static shape's rows (train.encoder_graph_rows; the built-in corpus's plan: 11,264)")
     p.add_argument("--fill", type=int, default=9650, help="real rows in the pack (seed corpus: about 9,650)")
-    p.add_argument("--segments", type=int, default=256)
-    p.add_argument("--max_len", type=int, default=1024)
+    p.add_argument("--segments", type=int, default=0,
+                   help="segment slots (train.encoder_graph_segments); 0: planned from this pack, as west-train does")
+    p.add_argument("--max_len", type=int, default=0,
+                   help="the longest utterance (train.encoder_graph_max_len); 0: planned from this pack")
+    p.add_argument("--baseline", default="", metavar="SEGMENTS:MAX_LEN",
+                   help="also the blocks padded to these slots and bound (256:1024 before they were planned), "
+                        "replayed on CUDA, eager elsewhere")
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--compiled", action="store_true", help="also the blocks compiled (inductor), then replayed")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -73,21 +103,18 @@ def main(argv=None) -> int:
         section = {**section, "attn_backend": "varlen", "attn_dropout": 0.0}
     encoder = ConformerEncoder(ConformerConfig.from_dict(section)).to(device).train()
     precision = "bf16" if cuda else "fp32"
-    shape = StaticShape(a.rows, a.segments, a.max_len)
-    static = static_encoder_for(Holder(encoder), shape, precision, device)   # on CUDA: captured (replay)
-    static.stack.autocast = torch.bfloat16 if cuda else None   # the capture sets it; the eager variant too
-    lens = lengths(min(a.fill, a.rows))
+    lens = lengths(min(a.fill, a.rows), a.max_len)
+    shape = planned_shape(a.rows, a.segments, a.max_len, lens)
     dtype = torch.bfloat16 if cuda else torch.float32   # the subsampling's output under bf16 autocast
-    args = static.inputs(torch.randn(sum(lens), encoder.output_dim, device=device, dtype=dtype), lens)
-    x_in = args[0].detach().requires_grad_(True)
-    args = (x_in, *args[1:])
-    grad = torch.randn(a.rows, encoder.output_dim, device=device, dtype=x_in.dtype)
+    rows = torch.randn(sum(lens), encoder.output_dim, device=device, dtype=dtype)
+    grad = torch.randn(a.rows, encoder.output_dim, device=device, dtype=dtype)
+    static, args = padded(encoder, shape, precision, rows, lens)   # on CUDA: captured (replay)
     params = [q for q in static.stack.parameters() if q.requires_grad]
+    inputs = [args[0]]
 
     def clear() -> None:
-        x_in.grad = None
-        for q in params:
-            q.grad = None
+        for t in (*inputs, *params):
+            t.grad = None
 
     def eager() -> torch.Tensor:
         return static.stack(*args)
@@ -96,6 +123,13 @@ def main(argv=None) -> int:
     if cuda:
         variants["replayed (train.encoder_graphs)"] = time_variant(lambda: static.replay(*args), grad, clear,
                                                                    device, a.repeats)
+    if a.baseline:   # the same rows in the fixed slots and bound the replay used before they were planned
+        segments, max_len = (int(v) for v in a.baseline.split(":"))
+        other, other_args = padded(encoder, StaticShape(a.rows, segments, max_len), precision, rows, lens)
+        inputs.append(other_args[0])
+        run = other.replay if cuda else other.stack
+        variants[f"{'replayed' if cuda else 'eager'} in {segments} segments of at most {max_len:,}"] = time_variant(
+            lambda: run(*other_args), grad, clear, device, a.repeats)
     moved = traffic(lambda: (clear(), eager().backward(grad)))   # the eager blocks', before any compiling
     clear()
     with FlopCounterMode(display=False) as fc:   # the products; the varlen attention is opaque to it
@@ -112,11 +146,12 @@ def main(argv=None) -> int:
               "copy_gb_s": copy_bandwidth(device) if cuda else None,
               "matmul_tflop_s": matmul_peak(device)["tflops"] if cuda else None}
     name = torch.cuda.get_device_name(device) if cuda else "CPU"
-    print(f"### The encoder's {len(encoder.blocks)} blocks on {name}: {a.rows:,} rows, {sum(lens):,} real in "
-          f"{len(lens)} utterances, {precision}\n")
+    print(f"### The encoder's {len(encoder.blocks)} blocks on {name}: {a.rows:,} rows in {shape.segments} segments "
+          f"of at most {shape.max_seqlen:,}, {sum(lens):,} real in {len(lens)} utterances, {precision}\n")
     print(table(variants, floors))
     if a.out:
-        a.out.write_text(json.dumps({"device": name, "rows": a.rows, "real_rows": sum(lens), "utterances": len(lens),
+        a.out.write_text(json.dumps({"device": name, "rows": a.rows, "segments": shape.segments,
+                                     "max_len": shape.max_seqlen, "real_rows": sum(lens), "utterances": len(lens),
                                      "variants": variants, "floors": floors}, indent=1), encoding="utf-8")
     return 0
 

@@ -165,11 +165,10 @@ def _check_encoder_graphs(cfg: Config) -> None:
     train = cfg.train
     if train.encoder_graphs == "false":
         return
-    rows = train.encoder_graph_rows or cfg.data.pack_tokens * cfg.model.projector.stride
-    need = 1 + -(-rows // train.encoder_graph_max_len)
-    require(train.encoder_graph_segments >= need, "train.encoder_graph_segments",
-            f"must be >= {need}: one utterance and {rows} rows of padding in segments of at most "
-            f"train.encoder_graph_max_len={train.encoder_graph_max_len}")
+    if train.encoder_graph_rows and train.encoder_graph_segments and train.encoder_graph_max_len:
+        from west.train.encoder_graphs import encoder_segments  # heavy; else checked once the plan sizes it
+
+        encoder_segments(train.encoder_graph_segments, train.encoder_graph_rows, train.encoder_graph_max_len)
     if train.encoder_graphs == "true":
         blockers = encoder_graph_blockers(cfg)
         require(not blockers, "train.encoder_graphs", blockers[0] if blockers else "")

@@ -123,3 +123,14 @@ class SpeechShape:
         while self.encoder_frames(t) < 1:
             t += 1
         return t
+
+
+@dataclass(frozen=True)
+class PackExtent:
+    """What the fullest batches of an epoch's plan hold in the speech encoder, known from the lists'
+    lengths before any audio is read: a replay captured at one shape (``train.encoder_graphs``) is
+    sized from it, so that it pads no more than the data needs. 0: unknown."""
+
+    encoder_frames: int = 0   # the most encoder frames (after subsampling) in one batch
+    segments: int = 0         # the most speech segments (utterances) in one batch
+    longest: int = 0          # the longest speech segment, in encoder frames

@@ -138,10 +138,14 @@ part_configured() {   # issue 23's "west-train within 10 % of the benchmark" for
   log "configured: west-benchmark pack $pack as west-train runs it on one GPU (encoder replayed, LLM checkpointing"\
     "as configured), against late_readback's train_readback"
   local reps=2; $tiny && reps=1
-  # the replay at west-train's rows (its plan's largest pack), not at the largest of the benchmark's fewer packs
-  local rows same=()
-  rows=$(grep -o "blocks replay at [0-9,]* rows" "$out/suite.log" | tail -n 1 | tr -dc '0-9' || true)
-  [ -n "$rows" ] && same=(--train.encoder_graph_rows "$rows") && log "configured: the encoder replayed at west-train's $rows rows"
+  # the replay at west-train's shape (its plan's fullest packs), not at the fullest of the benchmark's fewer packs
+  local sizes same=()
+  read -r -a sizes <<< "$(replay_shape)"
+  if [ "${#sizes[@]}" -eq 3 ]; then
+    same=(--train.encoder_graph_rows "${sizes[0]}" --train.encoder_graph_segments "${sizes[1]}"
+          --train.encoder_graph_max_len "${sizes[2]}")
+    log "configured: the encoder replayed at west-train's ${sizes[0]} rows in ${sizes[1]} segments of at most ${sizes[2]}"
+  fi
   "$python" -m west.bin.benchmark --config "$conf" "${common[@]}" --data "$data/train/data.list" \
     --data.cmvn "$data/train/global_cmvn.json" --num_utts "$num_utts" --out_dir "$exp/bench_configured" \
     --modes pack --pack_tokens "$pack" --repeats "$reps" --profile never --no-count_ops \

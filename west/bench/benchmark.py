@@ -53,7 +53,7 @@ from west.host_memory import keep_freed_host_memory
 from west.models.static_decoder import StaticDecoder
 from west.models.static_encoder import StaticBlocks
 from west.ranks import unwrap
-from west.shapes import SpeechShape
+from west.shapes import PackExtent, SpeechShape
 from west.train.compile import compilations, compiled_regions
 from west.train.config import TrainConfig
 from west.train.cuda_graphs import static_decoder_for
@@ -255,16 +255,17 @@ def graphed_llm(model: torch.nn.Module, mode: Mode, train: TrainConfig, device: 
 def graphed_encoder(model: torch.nn.Module, mode: Mode, train: TrainConfig, device: torch.device,
                     batches: Sequence[Batch]) -> Iterator[Optional[StaticBlocks]]:
     """``train.encoder_graphs`` for one packed mode's passes, as west-train runs it: the Conformer's
-    blocks on rows padded to one shape (sized by the most encoder frames of the mode's ``batches``,
-    as west-train's by its planned packs), captured on CUDA; unpadded again after. FLOPs are
+    blocks on rows padded to one shape (sized by what the mode's fullest ``batches`` hold, as
+    west-train's by its planned packs), captured on CUDA; unpadded again after. FLOPs are
     counted without it. Other modes and configs: unchanged."""
     if train.encoder_graphs != "true" or not POLICIES[mode.data["batch_type"]].packs_rows:
         yield None
         return
     speech = unwrap(model).cfg.speech_shape()
-    most = max((sum(speech.encoder_frames(int(n)) for n in b.feat_lens.tolist()) for b in batches
-                if b.feat_lens is not None), default=0)
-    shape, _ = encoder_shape(train, mode.data["pack_tokens"], unwrap(model).cfg.projector.stride, most)
+    frames = [[speech.encoder_frames(int(n)) for n in b.feat_lens.tolist()] for b in batches if b.feat_lens is not None]
+    extent = PackExtent(max(map(sum, frames), default=0), max(map(len, frames), default=0),
+                        max((max(f) for f in frames if f), default=0))
+    shape, _ = encoder_shape(train, mode.data["pack_tokens"], unwrap(model).cfg.projector.stride, extent)
     static = static_encoder_for(model, shape, train.precision, device)
     try:
         yield static

@@ -39,7 +39,7 @@ from west.data.policies import make_policy
 from west.data.processors import DecodeContext, decode
 from west.data.stats import DataStats
 from west.data.tokenize import PromptEncoder
-from west.shapes import SpeechShape
+from west.shapes import PackExtent, SpeechShape
 
 logger = logging.getLogger("west.data")
 
@@ -69,21 +69,23 @@ class SpeechDataset(IterableDataset):
         self.encoder = PromptEncoder(tokenizer, conf, shape)
         self.policy = make_policy(conf, self.encoder.pad_id, self.encoder.placeholder_id, shape)
         self.cmvn = GlobalCMVN.from_json(conf.cmvn) if conf.cmvn else None
-        self.sources, self.list_skips, eligible, lengths, encoder_frames = [], [], [], [], []
+        self.sources, self.list_skips, eligible, tables = [], [], [], []
         offset = 0
         for path in paths:
             stats = DataStats(conf.max_warnings)
             table = LengthTable(self.encoder, conf, stats, self.policy.sample_budget(), path)
             self.sources.append(open_list(path, stats, conf.data_type, table.add))
-            n_lengths, usable, n_frames = table.finish()
+            tables.append(table.finish())
             self.list_skips.append((path, stats))
-            lengths.append(n_lengths)
-            encoder_frames.append(n_frames)
-            eligible.append(usable + offset)
-            offset += n_lengths.shape[0]
+            eligible.append(tables[-1].usable + offset)
+            offset += tables[-1].lengths.shape[0]
         self.offsets = np.cumsum([0] + [len(s) for s in self.sources])
-        self.lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
-        self.encoder_frames = np.concatenate(encoder_frames) if encoder_frames else np.zeros(0, np.int64)
+
+        def joined(field: str) -> np.ndarray:
+            return np.concatenate([getattr(t, field) for t in tables]) if tables else np.zeros(0, np.int64)
+
+        self.lengths, self.encoder_frames = joined("lengths"), joined("encoder_frames")
+        self.audio_parts, self.longest_part = joined("audio_parts"), joined("longest_part")
         self.eligible = eligible
         self.fingerprint = _fingerprint(conf, shape, paths)
         for path, stats in self.list_skips:
@@ -125,10 +127,13 @@ class SpeechDataset(IterableDataset):
     def __len__(self) -> int:
         return len(self.rank_batches())
 
-    def most_encoder_frames(self) -> int:
-        """The most encoder frames (after subsampling, all of a batch's utterances together) of any
-        batch this rank has in the current epoch's plan: the size a fixed-shape encoder must take."""
-        return max((int(self.encoder_frames[ids].sum()) for ids in self.rank_batches()), default=0)
+    def pack_extent(self) -> PackExtent:
+        """What the fullest of this rank's batches in the current epoch's plan hold in the encoder
+        (frames, speech segments, the longest segment): the shape a fixed-shape encoder must take."""
+        batches = self.rank_batches()
+        return PackExtent(max((int(self.encoder_frames[ids].sum()) for ids in batches), default=0),
+                          max((int(self.audio_parts[ids].sum()) for ids in batches), default=0),
+                          max((int(self.longest_part[ids].max()) for ids in batches if len(ids)), default=0))
 
     def record(self, gid: int) -> dict:
         """The record with global id ``gid`` (lists are numbered one after the other)."""
@@ -223,8 +228,8 @@ class WestDataLoader(DataLoader):
     def skipped_counts(self) -> dict:
         return self.dataset.stats.as_dict()
 
-    def most_encoder_frames(self) -> int:
-        return self.dataset.most_encoder_frames()
+    def pack_extent(self) -> PackExtent:
+        return self.dataset.pack_extent()
 
     def dummy_batch(self) -> Batch:
         return self.dataset.dummy_batch()

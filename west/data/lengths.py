@@ -10,7 +10,7 @@ and the batching policy's per-sample token budget. A record without a length is 
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 
@@ -57,8 +57,19 @@ def check_record(secs: float, n_tokens: int, conf: DataConfig, budget: Optional[
     check_budget(n_tokens, budget)
 
 
+class ListLengths(NamedTuple):
+    """A list's records as :meth:`LengthTable.finish` gives them, one entry per record. Encoder
+    frames are exact from ``num_frames``, an upper bound from ``duration``."""
+
+    lengths: np.ndarray          # LLM tokens
+    usable: np.ndarray           # indices of the records that passed the filters
+    encoder_frames: np.ndarray   # after the encoder's subsampling, all audio parts together
+    audio_parts: np.ndarray      # speech segments (one per audio part)
+    longest_part: np.ndarray     # the longest audio part, in encoder frames
+
+
 class LengthTable:
-    """Collects lengths record by record; ``finish()`` returns (lengths, usable indices, encoder frames)."""
+    """Collects lengths record by record; ``finish()`` returns them as :class:`ListLengths`."""
 
     def __init__(self, encoder: PromptEncoder, conf: DataConfig, stats: DataStats, budget: Optional[int],
                  list_path: str):
@@ -68,6 +79,8 @@ class LengthTable:
         self._lengths: list[int] = []
         self._keep: list[bool] = []
         self._encoder_frames: list[int] = []   # after the encoder's subsampling, all audio parts
+        self._parts: list[int] = []
+        self._longest: list[int] = []
         self._chunk: list[tuple[Record, list[int]]] = []
 
     def add(self, rec: Record) -> None:
@@ -98,15 +111,17 @@ class LengthTable:
                 keep = False
             self._lengths.append(length)
             self._keep.append(keep)
-            self._encoder_frames.append(sum(self.encoder.shape.encoder_frames(f) for f in fr))
+            per_part = [self.encoder.shape.encoder_frames(f) for f in fr]
+            self._encoder_frames.append(sum(per_part))
+            self._parts.append(len(per_part))
+            self._longest.append(max(per_part, default=0))
         self._chunk.clear()
 
-    def finish(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(LLM-token lengths of all records, indices of the records that passed the filters, encoder
-        frames of all records: exact from ``num_frames``, an upper bound from ``duration``)."""
+    def finish(self) -> ListLengths:
+        """Every record's lengths, and which passed the filters."""
         self._flush()
-        return (np.asarray(self._lengths, np.int64), np.nonzero(np.asarray(self._keep, bool))[0],
-                np.asarray(self._encoder_frames, np.int64))
+        return ListLengths(np.asarray(self._lengths, np.int64), np.nonzero(np.asarray(self._keep, bool))[0],
+                           *(np.asarray(a, np.int64) for a in (self._encoder_frames, self._parts, self._longest)))
 
 
 def _seconds(spec: AudioSpec, frames: int, shift_s: float) -> float:

@@ -18,6 +18,7 @@ from west.models.config import SpeechLLMConfig
 from west.models.llm import load_tokenizer
 from west.models.speech_llm import SpeechLLM
 from west.train.distributed import DistInfo, cleanup, init_distributed
+from west.train.encoder_graphs import describe_shape
 from west.train.evaluate import build_evaluator
 from west.train.loop import Trainer
 from west.train.preempt import shield_loader_workers
@@ -98,8 +99,7 @@ def build_trainer(cfg: Config, info: DistInfo) -> Trainer:
         print(describe_groups(model, trainer.optimizer, cfg.train.projector_warmup_steps), flush=True)
         print(checkpoint_line(model, trainer.base, cfg.train.save_frozen_llm), flush=True)
         if trainer.encoder_static is not None:
-            print(f"train.encoder_graphs: the encoder's blocks replay at {trainer.encoder_static.shape.tokens:,} "
-                  f"rows per pack ({trainer.encoder_rows_note})", flush=True)
+            print(describe_shape(trainer.encoder_static.shape, trainer.encoder_shape_note), flush=True)
         if trainer.weights is not None:
             print(trainer.weights.describe(), flush=True)
     return trainer

@@ -53,8 +53,8 @@ class TrainConfig:
     encoder_graphs: str = setting("false", choices=("false", "true", "auto"))  # the Conformer's blocks as CUDA
     #   graphs, fwd + bwd, rows padded; auto: true where that runs (one CUDA process, bf16; the start says why not)
     encoder_graph_rows: int = setting(0, min=0)     # encoder_graphs: rows per pack; 0 = the planned packs' most
-    encoder_graph_segments: int = setting(256, min=2)  # encoder_graphs: segment slots (utterances + padding)
-    encoder_graph_max_len: int = setting(1024, min=1)  # encoder_graphs: the longest utterance, in encoder frames
+    encoder_graph_segments: int = setting(0, min=0)  # encoder_graphs: segment slots (utterances + padding); 0 = planned
+    encoder_graph_max_len: int = setting(0, min=0)   # encoder_graphs: the longest utterance, in frames; 0 = planned
     fsdp: bool = False                              # FSDP2 fully_shard instead of DDP
     late_readback: bool = setting(False, rule=(     # the step's figures read back one step late: no host wait
         lambda v, t: not (v and t.fsdp), "not with train.fsdp (its sharded parameters take no fused AdamW)"))

@@ -17,9 +17,9 @@ class TrainData(Protocol):
     weight) in a step where it has no batch left, so every rank runs the same collectives.
     Optional: ``skipped_counts() -> dict`` (bad inputs skipped so far this epoch),
     ``__len__`` (batches per epoch on this rank, used to size the cosine schedule of
-    epoch-limited runs) and ``most_encoder_frames() -> int`` (the most encoder frames any of
-    this rank's batches of the epoch holds: the rows ``train.encoder_graphs`` captures its blocks
-    at). west.data.dataset.WestDataLoader is one.
+    epoch-limited runs) and ``pack_extent() -> west.shapes.PackExtent`` (what the fullest of
+    this rank's batches of the epoch hold in the encoder: the shape ``train.encoder_graphs``
+    captures its blocks at). west.data.dataset.WestDataLoader is one.
     """
 
     def set_epoch(self, epoch: int) -> None: ...

@@ -22,10 +22,18 @@ from west.models.static_decoder import StaticShape
 from west.models.static_encoder import KERNEL_ROUTES, StaticBlocks
 from west.ranks import unwrap
 from west.schema import ConfigError
+from west.shapes import PackExtent
 from west.train.config import TrainConfig
 from west.train.cuda_graphs import graphed
 
-ROWS_STEP = 512   # planned rows are rounded up to a multiple of this: room for a later epoch's packs
+ROWS_STEP = 512       # planned rows are rounded up to a multiple of this: room for a later epoch's packs
+SEGMENTS_STEP = 32    # planned segment slots likewise
+LENGTH_STEP = 128     # the longest planned utterance likewise: the attention kernels' tile of rows
+NO_PLAN_SEGMENTS, NO_PLAN_MAX_LEN = 256, 1024   # without a plan (41 s utterances at 40 ms a frame)
+
+
+def round_up(n: int, step: int) -> int:
+    return -(-n // step) * step
 
 
 def encoder_rows(rows: int, pack_tokens: int, projector_stride: int, planned: int = 0) -> tuple[int, str]:
@@ -40,18 +48,57 @@ def encoder_rows(rows: int, pack_tokens: int, projector_stride: int, planned: in
     if rows:
         return rows, "train.encoder_graph_rows"
     if planned:
-        return (min(bound, -(-planned // ROWS_STEP) * ROWS_STEP),
+        return (min(bound, round_up(planned, ROWS_STEP)),
                 f"the largest planned pack holds {planned:,} encoder frames, rounded up to a multiple of {ROWS_STEP}")
     return bound, f"no plan: pack_tokens {pack_tokens:,} x projector stride {projector_stride}, which any pack fits"
 
 
+def encoder_max_len(max_len: int, longest: int = 0) -> tuple[int, str]:
+    """The longest segment the attention kernel is sized for, and where it comes from: ``max_len``
+    when set, else the plan's longest utterance rounded up to :data:`LENGTH_STEP`, else
+    :data:`NO_PLAN_MAX_LEN`. The padding rows' segments are at most this long too."""
+    if max_len:
+        return max_len, "train.encoder_graph_max_len"
+    if longest:
+        return (round_up(longest, LENGTH_STEP),
+                f"the longest planned utterance has {longest:,} encoder frames, rounded up to {LENGTH_STEP}")
+    return NO_PLAN_MAX_LEN, f"no plan: {NO_PLAN_MAX_LEN:,} frames"
+
+
+def encoder_segments(segments: int, rows: int, max_len: int, planned: int = 0) -> tuple[int, str]:
+    """Segment slots per pack, and where they come from: ``segments`` when set, else the most
+    utterances of any planned pack plus the padding's segments (at most ``rows`` / ``max_len``,
+    rounded up), rounded up to :data:`SEGMENTS_STEP`; without a plan :data:`NO_PLAN_SEGMENTS`.
+    Why not always the most: the attention kernels launch work for every slot × ``max_len``, so
+    empty slots and a longer bound than any utterance cost the GPU on every replayed layer."""
+    padding = -(-rows // max_len)
+    if segments:
+        if segments < 1 + padding:
+            raise ConfigError(f"train.encoder_graph_segments: must be >= {1 + padding}: one utterance and "
+                              f"{rows:,} rows of padding in segments of at most {max_len:,} frames")
+        return segments, "train.encoder_graph_segments"
+    if planned:
+        return (round_up(planned + padding, SEGMENTS_STEP),
+                f"the fullest planned pack holds {planned:,} utterances, and the padding up to {padding} "
+                f"segments, rounded up to a multiple of {SEGMENTS_STEP}")
+    return max(NO_PLAN_SEGMENTS, 1 + padding), f"no plan: {NO_PLAN_SEGMENTS} slots"
+
+
 def encoder_shape(train: TrainConfig, pack_tokens: int, projector_stride: int,
-                  planned: int = 0) -> tuple[StaticShape, str]:
-    """(the static shape, where its rows come from): rows from :func:`encoder_rows`,
-    ``train.encoder_graph_segments`` boundaries, ``train.encoder_graph_max_len`` the longest
-    utterance in encoder frames. What west-train and the benchmark replay at."""
-    rows, why = encoder_rows(train.encoder_graph_rows, pack_tokens, projector_stride, planned)
-    return StaticShape(rows, train.encoder_graph_segments, train.encoder_graph_max_len), why
+                  extent: PackExtent = PackExtent()) -> tuple[StaticShape, str]:
+    """(the static shape, where its sizes come from): rows, the longest utterance and segment slots
+    from the config's ``train.encoder_graph_*`` where set, else from the plan's ``extent``. What
+    west-train and the benchmark replay at."""
+    rows, rows_why = encoder_rows(train.encoder_graph_rows, pack_tokens, projector_stride, extent.encoder_frames)
+    max_len, len_why = encoder_max_len(train.encoder_graph_max_len, extent.longest)
+    segments, seg_why = encoder_segments(train.encoder_graph_segments, rows, max_len, extent.segments)
+    return StaticShape(rows, segments, max_len), f"rows: {rows_why}; segments: {seg_why}; longest: {len_why}"
+
+
+def describe_shape(shape: StaticShape, why: str) -> str:
+    """The line west-train prints at its start (and tools/gpu_suite.sh reads back)."""
+    return (f"train.encoder_graphs: the encoder's blocks replay at {shape.tokens:,} rows per pack in "
+            f"{shape.segments} segments of at most {shape.max_seqlen:,} frames ({why})")
 
 
 def static_encoder_for(model: nn.Module, shape: StaticShape, precision: str, device: torch.device,

@@ -41,6 +41,7 @@ from west.checkpoint.base_llm import base_llm_of
 from west.checkpoint.integrity import PREFIX, check_checkpoint, latest_usable, set_aside
 from west.pinned_ring import use_pinned_ring
 from west.ranks import all_reduce_max, allow_cudnn_attention, barrier, sum_counts_over_ranks, unwrap
+from west.shapes import PackExtent
 from west.train.compile import compilations, compile_regions
 from west.train.config import RunConfig, TrainConfig
 from west.train.cuda_graphs import static_decoder_for
@@ -96,11 +97,11 @@ class Trainer:
         self.weights = working_weights(self.model, train.bf16_weights, info.world_size)
         self.static = static_decoder_for(self.model, pack_tokens, train.graph_segments, train.graph_max_seqlen,
                                          train.precision, info.device) if train.cuda_graphs else None
-        self.encoder_static, self.encoder_rows_note = None, ""
-        if train.encoder_graphs == "true":   # at the rows of the epoch's largest pack (TrainData.most_encoder_frames)
-            planned = getattr(data, "most_encoder_frames", lambda: 0)()
-            shape, self.encoder_rows_note = encoder_shape(train, pack_tokens, unwrap(model).cfg.projector.stride,
-                                                          planned)
+        self.encoder_static, self.encoder_shape_note = None, ""
+        if train.encoder_graphs == "true":   # sized by the epoch's fullest packs (TrainData.pack_extent)
+            extent = getattr(data, "pack_extent", PackExtent)()
+            shape, self.encoder_shape_note = encoder_shape(train, pack_tokens, unwrap(model).cfg.projector.stride,
+                                                           extent)
             self.encoder_static = static_encoder_for(self.model, shape, train.precision, info.device, info.world_size)
         # The frozen base LLM (model.llm.path) that lean checkpoints refer to instead of storing it.
         self.base = base_llm_of(model)
