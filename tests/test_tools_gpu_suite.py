@@ -37,7 +37,8 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert "train_pinned_ring, phase by phase (train.phase_marks)" in suite
     assert "| train_encoder_graphs |" in suite and "train_encoder_graphs, phase by phase" in suite   # encoder_graphs
     # the replay's rows: the largest planned pack's encoder frames in multiples of 512, under pack x stride (2048)
-    replay_rows = re.search(r"\n- 3 encoder batches padded \(eager\) at (\d+) rows, 0 unpadded \(train.encoder_graphs\)", suite)
+    replay_rows = re.search(r"\n- 3 encoder batches padded \(eager\) at (\d+) rows \(\d+ % of them real\), 0 unpadded "
+                            r"\(train.encoder_graphs\)", suite)
     assert replay_rows and int(replay_rows[1]) % 512 == 0 and int(replay_rows[1]) < 2048, suite
     shape = re.search(rf"the encoder's blocks replay at {int(replay_rows[1]):,} rows per pack in (\d+) segments of at "
                       r"most ([\d,]+) frames \(rows: the largest planned pack holds", log)
@@ -70,7 +71,8 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["benchmark.md", "benchmark_best.md", "benchmark_headroom.md",
                                                      "json.tar", "suite.log", "suite.md"]
     best = (out / "benchmark_best.md").read_text(encoding="utf-8")   # best: encoder replayed, no LLM checkpointing
-    best_rows = re.search(r"pack: 3 encoder batches padded \(eager\) at (\d+) rows, 0 unpadded", best)
+    best_rows = re.search(r"pack: 3 encoder batches padded \(eager\) at (\d+) rows \(\d+ % of them real\), 0 unpadded",
+                          best)
     assert "| sequence pack |" in best and best_rows and int(best_rows[1]) % 512 == 0 and int(best_rows[1]) < 2048
     with tarfile.open(out / "json.tar") as tar:
         jsons = {Path(m.name).name: json.load(tar.extractfile(m)) for m in tar.getmembers() if m.isfile()}

@@ -27,7 +27,10 @@ def test_padded_encoder_blocks_train_like_unpadded_ones(tmp_path_factory, corpus
     assert_same_steps(d, 3, "computed_enc_frames")
     # products over more rows round differently: up to 2e-6 apart after 3 steps
     assert_same_final_weights(d, 3, atol=1e-5)
-    assert "3 encoder batches padded (eager) at 1024 rows, 0 unpadded (train.encoder_graphs)" in out["graphs"]
+    # packs of 200 LLM positions hold at most 400 encoder rows (2 per position): at most 39 % of the 1,024 real
+    share = re.search(r"3 encoder batches padded \(eager\) at 1024 rows \((\d+) % of them real\), 0 unpadded "
+                      r"\(train.encoder_graphs\)", out["graphs"])
+    assert share and 0 < int(share[1]) <= 39, out["graphs"]
     # the start says the shape and where each size comes from: rows and bound as set, the slots from the plan
     assert re.search(r"train.encoder_graphs: the encoder's blocks replay at 1,024 rows per pack in 32 segments of at "
                      r"most 256 frames \(rows: train.encoder_graph_rows; segments: the fullest planned pack holds \d+ "

@@ -102,10 +102,13 @@ class StaticDecoder:
         return graph_summary(self.counts, self.replay is not None, "LLM rows", f"{self.shape.tokens} tokens")
 
 
-def graph_summary(counts: Counter, replayed: bool, what: str, size: str) -> str:
+def graph_summary(counts: Counter, replayed: bool, what: str, size: str, real_pct: Optional[float] = None) -> str:
     """"N <what> replayed at <size>, M unpadded (reason k, ...)" from counts of "static" and
-    "eager: <reason>" (or "padded (eager)" where nothing was captured)."""
+    "eager: <reason>" (or "padded (eager)" where nothing was captured); with ``real_pct``, the
+    percentage of the padded rows that were real after the size ("(85 % of them real)"): what the
+    padding costs, since a padding row costs the replay what a real one does."""
     eager = {k.split(": ", 1)[1]: v for k, v in counts.items() if k.startswith("eager")}
     why = f" ({', '.join(f'{k} {v}' for k, v in sorted(eager.items()))})" if eager else ""
     how = "replayed" if replayed else "padded (eager)"
-    return f"{counts['static']} {what} {how} at {size}, {sum(eager.values())} unpadded{why}"
+    real = f" ({real_pct:.0f} % of them real)" if real_pct is not None else ""
+    return f"{counts['static']} {what} {how} at {size}{real}, {sum(eager.values())} unpadded{why}"

@@ -85,6 +85,7 @@ class StaticBlocks:
         self.stack = BlockStack(encoder.blocks, shape, encoder.blocks[0].conv.pad, route)
         self.replay: Optional[Callable[..., torch.Tensor]] = None
         self.counts: Counter = Counter()
+        self.real_rows = 0   # of the batches run padded: rows before the padding
         self.trainable = [p for p in self.stack.parameters() if p.requires_grad]
 
     def inputs(self, x: torch.Tensor, lengths: list[int]) -> tuple | str:
@@ -119,6 +120,7 @@ class StaticBlocks:
                                "backward hands autograd its own gradient memory, which this replay would "
                                "overwrite: one backward per optimizer step, then zero_grad(set_to_none=True)")
         self.counts["static"] += 1
+        self.real_rows += x.shape[0]
         out = self.replay(*args) if self.replay is not None else self.stack(*args)
         return out[: x.shape[0]]
 
@@ -132,5 +134,8 @@ class StaticBlocks:
         return x0.detach().requires_grad_(True), pos.detach(), cu, gap_dst
 
     def summary(self) -> str:
-        """"N encoder batches replayed at P rows, M unpadded (reason k, ...)" for the run's last line."""
-        return graph_summary(self.counts, self.replay is not None, "encoder batches", f"{self.shape.tokens} rows")
+        """"N encoder batches replayed at P rows (r % of them real), M unpadded (reason k, ...)" for the
+        run's last line."""
+        padded = self.counts["static"] * self.shape.tokens
+        return graph_summary(self.counts, self.replay is not None, "encoder batches", f"{self.shape.tokens} rows",
+                             100 * self.real_rows / padded if padded else None)
