@@ -113,6 +113,23 @@ def test_dropout_configurable_and_off_in_eval():
         assert torch.equal(enc(x, cu_seqlens=_cu([50]))[0], enc(x, cu_seqlens=_cu([50]))[0])
 
 
+def test_each_branch_passes_through_dropout_once_as_in_wenet():
+    """WeNet's block applies its dropout once to each branch's output (and the feed-forwards once
+    inside): the conv module has no dropout of its own, so in training it is deterministic."""
+    enc = ConformerEncoder(tiny_encoder(dropout=0.5)).train()
+    calls = []
+    for name, m in enc.named_modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.register_forward_hook(lambda mod, args, out, name=name: calls.append(name))
+    enc(torch.randn(50, 80), cu_seqlens=_cu([50]))
+    per_block = [c.split(".", 2)[2] for c in calls if c.startswith("blocks.0.")]
+    assert sorted(per_block) == ["dropout"] * 4 + ["ff1.net.2", "ff2.net.2"]   # 4 branches, 2 inner
+    assert len(calls) == 1 + 6 * len(enc.blocks)   # and the subsampling's
+    conv, x = enc.blocks[0].conv, torch.randn(50, 64)
+    layout = FrameLayout([50], x.device)
+    assert torch.equal(conv(x, layout), conv(x, layout))
+
+
 def test_rejects_too_short_and_bad_inputs():
     enc = _encoder()
     with pytest.raises(ValueError, match="too short"):

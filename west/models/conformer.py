@@ -184,18 +184,19 @@ def attention_grouping(cfg: ConformerConfig, device: torch.device) -> Optional[i
 
 
 class ConvModule(nn.Module):
-    def __init__(self, d_model: int, kernel: int, dropout: float = 0.0):
+    """WeNet's convolution module; its output goes through the block's dropout alone, as WeNet's does."""
+
+    def __init__(self, d_model: int, kernel: int):
         super().__init__()
         self.pad = (kernel - 1) // 2
         self.pointwise1 = nn.Linear(d_model, 2 * d_model)
         self.depthwise = nn.Conv1d(d_model, d_model, kernel, groups=d_model, padding=0)
         self.norm = nn.LayerNorm(d_model)
         self.pointwise2 = nn.Linear(d_model, d_model)
-        self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, layout: FrameLayout) -> torch.Tensor:
         y = self._depthwise(F.glu(self.pointwise1(x), dim=-1), layout)
-        return self.dropout(self.pointwise2(F.silu(self.norm(y))))
+        return self.pointwise2(F.silu(self.norm(y)))
 
     def _depthwise(self, y: torch.Tensor, layout: FrameLayout) -> torch.Tensor:
         """Per-utterance zero-padded depthwise convolution over the flat rows."""
@@ -218,7 +219,7 @@ class ConformerBlock(nn.Module):
         d = cfg.d_model
         self.ff1, self.ff2 = FeedForward(d, cfg.ffn_dim, cfg.dropout), FeedForward(d, cfg.ffn_dim, cfg.dropout)
         self.attn = RelPositionAttention(d, cfg.num_heads, cfg.attn_dropout, cfg.pos_enc, cfg.attn_backend)
-        self.conv = ConvModule(d, cfg.conv_kernel, cfg.dropout)
+        self.conv = ConvModule(d, cfg.conv_kernel)
         self.norm_ff1, self.norm_attn, self.norm_conv, self.norm_ff2, self.norm_out = (
             nn.LayerNorm(d) for _ in range(5))
         self.dropout = nn.Dropout(cfg.dropout)
