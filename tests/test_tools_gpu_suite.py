@@ -15,7 +15,7 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(
         ["bash", str(ROOT / "tools" / "gpu_suite.sh"), str(out), "--tiny", "--device", "cpu", "--python",
-         sys.executable, "--work_dir", str(tmp_path / "work"), "--parts", "build,attention,bench,train,marks,pyspy,weights,rotary,norm,cudnn,graphs,headroom,profile,hostpy,gap,floor,queues,ring,encoder_graphs,encoder_graphs_full,encoder_graphs_exact,best,contention,late_readback,configured,encoder_time,loss,lora"],
+         sys.executable, "--work_dir", str(tmp_path / "work"), "--parts", "build,attention,bench,train,marks,pyspy,weights,rotary,norm,cudnn,graphs,headroom,profile,hostpy,gap,floor,queues,ring,encoder_graphs,encoder_graphs_full,encoder_graphs_exact,best,swiglu,contention,late_readback,configured,encoder_time,loss,lora"],
         env=subprocess_env(), capture_output=True, text=True, timeout=900)
     log = (out / "suite.log").read_text(encoding="utf-8") if (out / "suite.log").exists() else ""
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + log[-3000:]
@@ -48,6 +48,7 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert "| train_marks |" in suite and "train_marks, phase by phase (train.phase_marks)" in suite   # west-train marked
     assert "| train_readback |" in suite and "| train_late_readback |" in suite   # late_readback
     assert "| train_lora |" in suite and "llm (LoRA) 0.06 M" in log   # lora: the adapters train
+    assert "| train_fused_swiglu |" in suite and "(part best, without:) | sequence pack |" in suite   # swiglu
     # pyspy: without py-spy on the machine (CI) the part says so and the suite goes on
     assert "pyspy: skipped (no py-spy" in log or "samples in 12 steps at 20 Hz" in suite
     assert "| train_static |" in suite and "| train_static_cudnn |" in suite   # cudnn: static batches, SDPA off/on
@@ -68,7 +69,8 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     headroom = (out / "benchmark_headroom.md").read_text(encoding="utf-8")
     assert "| sequence pack |" in headroom and "MFU" in headroom
     # more than 8 files: past the device tool's limit the JSON files travel in json.tar
-    assert sorted(p.name for p in out.iterdir()) == ["benchmark.md", "benchmark_best.md", "benchmark_headroom.md",
+    assert sorted(p.name for p in out.iterdir()) == ["benchmark.md", "benchmark_best.md", "benchmark_best_swiglu.md",
+                                                     "benchmark_headroom.md",
                                                      "json.tar", "suite.log", "suite.md"]
     best = (out / "benchmark_best.md").read_text(encoding="utf-8")   # best: encoder replayed, no LLM checkpointing
     best_rows = re.search(r"pack: 3 encoder batches padded \(eager\) at (\d+) rows \(\d+ % of them real\), 0 unpadded",

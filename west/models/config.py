@@ -81,9 +81,17 @@ class LLMConfig:
     # of ~28, the same values bit for bit; patches the modeling module's apply_rotary_pos_emb for
     # the process (west.models.fused_rotary)
     fused_rotary: bool = False
+    # each frozen SwiGLU MLP's elementwise work (silu(gate) * up and its gradients) as one kernel each
+    # way, compiled by inductor on the first step; keeps gate and up, not silu(gate) too (with
+    # checkpoint_scope mlp: the input only). Needs frozen MLPs (west.models.fused_swiglu)
+    fused_swiglu: bool = False
 
     def recomputes_mlps(self) -> bool:
         return self.gradient_checkpointing and self.checkpoint_scope == "mlp"
+
+    def routes_mlps(self) -> bool:
+        """Whether the MLPs run west's frozen SwiGLU (recomputed, fused, or both), which needs them frozen."""
+        return self.recomputes_mlps() or self.fused_swiglu
 
 
 @section("model.lora")
@@ -110,11 +118,13 @@ class SpeechLLMConfig:
         lambda v, m: not encoder_type(m.encoder.type).conformer_keys or v <= m.encoder.num_blocks,
         "must be <= model.encoder.num_blocks"))
     freeze_llm: bool = setting(True, rule=(
-        lambda v, m: v or m.lora is not None or not m.llm.recomputes_mlps(),
-        "trains the LLM's MLPs: model.llm.checkpoint_scope mlp recomputes frozen ones only (use layer)"))
+        lambda v, m: v or m.lora is not None or not m.llm.routes_mlps(),
+        "trains the LLM's MLPs: model.llm.checkpoint_scope mlp (use layer) and model.llm.fused_swiglu take frozen "
+        "ones only"))
     lora: Optional[LoraSettings] = setting(None, rule=(
-        lambda v, m: not m.llm.recomputes_mlps() or not set(v.target_modules) & MLP_TARGETS,
-        "target_modules adapt the LLM's MLP: model.llm.checkpoint_scope mlp recomputes frozen MLPs only (use layer)"))
+        lambda v, m: not m.llm.routes_mlps() or not set(v.target_modules) & MLP_TARGETS,
+        "target_modules adapt the LLM's MLP: model.llm.checkpoint_scope mlp (use layer) and model.llm.fused_swiglu "
+        "take frozen MLPs only"))
     ctc_weight: float = setting(0.0, min=0, rule=(  # loss = CE + ctc_weight * CTC; 0 = no CTC head
         lambda v, m: v > 0 or m.projector.type not in POSTERIOR_TYPES,
         "must be > 0 with model.projector.type ctc_posterior or ctc_compact (the CTC loss trains their head)"))

@@ -14,6 +14,9 @@ instead: traced, this Function's recomputation is merged with the forward's (the
 the same products twice) and gate and up are kept after all. The compiler recomputes what a
 checkpoint region holds, and there the host's launches are the compiled graph's anyway.
 
+With ``model.llm.fused_swiglu`` the same Function runs the elementwise work between the products
+as one fused kernel each way (west.models.fused_swiglu), recomputing or keeping gate and up.
+
 Only for frozen projections (``freeze_llm``, or LoRA outside the MLP): the input gradient is all
 the backward computes. A projection that trains, or one LoRA has wrapped, runs the model's own
 forward instead (the config refuses such setups up front; this check keeps a hand-built model
@@ -22,44 +25,57 @@ exact).
 from __future__ import annotations
 
 import contextlib
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from west.models.fused_swiglu import fused as fused_swiglu
 from west.models.precision import autocast_on
-from west.models.routing import route_forward, routed_to
+from west.models.routing import route_forward
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 RECOMPUTED_SHARE = (2, 3)   # of the MLP's forward FLOPs: gate and up, two of its three equal products
 
 
 class FrozenSwiGLU(torch.autograd.Function):
-    """``down(silu(gate(x)) * up(x))`` with frozen weights, saving only ``x``."""
+    """``down(silu(gate(x)) * up(x))`` with frozen weights, saving only ``x`` (``recompute``: gate and
+    up run again in the backward) or gate and up (the stock path also keeps silu(gate)); with
+    ``fused``, the elementwise work between the products is one kernel each way (west.models.fused_swiglu)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, gate_w: torch.Tensor, up_w: torch.Tensor, down_w: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, gate_w: torch.Tensor, up_w: torch.Tensor, down_w: torch.Tensor,
+                recompute: bool = True, fused: bool = False) -> torch.Tensor:
         kind = x.device.type
         ctx.autocast = torch.get_autocast_dtype(kind) if autocast_on(kind) else None
-        ctx.save_for_backward(x, gate_w, up_w, down_w)
-        return _swiglu(x, gate_w, up_w, down_w)
+        ctx.recompute, ctx.fused, ctx.x_shape, ctx.x_dtype = recompute, fused, x.shape, x.dtype
+        g, u = F.linear(x, gate_w), F.linear(x, up_w)
+        ctx.save_for_backward(*((x,) if recompute else (g, u)), gate_w, up_w, down_w)
+        return F.linear(fused_swiglu("silu_mul")(g, u) if fused else F.silu(g) * u, down_w)
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
-        x, gate_w, up_w, down_w = ctx.saved_tensors
-        dtype = ctx.autocast
-        recast = torch.autocast(x.device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
-        with recast:                                                        # the forward's products again
-            g = F.linear(x, gate_w)
-            u = F.linear(x, up_w)
+        if ctx.recompute:
+            x, gate_w, up_w, down_w = ctx.saved_tensors
+            dtype = ctx.autocast
+            recast = torch.autocast(x.device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+            with recast:                                                    # the forward's products again
+                g = F.linear(x, gate_w)
+                u = F.linear(x, up_w)
+        else:
+            g, u, gate_w, up_w, down_w = ctx.saved_tensors
         wg, wu, wd = (w.to(g.dtype) for w in (gate_w, up_w, down_w))        # as autocast cast them
         dh = _input_grad(dy, wd, g.shape)
-        dg = torch.ops.aten.silu_backward(dh * u, g)                       # mul's and silu's gradients
-        du = dh * F.silu(g)
-        dx = _input_grad(dg, wg, x.shape).to(x.dtype) + _input_grad(du, wu, x.shape).to(x.dtype)
-        return dx, None, None, None
+        if ctx.fused:
+            dg, du = fused_swiglu("swiglu_grads")(dh, g, u)
+        else:
+            dg = torch.ops.aten.silu_backward(dh * u, g)                   # mul's and silu's gradients
+            du = dh * F.silu(g)
+        shape, dtype = ctx.x_shape, ctx.x_dtype
+        dx = _input_grad(dg, wg, shape).to(dtype) + _input_grad(du, wu, shape).to(dtype)
+        return dx, None, None, None, None, None
 
 
 def _swiglu(x: torch.Tensor, gate_w: torch.Tensor, up_w: torch.Tensor, down_w: torch.Tensor) -> torch.Tensor:
@@ -79,35 +95,71 @@ def is_swiglu(mlp: nn.Module) -> bool:
                         for n in PROJECTIONS)
 
 
-def _frozen_mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    weights = [getattr(self, n).weight for n in PROJECTIONS] if is_swiglu(self) else []
-    if weights and x.requires_grad and torch.is_grad_enabled() and not any(w.requires_grad for w in weights):
-        if torch.compiler.is_compiling():   # traced, the Function's recomputation is merged with the forward's
-            # products and they are kept after all; torch's checkpoint is a region the compiler recomputes
-            return checkpoint(_swiglu, x, *weights, use_reentrant=False)
-        return FrozenSwiGLU.apply(x, *weights)
-    return type(self).forward(self, x)   # a projection trains or was wrapped: the model's own forward
+def _routed_forward(recompute: bool, fused: bool) -> Callable:
+    """An MLP's forward through :class:`FrozenSwiGLU` while it trains (its projections frozen, its
+    input requiring grad); the model's own forward otherwise (decoding, a projection that trains)."""
+    def forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        weights = [getattr(self, n).weight for n in PROJECTIONS] if is_swiglu(self) else []
+        if weights and x.requires_grad and torch.is_grad_enabled() and not any(w.requires_grad for w in weights):
+            if torch.compiler.is_compiling():   # traced, the Function's recomputation is merged with the forward's
+                # products and they are kept after all; torch's checkpoint is a region the compiler recomputes.
+                # Compiled, the layer's elementwise work is fused anyway
+                return checkpoint(_swiglu, x, *weights, use_reentrant=False) if recompute else type(self).forward(self, x)
+            return FrozenSwiGLU.apply(x, *weights, recompute, fused)
+        return type(self).forward(self, x)   # a projection trains or was wrapped: the model's own forward
+    return forward
+
+
+# (recompute, fused) -> the routed forward: checkpoint_scope mlp, model.llm.fused_swiglu, or both
+ROUTES = {(True, False): _routed_forward(True, False), (True, True): _routed_forward(True, True),
+          (False, True): _routed_forward(False, True)}
+
+
+def _route(mlp: nn.Module) -> tuple[bool, bool]:
+    """(recompute, fused) of the route this MLP takes; (False, False): its own forward."""
+    fn = getattr(vars(mlp).get("forward"), "__func__", None)
+    return next((key for key, f in ROUTES.items() if f is fn), (False, False))
 
 
 def recomputes(mlp: nn.Module) -> bool:
     """Whether :func:`checkpoint_mlps` routed this MLP (its products run again in the backward)."""
-    return routed_to(mlp, _frozen_mlp_forward)
+    return _route(mlp)[0]
+
+
+def fuses(mlp: nn.Module) -> bool:
+    """Whether :func:`fuse_swiglus` routed this MLP (its elementwise work fused)."""
+    return _route(mlp)[1]
+
+
+def _frozen_swiglu(block: nn.Module, i: int, key: str, fallback: str) -> nn.Module:
+    """Block ``i``'s MLP, refused (naming ``key``) unless it is a frozen SwiGLU."""
+    mlp = getattr(block, "mlp", None)
+    if mlp is not None and any(p.requires_grad for p in mlp.parameters()):
+        raise ValueError(f"{key}: decoder layer {i}'s MLP trains (model.freeze_llm false, or model.lora on its "
+                         f"projections); only frozen MLPs take this path: {fallback}")
+    if mlp is None or not is_swiglu(mlp):
+        raise ValueError(f"{key}: {type(block).__name__} has no SwiGLU mlp (gate_proj, up_proj, down_proj without "
+                         f"bias, SiLU); {fallback}")
+    return mlp
 
 
 def checkpoint_mlps(blocks: list[nn.Module], layers: Optional[int] = None) -> int:
-    """Route the MLP of the first ``layers`` decoder blocks (None: all) through :class:`FrozenSwiGLU`;
-    returns how many. A block without a SwiGLU ``mlp``, or whose MLP trains, is refused, naming the config key."""
+    """Route the MLP of the first ``layers`` decoder blocks (None: all) through :class:`FrozenSwiGLU`,
+    recomputing (fused where :func:`fuse_swiglus` fused it); returns how many. A block without a
+    SwiGLU ``mlp``, or whose MLP trains, is refused, naming the config key."""
     layers = len(blocks) if layers is None else layers
     if layers > len(blocks):
         raise ValueError(f"model.llm.checkpoint_layers {layers} > the LLM's {len(blocks)} decoder layers")
     for i, block in enumerate(blocks[:layers]):
-        mlp = getattr(block, "mlp", None)
-        if mlp is not None and any(p.requires_grad for p in mlp.parameters()):
-            raise ValueError(f"model.llm.checkpoint_scope mlp: decoder layer {i}'s MLP trains (model.freeze_llm "
-                             "false, or model.lora on its projections); only frozen MLPs are recomputed: use "
-                             "checkpoint_scope layer")
-        if mlp is None or not is_swiglu(mlp):
-            raise ValueError(f"model.llm.checkpoint_scope mlp: {type(block).__name__} has no SwiGLU mlp "
-                             "(gate_proj, up_proj, down_proj without bias, SiLU); use checkpoint_scope layer")
-        route_forward(mlp, _frozen_mlp_forward)
+        mlp = _frozen_swiglu(block, i, "model.llm.checkpoint_scope mlp", "use checkpoint_scope layer")
+        route_forward(mlp, ROUTES[(True, fuses(mlp))])
     return layers
+
+
+def fuse_swiglus(blocks: list[nn.Module]) -> int:
+    """``model.llm.fused_swiglu``: every decoder block's MLP through :class:`FrozenSwiGLU` with its
+    elementwise work fused (recomputing where :func:`checkpoint_mlps` routed it); returns how many."""
+    for i, block in enumerate(blocks):
+        mlp = _frozen_swiglu(block, i, "model.llm.fused_swiglu", "set it false")
+        route_forward(mlp, ROUTES[(recomputes(mlp), True)])
+    return len(blocks)

@@ -33,6 +33,7 @@ from west.models.fused_rotary import fuse_rotary
 from west.models.hf_attention import ATTN_NAME, packed_kwargs
 from west.models.llm import LoraInputCasts, apply_lora, decoder_layers, llm_checkpointing, load_llm
 from west.models.loss import linear_cross_entropy
+from west.models.mlp_checkpoint import fuse_swiglus
 from west.models.projector import CompactPosteriorProjector, LinearProjector, PosteriorProjector, Projector
 from west.models.static_decoder import StaticDecoder, StaticShape
 
@@ -77,6 +78,8 @@ class SpeechLLM(nn.Module):
             fuse_rotary(llm)
         if cfg.llm.gradient_checkpointing:
             llm_checkpointing(llm, cfg.llm)
+        if cfg.llm.fused_swiglu:
+            fuse_swiglus(decoder_layers(llm))
         self.llm = apply_lora(llm, cfg.lora) if cfg.lora is not None else llm
         self.lora_casts = LoraInputCasts(self.llm) if cfg.lora is not None else None   # matched to autocast per call
         self.static_decoder: Optional[StaticDecoder] = None   # use_static_decoder(): train.cuda_graphs
