@@ -104,6 +104,26 @@ def test_under_a_counting_dispatch_mode_the_same_arithmetic_runs_eagerly():
     assert mode.totals()["total"] > 2   # counted as the eager operators they are there
 
 
+@pytest.mark.parametrize("recompute", [False, True])
+def test_compiled_layers_take_the_stock_or_checkpointed_mlp_without_a_break(recompute):
+    """Under train.compile the layer's compilation fuses the elementwise work itself: the routed MLP
+    traces into the layer's graph (no break, no nested compiled call) and computes what eager does."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    x = torch.randn(2, 9, 32, generator=torch.Generator().manual_seed(4))
+    eager = _run(_llm(torch.float32), x)
+    model = _scoped(_llm(torch.float32), "mlp") if recompute else _llm(torch.float32)
+    fuse_swiglus(decoder_layers(model))
+    for layer in decoder_layers(model):
+        layer.forward = torch.compile(layer.forward, backend="aot_eager")
+    compiled = _run(model, x)
+    assert sum(counters["graph_break"].values()) == 0
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+    torch._dynamo.reset()
+
+
 def test_gradcheck():
     x = torch.randn(2, 3, 6, dtype=torch.float64, requires_grad=True)
     ws = [torch.randn(5, 6, dtype=torch.float64), torch.randn(5, 6, dtype=torch.float64),
