@@ -59,3 +59,15 @@ def test_the_tool_times_the_padded_blocks_on_the_cpu(tmp_path, capsys):
     eager = res["variants"]["eager, padded to the static shape"]
     assert eager["step_ms"] > 0 and eager["forward_ms"] > 0 and res["floors"]["flops"] > 0
     assert "| compiled |" in text and res["variants"]["compiled"]["forward_ms"] > 0   # inductor on the CPU
+    # the depthwise convolution alone over the replay's buffer: 512 rows and 3 zeros (kernel 7) between 32 slots
+    assert "| depthwise convolution over (1, 64, 605), float32 |" in text
+    assert set(res["depthwise"]) == {"convolution kernel", "shifted products"}
+
+
+def test_depthwise_forms_agree_and_are_timed():
+    from west.bench.encoder_time import depthwise_times
+
+    conv = torch.nn.Conv1d(16, 16, 7, groups=16)
+    times = depthwise_times(conv, 50, torch.float32, repeats=2)
+    assert all(v["forward_ms"] > 0 and v["step_ms"] >= v["forward_ms"] * 0.5 for v in times.values())
+    assert times["shifted products"]["max_abs_diff"] < 1e-5

@@ -4,7 +4,8 @@ CUDA graphs. Per variant: forward and backward ms (the host's in brackets), kern
 backward and their summed time, the idle time in the span, the costliest kernels; with --compiled,
 the same for the blocks compiled in place (train.compile_scope encoder), launched and replayed; and
 the blocks' eager traffic and FLOPs against the device's copy bandwidth and matrix-product rate,
-measured here (west.bench.encoder_time). Utterance lengths are drawn AIShell-like (west.data.workloads), in encoder frames,
+measured here; and the depthwise convolution alone over the replay's buffer, as the convolution
+kernel and as shifted products (west.bench.encoder_time). Utterance lengths are drawn AIShell-like (west.data.workloads), in encoder frames,
 until the real rows fill --fill of the --rows. On a CPU the replay and the kernel columns are left
 out. Not a test.
 
@@ -22,7 +23,15 @@ import yaml
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from west.bench.encoder_time import attention_flops, copy_bandwidth, table, time_variant, traffic
+from west.bench.encoder_time import (
+    attention_flops,
+    copy_bandwidth,
+    depthwise_table,
+    depthwise_times,
+    table,
+    time_variant,
+    traffic,
+)
 from west.bench.peak import matmul_peak
 from west.data.workloads import aishell_like_durations
 from west.models.config import ConformerConfig
@@ -130,6 +139,9 @@ def main(argv=None) -> int:
         run = other.replay if cuda else other.stack
         variants[f"{'replayed' if cuda else 'eager'} in {segments} segments of at most {max_len:,}"] = time_variant(
             lambda: run(*other_args), grad, clear, device, a.repeats)
+    conv = encoder.blocks[0].conv
+    length = a.rows + conv.pad * (shape.segments - 1)   # the replay's convolution buffer: rows and zero gaps
+    depthwise = depthwise_times(conv.depthwise, length, dtype, a.repeats)
     moved = traffic(lambda: (clear(), eager().backward(grad)))   # the eager blocks', before any compiling
     clear()
     with FlopCounterMode(display=False) as fc:   # the products; the varlen attention is opaque to it
@@ -149,10 +161,12 @@ def main(argv=None) -> int:
     print(f"### The encoder's {len(encoder.blocks)} blocks on {name}: {a.rows:,} rows in {shape.segments} segments "
           f"of at most {shape.max_seqlen:,}, {sum(lens):,} real in {len(lens)} utterances, {precision}\n")
     print(table(variants, floors))
+    print("\n" + depthwise_table(depthwise, conv.depthwise.in_channels, length, dtype))
     if a.out:
         a.out.write_text(json.dumps({"device": name, "rows": a.rows, "segments": shape.segments,
                                      "max_len": shape.max_seqlen, "real_rows": sum(lens), "utterances": len(lens),
-                                     "variants": variants, "floors": floors}, indent=1), encoding="utf-8")
+                                     "variants": variants, "floors": floors, "depthwise": depthwise}, indent=1),
+                         encoding="utf-8")
     return 0
 
 

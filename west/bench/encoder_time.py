@@ -13,18 +13,21 @@ what fused kernels need) and the FLOPs of their products. ``tools/encoder_gpu_ti
 """
 from __future__ import annotations
 
+import copy
 import tempfile
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
+from torch import nn
 from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from west.bench.timing import host_and_device_ms
 from west.bench.trace_gaps import GPU_CATS, load_events
+from west.models.layout import depthwise_conv1d, same_conv1d
 
 
 class Traffic(TorchDispatchMode):
@@ -113,6 +116,42 @@ def time_variant(forward: Callable[[], torch.Tensor], grad: torch.Tensor, clear:
     if device.type == "cuda":
         out.update(kernel_summary(profile_kernels(step), iters=3))
     return out
+
+
+def depthwise_times(conv: nn.Conv1d, length: int, dtype: torch.dtype, repeats: int) -> dict[str, dict]:
+    """The blocks' depthwise convolution alone over one (1, C, ``length``) buffer, the replay's (its
+    rows and the zero gaps between utterances), in ``dtype``: forward and forward + backward drained
+    ms (input and weight gradients) through the convolution kernel (eager's path) and as k shifted
+    products (compiled blocks' path; eager here), and how far apart their outputs are. Depthwise
+    convolutions are a known slow path of some GPU stacks: if the kernel's row is a large part of
+    the blocks' time and the products' row is faster, the eager blocks can take the products."""
+    device = conv.weight.device
+    module = copy.deepcopy(conv).to(dtype)
+    x = torch.randn(1, conv.in_channels, length, device=device, dtype=dtype, requires_grad=True)
+    grad = torch.randn_like(x)
+    forms = {"convolution kernel": lambda: same_conv1d(x, module), "shifted products": lambda: depthwise_conv1d(x, module)}
+
+    def clear() -> None:
+        for t in (x, *module.parameters()):
+            t.grad = None
+
+    out = {}
+    for name, form in forms.items():
+        fwd_host, fwd_ms = host_and_device_ms(lambda: (clear(), form()), device, repeats)
+        _, step_ms = host_and_device_ms(lambda: (clear(), form().backward(grad)), device, repeats)
+        out[name] = {"forward_ms": fwd_ms, "step_ms": step_ms}
+    with torch.no_grad():
+        ref = forms["convolution kernel"]().float()
+        out["shifted products"]["max_abs_diff"] = float((forms["shifted products"]().float() - ref).abs().max())
+    return out
+
+
+def depthwise_table(times: dict[str, dict], channels: int, length: int, dtype: torch.dtype) -> str:
+    lines = [f"| depthwise convolution over (1, {channels}, {length:,}), {str(dtype).replace('torch.', '')} | "
+             "forward ms | forward + backward ms |", "|---|---|---|"]
+    lines += [f"| {name} | {v['forward_ms']:.2f} | {v['step_ms']:.2f} |" for name, v in times.items()]
+    diff = times["shifted products"]["max_abs_diff"]
+    return "\n".join(lines + ["", f"largest difference between the two outputs: {diff:.2g}"])
 
 
 def copy_bandwidth(device: torch.device, mib: int = 512, repeats: int = 10) -> float:
