@@ -166,3 +166,19 @@ def test_config_rules_and_the_speech_llm(tmp_path):
     assert out[True][1].keys() == out[False][1].keys() and out[True][1]
     for name, g in out[False][1].items():
         torch.testing.assert_close(out[True][1][name], g, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_the_benchmark_tool_times_every_variant_and_counts_what_each_keeps(tmp_path):
+    import json
+
+    from helpers.e2e import import_tool
+
+    out = tmp_path / "swiglu.json"
+    assert import_tool("bench_swiglu").main(["--device", "cpu", "--rows", "64", "--hidden", "16", "--intermediate",
+                                             "48", "--repeats", "1", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert set(res["elementwise_ms"]) == {"stock", "fused"} and all(v > 0 for v in res["elementwise_ms"].values())
+    kept = {name: v["kept_mib"] for name, v in res["mlp"].items()}
+    tensor = 64 * 48 * 2 / 2**20   # one bf16 tensor of rows x intermediate
+    assert kept["stock"] == pytest.approx(3 * tensor) and kept["fused (gate and up kept)"] == pytest.approx(2 * tensor)
+    assert kept["recomputed (checkpoint_scope mlp)"] == kept["recomputed and fused"] == 0   # the input alone

@@ -49,6 +49,7 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert "| train_readback |" in suite and "| train_late_readback |" in suite   # late_readback
     assert "| train_lora |" in suite and "llm (LoRA) 0.06 M" in log   # lora: the adapters train
     assert "| train_fused_swiglu |" in suite and "(part best, without:) | sequence pack |" in suite   # swiglu
+    assert "### A frozen SwiGLU MLP on CPU: 256 rows" in suite and "| recomputed and fused |" in suite
     # pyspy: without py-spy on the machine (CI) the part says so and the suite goes on
     assert "pyspy: skipped (no py-spy" in log or "samples in 12 steps at 20 Hz" in suite
     assert "| train_static |" in suite and "| train_static_cudnn |" in suite   # cudnn: static batches, SDPA off/on

@@ -66,8 +66,11 @@ part_best() {   # item 6's MFU and GPU-busy targets at the fastest west-train co
 }
 part_swiglu() {   # model.llm.fused_swiglu (never on a GPU yet): the MLPs' elementwise work as one compiled kernel each
   # way, 0.9 GB less traffic per layer per step by arithmetic, gate and up kept without silu(gate) (no checkpointing)
-  log "swiglu: part best's benchmark and west-train as configured (part late_readback's train_readback), each with"\
-    "model.llm.fused_swiglu true"
+  log "swiglu: the MLP alone (tools/bench_swiglu.py), then part best's benchmark and west-train as configured (part"\
+    "late_readback's train_readback), each with model.llm.fused_swiglu true"
+  local sizes=(); $tiny && sizes=(--rows 256 --hidden 64 --intermediate 256 --repeats 2)
+  "$python" "$repo/tools/bench_swiglu.py" --device "$device" "${sizes[@]}" --out "$out/swiglu.json" 2>&1 \
+    | tee -a "$out/suite.log" | sed -n '/^### /,$p' | tee -a "$out/suite.md"
   best_run best_swiglu --model.llm.fused_swiglu true
   [ -f "$exp/bench_best/benchmark.md" ] && sed -n 3p "$exp/bench_best/benchmark.md" | sed 's/^/(part best, without:) /' \
     | tee -a "$out/suite.md"
