@@ -38,8 +38,10 @@ from west.models.config import ConformerConfig
 from west.models.conformer import ConformerEncoder
 from west.models.static_decoder import StaticShape
 from west.models.static_encoder import StaticBlocks
+from west.shapes import PackExtent
 from west.train.compile import compile_regions
-from west.train.encoder_graphs import encoder_max_len, encoder_segments, static_encoder_for
+from west.train.config import TrainConfig
+from west.train.encoder_graphs import encoder_shape, static_encoder_for
 
 CONF = Path(__file__).resolve().parents[1] / "recipes" / "aishell" / "conf"
 
@@ -64,10 +66,9 @@ def lengths(fill: int, longest: int = 0, seed: int = 0, frames_per_s: float = 25
 
 def planned_shape(rows: int, segments: int, max_len: int, lens: list[int]) -> StaticShape:
     """The static shape at ``rows``, its slots and bound as given or, where 0, planned from ``lens``
-    as west-train plans them from its packs (west.train.encoder_graphs)."""
-    max_len, _ = encoder_max_len(max_len, max(lens))
-    segments, _ = encoder_segments(segments, rows, max_len, len(lens))
-    return StaticShape(rows, segments, max_len)
+    as west-train plans them from its packs (west.train.encoder_graphs.encoder_shape)."""
+    train = TrainConfig(encoder_graph_rows=rows, encoder_graph_segments=segments, encoder_graph_max_len=max_len)
+    return encoder_shape(train, rows, 1, PackExtent(sum(lens), len(lens), max(lens)))[0]
 
 
 def padded(encoder: ConformerEncoder, shape: StaticShape, precision: str, rows: torch.Tensor,

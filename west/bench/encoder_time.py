@@ -137,7 +137,7 @@ def depthwise_times(conv: nn.Conv1d, length: int, dtype: torch.dtype, repeats: i
 
     out = {}
     for name, form in forms.items():
-        fwd_host, fwd_ms = host_and_device_ms(lambda: (clear(), form()), device, repeats)
+        _, fwd_ms = host_and_device_ms(lambda: (clear(), form()), device, repeats)
         _, step_ms = host_and_device_ms(lambda: (clear(), form().backward(grad)), device, repeats)
         out[name] = {"forward_ms": fwd_ms, "step_ms": step_ms}
     with torch.no_grad():

@@ -34,7 +34,7 @@ from torch.utils.checkpoint import checkpoint
 
 from west.models.fused_swiglu import fused as fused_swiglu
 from west.models.precision import autocast_on
-from west.models.routing import route_forward
+from west.models.routing import route_forward, routed_to
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 RECOMPUTED_SHARE = (2, 3)   # of the MLP's forward FLOPs: gate and up, two of its three equal products
@@ -117,8 +117,7 @@ ROUTES = {(True, False): _routed_forward(True, False), (True, True): _routed_for
 
 def _route(mlp: nn.Module) -> tuple[bool, bool]:
     """(recompute, fused) of the route this MLP takes; (False, False): its own forward."""
-    fn = getattr(vars(mlp).get("forward"), "__func__", None)
-    return next((key for key, f in ROUTES.items() if f is fn), (False, False))
+    return next((key for key, fn in ROUTES.items() if routed_to(mlp, fn)), (False, False))
 
 
 def recomputes(mlp: nn.Module) -> bool:
