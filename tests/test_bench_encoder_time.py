@@ -69,5 +69,7 @@ def test_depthwise_forms_agree_and_are_timed():
 
     conv = torch.nn.Conv1d(16, 16, 7, groups=16)
     times = depthwise_times(conv, 50, torch.float32, repeats=2)
-    assert all(v["forward_ms"] > 0 and v["step_ms"] >= v["forward_ms"] * 0.5 for v in times.values())
+    # timed, not compared: on a shared 2-core machine one forward can outlast a whole step
+    assert set(times) == {"convolution kernel", "shifted products"}
+    assert all(0 < v[k] < float("inf") for v in times.values() for k in ("forward_ms", "step_ms"))
     assert times["shifted products"]["max_abs_diff"] < 1e-5

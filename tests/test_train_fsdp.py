@@ -120,7 +120,7 @@ def _steps(model, batches, world: int, precision: str = "fp32") -> dict:
             "state_dtypes": sorted(state_dtypes)}
 
 
-def _trainer(env: dict, info, batches, dataset, kill_at: int = -1):
+def _trainer(env: dict, info, batches, dataset, kill_at: int = -1, kill_note=None):
     from west.models.speech_llm import SpeechLLM
     from west.train.config import RunConfig, TrainConfig
     from west.train.loop import Trainer
@@ -132,7 +132,8 @@ def _trainer(env: dict, info, batches, dataset, kill_at: int = -1):
     run = RunConfig(output_dir=str(env["dir"] / "run"), train_data="unused", resume="auto")
     torch.manual_seed(0)
     model = SpeechLLM(env["cfg"]).train()
-    return Trainer(train, run, model, ListData(batches, kill_at=kill_at, dummy=dataset.dummy_batch), info)
+    return Trainer(train, run, model, ListData(batches, kill_at=kill_at, dummy=dataset.dummy_batch,
+                                                       kill_note=kill_note), info)
 
 
 def _rank_setup(rank: int, world: int, port: int, env: dict):
@@ -199,7 +200,8 @@ def _worker(rank: int, world: int, port: int, env: dict) -> None:
     full.fit()
     res["trainer"] = {"losses": full.losses, "params": _full_state(full.model)}
     torch.save(res, env["dir"] / f"rank{rank}.pt")
-    killed = _trainer({**env, "dir": env["dir"] / "killed"}, info, batches, dataset, kill_at=KILL_AT)
+    killed = _trainer({**env, "dir": env["dir"] / "killed"}, info, batches, dataset, kill_at=KILL_AT,
+                      kill_note=env["dir"] / f"kill_rank{rank}.txt")
     killed.fit()  # SIGKILL inside: never returns
 
 
@@ -208,7 +210,9 @@ def _resume_worker(rank: int, world: int, port: int, env: dict) -> None:
     from west.train.distributed import cleanup
 
     info, batches, dataset = _rank_setup(rank, world, port, env)
-    latest = find_latest(env["dir"] / "killed" / "run" / "checkpoints")
+    root = env["dir"] / "killed" / "run" / "checkpoints"
+    latest = find_latest(root)
+    assert latest is not None, f"no usable checkpoint in {root}: {sorted(p.name for p in root.glob('*'))}"
     resumed = _trainer({**env, "dir": env["dir"] / "killed"}, info, batches, dataset)
     summary = resumed.fit()
     torch.save({"latest": latest.name, "summary": summary, "losses": resumed.losses,
@@ -235,6 +239,8 @@ def results(tmp_path_factory, corpus):
 
     with pytest.raises(mp.ProcessExitedException) as killed:
         run_ranks(_worker, env)
+    notes = {p.name: p.read_text() for p in d.glob("kill_rank*.txt")}
+    assert notes, f"no rank reached its planned SIGKILL, yet one died: {killed.value} (killed by the machine?)"
     ranks = rank_results(d)
     run_ranks(_resume_worker, env)
     resumed = rank_results(d, stem="resumed")

@@ -93,7 +93,7 @@ def test_host_split_attributes_the_step_to_its_phases():
 
     class SlowSGD(torch.optim.SGD):
         def step(self, closure=None):
-            time.sleep(0.2)
+            time.sleep(0.5)   # far above what queueing the tiny step takes on a loaded 2-core machine
             return super().step(closure)
 
     model = SlowForward()
@@ -102,8 +102,8 @@ def test_host_split_attributes_the_step_to_its_phases():
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     res = train_step(model, batches, plan_step(batches, 1), opt, sched, device=torch.device("cpu"), world_size=1)
     assert res.status == "ok"
-    assert 0.02 <= res.launch_s < 0.2 <= res.update_s
-    assert 0.0 <= res.sync_wait_s < 0.2
+    assert 0.02 <= res.launch_s < 0.5 <= res.update_s
+    assert 0.0 <= res.sync_wait_s < 0.5
 
 
 def test_grad_norm_is_the_trainable_gradients_norm_before_clipping():

@@ -7,7 +7,8 @@ summed over label positions), so the loop can be tested before west.models lands
 from __future__ import annotations
 
 import os
-from typing import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 from torch import nn
@@ -96,8 +97,9 @@ class ListData:
     """A resumable per-rank data source over fixed batches (same order every epoch)."""
 
     def __init__(self, batches: list[Batch], kill_at: int = -1, crash_at: int = -1,
-                 dummy: Callable[[], Batch] = dummy_batch):
+                 dummy: Callable[[], Batch] = dummy_batch, kill_note: Optional[Path] = None):
         self.batches, self.dummy_batch = batches, dummy
+        self.kill_note = kill_note  # written just before the planned SIGKILL: any other death is not ours
         self.epoch = 0
         self.pos = 0
         self.kill_at = kill_at  # SIGKILL this process once this many batches were yielded in total
@@ -113,6 +115,8 @@ class ListData:
     def __iter__(self) -> Iterator[Batch]:
         while self.pos < len(self.batches):
             if self.kill_at == self.yielded:
+                if self.kill_note is not None:
+                    self.kill_note.write_text(f"epoch {self.epoch}, {self.yielded} batches yielded")
                 os.kill(os.getpid(), 9)
             if self.crash_at == self.yielded:
                 raise SimulatedCrash(f"crash after {self.yielded} batches")
