@@ -6,7 +6,8 @@ import json
 
 import torch
 
-from west.bench.encoder_time import Traffic, attention_flops, kernel_summary, table
+from west.bench.encoder_time import attention_flops, kernel_summary, table
+from west.bench.traffic import Traffic
 
 from helpers.e2e import ROOT, import_tool
 

@@ -8,6 +8,9 @@ weights and saves it with ``save_pretrained`` next to a tokenizer copied from ``
 Step time, memory and checkpoint size then match the real model's; the loss does not.
 
     python tools/make_seed_llm.py exp/seed_llm --tokenizer exp/tiny_llm --shape qwen2-1.5b
+
+``--config_only`` writes config.json and the tokenizer without weights: enough for what only needs
+the shapes (tools/step_roofline.py builds the model on the meta device).
 """
 from __future__ import annotations
 
@@ -37,7 +40,8 @@ COMMON = dict(vocab_size=151936, max_position_embeddings=32768, rope_theta=10000
               hidden_act="silu", attention_dropout=0.0, initializer_range=0.02, use_sliding_window=False)
 
 
-def build(out: Path, tokenizer_dir: str, shape: str, dtype: str, seed: int, device: str = "cpu") -> dict:
+def build(out: Path, tokenizer_dir: str, shape: str, dtype: str, seed: int, device: str = "cpu",
+          config_only: bool = False) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
 
@@ -51,10 +55,13 @@ def build(out: Path, tokenizer_dir: str, shape: str, dtype: str, seed: int, devi
         raise SystemExit(f"--tokenizer {tokenizer_dir} has {len(tok)} tokens, more than {shape}'s {conf.vocab_size}")
     torch.manual_seed(seed)
     t0 = time.perf_counter()
-    with torch.device(device):   # a GPU draws 1.5B random weights in seconds, a CPU in a minute
+    with torch.device("meta" if config_only else device):   # a GPU draws 1.5B random weights in seconds, a CPU in a minute
         model = AutoModelForCausalLM.from_config(conf, dtype=getattr(torch, dtype))
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out))
+    if config_only:
+        conf.save_pretrained(str(out))
+    else:
+        model.save_pretrained(str(out))
     tok.save_pretrained(str(out))
     n = sum(p.numel() for p in model.parameters())
     size = sum(f.stat().st_size for f in out.glob("*.safetensors"))
@@ -69,8 +76,13 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="where to draw the weights (cuda: much faster)")
+    p.add_argument("--config_only", action="store_true", help="config.json and the tokenizer, no weights")
     a = p.parse_args(argv)
-    r = build(a.out, a.tokenizer, a.shape, a.dtype, a.seed, a.device)
+    r = build(a.out, a.tokenizer, a.shape, a.dtype, a.seed, a.device, a.config_only)
+    if a.config_only:
+        print(f"make_seed_llm: {a.shape}'s config.json and tokenizer in {a.out}, no weights "
+              f"({r['params'] / 1e6:,.1f} M parameters)")
+        return 0
     print(f"make_seed_llm: {a.shape} with random weights, {r['params'] / 1e6:,.1f} M parameters, "
           f"{r['bytes'] / 2**30:.2f} GiB of {a.dtype} safetensors in {a.out} ({r['seconds']:.0f} s)")
     return 0

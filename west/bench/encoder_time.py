@@ -15,43 +15,18 @@ from __future__ import annotations
 
 import copy
 import tempfile
-from collections import Counter, defaultdict
+from collections import defaultdict
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from west.bench.timing import host_and_device_ms
 from west.bench.trace_gaps import GPU_CATS, load_events
+from west.bench.traffic import Traffic, varlen_attention_flops
 from west.models.layout import depthwise_conv1d, same_conv1d
-
-
-class Traffic(TorchDispatchMode):
-    """Bytes of the tensors each dispatched operator takes and returns, views and profiler
-    markers left out: the device memory the eager operators touch if nothing stays in a cache."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops = 0
-        self.bytes = 0
-        self.by_op: Counter = Counter()      # operator name -> bytes
-        self.calls: Counter = Counter()      # operator name -> calls
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func.namespace != "profiler" and not func.is_view:
-            flat = tree_flatten((args, kwargs or {}, out))[0]
-            moved = sum(t.numel() * t.element_size() for t in flat if isinstance(t, torch.Tensor))
-            name = func.overloadpacket.__name__
-            self.ops += 1
-            self.bytes += moved
-            self.by_op[name] += moved
-            self.calls[name] += 1
-        return out
 
 
 def traffic(step: Callable[[], object], top: int = 8) -> dict:
@@ -64,10 +39,8 @@ def traffic(step: Callable[[], object], top: int = 8) -> dict:
 
 
 def attention_flops(cu_seqlens: Sequence[int], d_model: int) -> int:
-    """Forward + backward FLOPs of attention within segments: 4·d·Σ len² forward (scores and the
-    weighted sum), 2.5 times that backward (the flash kernels' recomputation included)."""
-    sq = sum((b - a) ** 2 for a, b in zip(cu_seqlens, cu_seqlens[1:]))
-    return int(3.5 * 4 * d_model * sq)
+    """Forward + backward FLOPs of attention within segments (non-causal; heads x head_dim = ``d_model``)."""
+    return sum(varlen_attention_flops([b - a for a, b in zip(cu_seqlens, cu_seqlens[1:])], 1, d_model, False))
 
 
 def kernel_summary(events: Sequence[dict], iters: int, top: int = 8) -> dict:
