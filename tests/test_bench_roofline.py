@@ -157,3 +157,55 @@ def test_a_config_only_seed_llm_counts_at_its_real_width(setup, tmp_path):
     tokens = setup["batch"].host.input_ids.numel()
     products = res["ops"]["mm"]["flops"] + res["ops"]["addmm"]["flops"]
     assert 4 * layers * tokens <= products <= 1.1 * 4 * layers * tokens
+
+
+def test_kernels_are_named_into_the_floors_categories():
+    from west.bench import roofline
+    from west.bench.kernel_kinds import CATEGORIES, by_category, kernel_category
+
+    assert set(CATEGORIES) == {*roofline.CATEGORIES, roofline.OTHER, roofline.OPTIMIZER}
+    names = {   # as torch.profiler names them on an H100 (torch 2.11)
+        "nvjet_hsh_256x128_64x4_1x2_h_bz_coopA_NTN": "products",
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1": "products",
+        "void at::native::conv_depthwise2d_forward_kernel<3, c10::BFloat16, int>(...)": "products",
+        "void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<...>(...)": "attention",
+        "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float, float>(...)": "norms",
+        "void at::native::(anonymous namespace)::CatArrayBatchedCopy<...>(...)": "copies and casts",
+        "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(...)>(...)": "copies and casts",
+        "Memcpy HtoD (Pinned -> Device)": "copies and casts",
+        "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>, ...>(...)":
+            "elementwise and reductions",
+        "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MeanOps<...>>>(...)":
+            "elementwise and reductions",
+        "triton_poi_fused_mul_silu_0": "elementwise and reductions",
+        "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<...FusedAdamMathFunctor...>(...)": "optimizer",
+    }
+    assert {n: kernel_category(n) for n in names} == names
+    events = [{"name": "nvjet_x", "dur": 3000.0}, {"name": "nvjet_y", "dur": 1000.0},
+              {"name": "triton_poi_fused_add_0", "dur": 500.0}]
+    assert by_category(events, steps=2) == {"products": {"kernels_per_step": 1.0, "ms_per_step": 2.0},
+                                            "elementwise and reductions": {"kernels_per_step": 0.5, "ms_per_step": 0.25}}
+
+
+def test_the_tool_sets_a_profiles_kernels_against_the_floor(setup, corpus, tmp_path, capsys):
+    step_roofline = import_tool("step_roofline")
+    conf = tmp_path / "conf.yaml"
+    conf.write_text("train: {device: cpu}\ndata: {batch_type: pack, pack_tokens: 512, num_workers: 0}\n"
+                    "model:\n  encoder: {d_model: 32, num_heads: 2, ffn_dim: 64, num_blocks: 1, conv_kernel: 3}\n"
+                    "  projector: {stride: 2, hidden_dim: 32}\n  llm: {dtype: bfloat16}\n  freeze_llm: true\n",
+                    encoding="utf-8")
+    profile = tmp_path / "kernels.json"
+    cats = {"products": {"kernels_per_step": 10.0, "ms_per_step": 4.0},
+            "elementwise and reductions": {"kernels_per_step": 30.0, "ms_per_step": 1.0}}
+    profile.write_text(json.dumps({"device": "NVIDIA H100", "modes": {"pack": {
+        "steps": 3, "step_ms": 6.0, "gpu_busy_pct": 83.3, "by_category": cats}}}))
+    assert step_roofline.main(["--config", str(conf), "--llm", str(setup["llm"]), "--data", str(corpus["list"]),
+                               "--num_utts", "10", "--out_dir", str(tmp_path / "out"), "--kernels", str(profile)]) == 0
+    text = capsys.readouterr().out
+    res = json.loads((tmp_path / "out" / "roofline.json").read_text())
+    floor = res["totals"]["categories"]["products"]["floor_s"] / len(res["steps"]) * 1e3   # per step
+    assert f"| products | 10 | 4.0 | {floor:.1f} | {4.0 / floor:.1f}x |" in text
+    assert "(pack, NVIDIA H100, 3 steps, 6.0 ms per step, GPU busy 83 %)" in text
+    # the benchmark's draw of 10 utterances, every batch of them counted
+    assert len((tmp_path / "out" / "roofline_data.list").read_text().splitlines()) == 10
+    assert sum(s["utterances"] for s in res["steps"]) == 10

@@ -64,6 +64,9 @@ def test_kernel_timeline_splits_idle_into_host_late_and_queued_gaps():
     assert "idle per step: host late 1.1 ms, queued 0.0 ms, unattributed 0.1 ms" in text
     assert "| 1000 us - 1000 us" not in text and "| >= 1000 us | 0.5 | 1.00 |" in text
     assert "| cudaFree | 0.5 | 0.90 | 0.90 |" in text and "| 2000 | host late | k3 | k4 |" in text
+    # k1..k99 name no known kind: all of their 0.2 ms per step is elementwise work
+    assert res["by_category"] == {"elementwise and reductions": {"kernels_per_step": 2.5, "ms_per_step": 0.2}}
+    assert "| elementwise and reductions | 2 | 0.2 | – | – |" in text
     with pytest.raises(ValueError, match="no GPU events"):
         kernel_timeline([launch(1, 0)], steps=1)
 

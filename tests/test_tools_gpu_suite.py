@@ -15,7 +15,7 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(
         ["bash", str(ROOT / "tools" / "gpu_suite.sh"), str(out), "--tiny", "--device", "cpu", "--python",
-         sys.executable, "--work_dir", str(tmp_path / "work"), "--parts", "build,attention,bench,train,marks,pyspy,weights,rotary,norm,cudnn,graphs,headroom,profile,hostpy,gap,floor,queues,ring,encoder_graphs,encoder_graphs_full,encoder_graphs_exact,best,swiglu,contention,late_readback,configured,encoder_time,loss,lora"],
+         sys.executable, "--work_dir", str(tmp_path / "work"), "--parts", "build,attention,bench,train,marks,pyspy,weights,rotary,norm,cudnn,graphs,headroom,profile,hostpy,gap,floor,queues,ring,encoder_graphs,encoder_graphs_full,encoder_graphs_exact,best,swiglu,contention,late_readback,configured,encoder_time,loss,lora,roofline"],
         env=subprocess_env(), capture_output=True, text=True, timeout=900)
     log = (out / "suite.log").read_text(encoding="utf-8") if (out / "suite.log").exists() else ""
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + log[-3000:]
@@ -49,6 +49,7 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert "| train_readback |" in suite and "| train_late_readback |" in suite   # late_readback
     assert "| train_lora |" in suite and "llm (LoRA) 0.06 M" in log   # lora: the adapters train
     assert "| train_fused_swiglu |" in suite and "(part best, without:) | sequence pack |" in suite   # swiglu
+    assert "| **whole step** |" in suite and "MFU at most" in suite   # roofline (its kernels: CUDA's)
     assert "### A frozen SwiGLU MLP on CPU: 256 rows" in suite and "| recomputed and fused |" in suite
     # pyspy: without py-spy on the machine (CI) the part says so and the suite goes on
     assert "pyspy: skipped (no py-spy" in log or "samples in 12 steps at 20 Hz" in suite
@@ -82,7 +83,7 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert sorted(set(jsons) - {"pyspy.json", "pyspy_marks.json"}) == [   # those two where py-spy is installed
         "attention.json", "benchmark.json", "encoder_attention.json", "encoder_time.json", "floor.json",
         "graphs_exact.json", "hostpy.json", "hostpy_graphs.json", "late_exact.json", "loss.json", "marks.json", "marks_cuts.json",
-        "marks_queues.json", "marks_queues_off.json", "profile.json", "swiglu.json"]
+        "marks_queues.json", "marks_queues_off.json", "profile.json", "roofline.json", "swiglu.json"]
     bench = jsons["benchmark.json"]
     assert {"static", "dynamic", "pack", "pack_encoder_padded"} <= set(bench["modes"])
     assert all(r["ops"]["per_step"]["total"] > 0 for r in bench["modes"].values())

@@ -90,6 +90,22 @@ part_encoder_time() {   # replayed, the encoder's blocks spanned 23.5 + 28 ms of
   "$python" "$repo/tools/encoder_gpu_time.py" --config "$conf" --device "$device" "${sizes[@]}" \
     --out "$out/encoder_time.json" 2>&1 | tee -a "$out/suite.log" | sed -n '/^### /,$p' | tee -a "$out/suite.md"
 }
+part_roofline() {   # part best's configuration reached 30.5 % MFU with the GPU busy 82 % (H100): inside its kernels,
+  # which kinds run furthest from what their bytes and FLOPs need? Arithmetic on the CPU put that floor at ~92 ms
+  # a step, 54 % MFU at most (docs/benchmarks.md, "The step's floor")
+  log "roofline: part best's step, its kernels by category (a kernels-only trace) against its operators' floor"
+  local kernels=()
+  if [ "$device" = cuda ]; then
+    profile_run roofline_kernels pack --kernels_only "${replayed[@]}" --model.llm.gradient_checkpointing false
+    kernels=(--kernels "$out/roofline_kernels.json")
+  fi
+  "$python" "$repo/tools/step_roofline.py" --config "$conf" "${common[@]}" --llm "$llm" --data "$data/train/data.list" \
+    --num_utts "$(( num_utts < prof_utts ? num_utts : prof_utts ))" --data.cmvn "$data/train/global_cmvn.json" \
+    --data.batch_type pack --data.pack_tokens "$pack" "${replayed[@]}" \
+    --model.llm.gradient_checkpointing false --out_dir "$exp/roofline" "${kernels[@]}" 2>>"$out/suite.log" \
+    | tee -a "$out/suite.log" | sed -n '/^| per step/,/^\[step_roofline\]/p' | tee -a "$out/suite.md"
+  cp "$exp/roofline/roofline.json" "$out/roofline.json"
+}
 part_floor() {   # ~37 µs of host time per launch over the H200's step: this machine's floor, or more?
   log "floor: host time per dispatched operator apart from any model (launch, allocation, autograd, autocast)"
   local sizes=(); $tiny && sizes=(--ops 200 --repeats 1)

@@ -23,6 +23,7 @@ import torch
 
 from west.batch import Batch
 from west.bench.cuda_standins import attention_flop_formulas, cuda_kernels
+from west.bench.kernel_kinds import OTHER
 from west.bench.traffic import Roofline
 
 CATEGORIES = {
@@ -35,11 +36,12 @@ CATEGORIES = {
                          "embedding_dense_backward", "new_zeros", "zeros", "zeros_like", "constant_pad_nd",
                          "gather", "scatter", "masked_scatter", "masked_fill_", "roll"),
 }
-OTHER = "elementwise and reductions"
+OPTIMIZER = "optimizer"
 OPTIMIZER_BYTES_PER_PARAM = 40   # AdamW: p, m, v read and written, g read (28); clipping: g read, then scaled (12)
 
 
 def category(op: str) -> str:
+    """The category of aten operator ``op`` (west.bench.kernel_kinds names a kernel's the same way)."""
     return next((name for name, ops in CATEGORIES.items() if op in ops), OTHER)
 
 
@@ -89,7 +91,7 @@ def step_floor(model: torch.nn.Module, batch: Batch, bandwidth: float, peak: flo
                   "floor_s": mode.floor_by_op[name], "category": category(name)} for name in mode.calls}
     opt_bytes = OPTIMIZER_BYTES_PER_PARAM * trainable
     ops["optimizer (AdamW + clip, by arithmetic)"] = {"calls": 0, "bytes": opt_bytes, "flops": 0,
-                                                       "floor_s": opt_bytes / bandwidth, "category": "optimizer"}
+                                                       "floor_s": opt_bytes / bandwidth, "category": OPTIMIZER}
     counters = batch.host.counters
     return {"ops": ops, "trainable_params": trainable, "bandwidth": bandwidth, "peak": peak,
             "llm_tokens": counters.get("computed_llm_tokens"), "utterances": counters.get("utterances"),
@@ -153,3 +155,8 @@ def table(steps: list[dict], top: int = 12, measured_step_s: Optional[float] = N
         lines.append(f"measured step {measured_step_s * 1e3:.0f} ms: {floor_ms / (measured_step_s * 1e3):.0%} "
                      f"of it is the floor")
     return "\n".join(lines)
+
+
+def floors_ms(steps: list[dict]) -> dict[str, float]:
+    """Floor ms per step by category (the means over ``steps``)."""
+    return {c: v["floor_s"] / len(steps) * 1e3 for c, v in totals(steps)["categories"].items()}

@@ -24,6 +24,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
+from west.bench.kernel_kinds import by_category, category_table
+
 PREFIX = "west:"
 STEP = PREFIX + "step"
 REST = "backward, clip, figures"   # in a step, outside the forward and optimizer ranges
@@ -241,6 +243,7 @@ def kernel_timeline(events: Sequence[dict], steps: int, top: int = 8) -> dict:
                            for i, (c, us) in enumerate(buckets)],
         "runtime_calls": [{"call": k, "calls_per_step": c / n, "ms_per_step": ms / 1e3 / n,
                            "idle_overlap_ms_per_step": ov / 1e3 / n} for k, (c, ms, ov) in calls],
+        "by_category": by_category(gpu, n),
         "longest_gaps": [{"idle_us": length, "kind": kind, "after": (before or {}).get("name", "(start)")[:80],
                           "before": nxt.get("name", "?")[:80]}
                          for length, _, _, kind, before, nxt in sorted(gaps, key=lambda g: -g[0])[:top]],
@@ -263,6 +266,8 @@ def timeline_table(res: dict) -> str:
                   "|---|---|---|---|"]
         lines += [f"| {c['call']} | {c['calls_per_step']:,.1f} | {c['ms_per_step']:.2f} | "
                   f"{c['idle_overlap_ms_per_step']:.2f} |" for c in res["runtime_calls"]]
+    if res.get("by_category"):
+        lines += ["", category_table(res["by_category"])]
     lines += ["", "| longest gaps (us) | kind | after kernel | before kernel |", "|---|---|---|---|"]
     lines += [f"| {g['idle_us']:.0f} | {g['kind']} | {g['after']} | {g['before']} |" for g in res["longest_gaps"]]
     return "\n".join(lines)
