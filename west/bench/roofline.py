@@ -150,7 +150,7 @@ def table(steps: list[dict], top: int = 12, measured_step_s: Optional[float] = N
     ceiling = whole["flops"] / peak / whole["floor_s"]
     lines += ["", f"floor {floor_ms:.1f} ms per step at {bw / 1e9:,.0f} GB/s and {peak / 1e12:,.1f} TFLOP/s: "
               f"the products and attention alone {whole['flops'] / n / peak * 1e3:.1f} ms; "
-              f"MFU at most {ceiling:.0%} with these operators"]
+              f"MFU at most {ceiling:.0%} with these operators (recomputed FLOPs, if any, counted as work)"]
     if measured_step_s:
         lines.append(f"measured step {measured_step_s * 1e3:.0f} ms: {floor_ms / (measured_step_s * 1e3):.0%} "
                      f"of it is the floor")
