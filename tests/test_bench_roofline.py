@@ -137,6 +137,9 @@ def test_the_tool_writes_its_table_and_json(setup, corpus, tmp_path, capsys):
     assert whole["floor_s"] == pytest.approx(sum(c["floor_s"] for c in res["totals"]["categories"].values()))
     assert "| **whole step** |" in text and "| products |" in text and "MFU at most" in text
     assert "measured step 500 ms" in text and (out / "roofline.md").read_text().startswith("| per step (mean of 2)")
+    with pytest.raises(SystemExit, match="counts pack steps .* data.batch_type is 'static'"):
+        step_roofline.main(["--config", str(conf), "--llm", str(setup["llm"]), "--data", str(corpus["list"]),
+                            "--out_dir", str(out), "--data.batch_type", "static"])
 
 
 def test_a_config_only_seed_llm_counts_at_its_real_width(setup, tmp_path):

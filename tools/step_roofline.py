@@ -59,6 +59,9 @@ def main(argv=None) -> int:
     from west.models.llm import load_tokenizer
 
     cfg = load_config(args.config, split_overrides(["--model.llm.path", args.llm, *rest]))
+    if cfg.data.batch_type != "pack":   # padded batches take the masked SDPA path: no kernel stands in for it
+        raise SystemExit(f"step_roofline: counts pack steps (the cu_seqlens kernels); data.batch_type is "
+                         f"{cfg.data.batch_type!r}: give --data.batch_type pack")
     model = meta_model(cfg.model, args.llm)
     tok = load_tokenizer(args.llm)
     out = Path(args.out_dir)
