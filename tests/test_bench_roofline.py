@@ -95,6 +95,11 @@ def test_the_meta_step_dispatches_cudas_kernels(setup):
     opt = ops["optimizer (AdamW + clip, by arithmetic)"]
     assert opt["bytes"] == 40 * res["trainable_params"] > 0
     assert res["stand_ins"] == ["attention", "attention_backward", "rms_norm", "rms_norm_backward"]
+    # the encoder alone: its 2 attention kernels each way, part of the step's products and floor
+    enc = res["encoder"]
+    assert enc["flops"] >= 2 * sum(varlen_attention_flops(seg[False], 2, 32, False))
+    whole = sum(v["floor_s"] for v in ops.values())
+    assert 0 < enc["floor_s"] < whole and 0 < enc["flops"] < sum(v["flops"] for v in ops.values())
 
 
 def test_the_meta_step_runs_the_cpu_steps_products(setup):
@@ -136,6 +141,7 @@ def test_the_tool_writes_its_table_and_json(setup, corpus, tmp_path, capsys):
     assert whole["floor_s"] == pytest.approx(sum(v["floor_s"] for s in res["steps"] for v in s["ops"].values()))
     assert whole["floor_s"] == pytest.approx(sum(c["floor_s"] for c in res["totals"]["categories"].values()))
     assert "| **whole step** |" in text and "| products |" in text and "MFU at most" in text
+    assert "of it the speech encoder (its forward and backward counted again alone):" in text
     assert "measured step 500 ms" in text and (out / "roofline.md").read_text().startswith("| per step (mean of 2)")
     with pytest.raises(SystemExit, match="counts pack steps .* data.batch_type is 'static'"):
         step_roofline.main(["--config", str(conf), "--llm", str(setup["llm"]), "--data", str(corpus["list"]),

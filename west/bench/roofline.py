@@ -73,6 +73,21 @@ def segment_lengths(model: torch.nn.Module, batch: Batch) -> dict[bool, list[int
     return {True: llm, False: enc}
 
 
+def encoder_floor(model: torch.nn.Module, batch: Batch, bandwidth: float, peak: float) -> dict:
+    """The speech encoder alone on ``batch``'s feats, as SpeechLLM runs it, forward and then backward
+    from a gradient of ones: its share of the step's floor (bytes, FLOPs, operators, seconds)."""
+    mode = Roofline(bandwidth, peak, attention_flop_formulas(segment_lengths(model, batch)))
+    host = batch.host
+    kw = dict(cu_seqlens=host.feat_cu_seqlens) if host.encoder_packed else dict(lengths=host.feat_lens)
+    feats = host.feats.to("meta", torch.bfloat16)
+    with cuda_kernels(), mode:
+        x, _ = model.encoder.forward_flat(feats, **kw)
+        x.backward(torch.ones_like(x))
+    for p in model.parameters():
+        p.grad = None
+    return {"floor_s": mode.floor_s, "bytes": mode.bytes, "flops": mode.flops, "ops": mode.ops}
+
+
 def step_floor(model: torch.nn.Module, batch: Batch, bandwidth: float, peak: float) -> dict:
     """Forward + backward of ``batch`` (a host batch; moved to the meta device here) through the meta
     ``model``, counted as CUDA dispatches it: per operator calls, bytes, FLOPs and floor seconds at
@@ -93,7 +108,8 @@ def step_floor(model: torch.nn.Module, batch: Batch, bandwidth: float, peak: flo
     ops["optimizer (AdamW + clip, by arithmetic)"] = {"calls": 0, "bytes": opt_bytes, "flops": 0,
                                                        "floor_s": opt_bytes / bandwidth, "category": OPTIMIZER}
     counters = batch.host.counters
-    return {"ops": ops, "trainable_params": trainable, "bandwidth": bandwidth, "peak": peak,
+    encoder = encoder_floor(model, batch, bandwidth, peak) if batch.host.feats is not None else None
+    return {"ops": ops, "encoder": encoder, "trainable_params": trainable, "bandwidth": bandwidth, "peak": peak,
             "llm_tokens": counters.get("computed_llm_tokens"), "utterances": counters.get("utterances"),
             "stand_ins": sorted(n for n in mode.calls if n in _STAND_INS)}
 
@@ -151,6 +167,11 @@ def table(steps: list[dict], top: int = 12, measured_step_s: Optional[float] = N
     lines += ["", f"floor {floor_ms:.1f} ms per step at {bw / 1e9:,.0f} GB/s and {peak / 1e12:,.1f} TFLOP/s: "
               f"the products and attention alone {whole['flops'] / n / peak * 1e3:.1f} ms; "
               f"MFU at most {ceiling:.0%} with these operators (recomputed FLOPs, if any, counted as work)"]
+    encoders = [s["encoder"] for s in steps if s.get("encoder")]
+    if encoders:
+        enc = {k: sum(e[k] for e in encoders) / n for k in ("floor_s", "bytes", "flops")}
+        lines.append(f"of it the speech encoder (its forward and backward counted again alone): {enc['floor_s'] * 1e3:.1f} ms, "
+                     f"{enc['bytes'] / 1e9:.1f} GB, {enc['flops'] / 1e12:.2f} TFLOP")
     if measured_step_s:
         lines.append(f"measured step {measured_step_s * 1e3:.0f} ms: {floor_ms / (measured_step_s * 1e3):.0%} "
                      f"of it is the floor")
