@@ -25,6 +25,8 @@ from west.batch import Batch
 from west.bench.cuda_standins import attention_flop_formulas, cuda_kernels
 from west.bench.kernel_kinds import OTHER
 from west.bench.traffic import Roofline
+from west.models.llm import load_llm
+from west.models.speech_llm import SpeechLLM
 
 CATEGORIES = {
     "products": ("mm", "addmm", "bmm", "baddbmm", "convolution", "convolution_backward"),
@@ -49,9 +51,6 @@ def meta_model(model_cfg, llm_dir: str | Path) -> torch.nn.Module:
     """SpeechLLM of ``model_cfg`` on the meta device, its LLM built from ``llm_dir``'s config.json
     (no weights read); the trainable modules in bfloat16, as autocast runs their products."""
     from transformers import AutoConfig  # heavy
-
-    from west.models.llm import load_llm
-    from west.models.speech_llm import SpeechLLM
 
     with torch.device("meta"):
         llm = load_llm(model_cfg.llm, AutoConfig.from_pretrained(str(llm_dir)))
