@@ -88,6 +88,7 @@ def fake_batch(packed: bool):
     b = SimpleNamespace(feats=feats, encoder_packed=packed, feat_cu_seqlens=torch.tensor([0, 3, 7]),
                         feat_lens=torch.tensor([5, 2]))
     b.to = lambda device: b
+    b.encoder_inputs = lambda: {"cu_seqlens": b.feat_cu_seqlens} if packed else {"lengths": b.feat_lens}
     return b
 
 

@@ -68,6 +68,12 @@ class Batch:
     def encoder_packed(self) -> bool:
         return self.feat_cu_seqlens is not None
 
+    def encoder_inputs(self) -> dict:
+        """``encoder.forward_flat``'s keyword for these feats, read from the host batch: the packed
+        boundaries (``cu_seqlens``) or the padded lengths (``lengths``)."""
+        host = self.host
+        return {"cu_seqlens": host.feat_cu_seqlens} if self.encoder_packed else {"lengths": host.feat_lens}
+
     @property
     def host(self) -> "Batch":
         """This batch with its tensors where the loader made them (the CPU): lengths, spans and

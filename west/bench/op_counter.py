@@ -133,10 +133,9 @@ def count_encoder_ops(model: torch.nn.Module, batches: Sequence, device: torch.d
     with_feats = [b for b in batches if b.feats is not None]
     for i, b in enumerate(with_feats[:1] + with_feats):    # the first batch once more, uncounted: a warm-up
         b = b.to(device)
-        kw = dict(cu_seqlens=b.feat_cu_seqlens) if b.encoder_packed else dict(lengths=b.feat_lens)
         mode = counter if i > 0 else contextlib.nullcontext()
         with mode, counter.phase("forward"), autocast(device, precision):
-            x, _ = model.encoder.forward_flat(b.feats, **kw)
+            x, _ = model.encoder.forward_flat(b.feats, **b.encoder_inputs())
         grad = torch.ones_like(x)
         if x.requires_grad:
             with mode:

@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 
 from west.batch import Batch
-from west.bench.cuda_standins import attention_flop_formulas, cuda_kernels
+from west.bench.cuda_standins import STAND_INS, attention_flop_formulas, cuda_kernels
 from west.bench.kernel_kinds import OTHER
 from west.bench.traffic import Roofline
 from west.models.llm import load_llm
@@ -72,34 +72,39 @@ def segment_lengths(model: torch.nn.Module, batch: Batch) -> dict[bool, list[int
     return {True: llm, False: enc}
 
 
+FIGURES = ("calls", "bytes", "flops", "floor_s")
+
+
+def _counted(model: torch.nn.Module, batch: Batch, bandwidth: float, peak: float, run) -> Roofline:
+    """``run(moved)`` on ``batch`` moved to the meta device (its feats in bfloat16, as autocast's first
+    product would cast them), counted under the CUDA stand-ins; the gradients cleared after."""
+    mode = Roofline(bandwidth, peak, attention_flop_formulas(segment_lengths(model, batch)))
+    moved = batch.to("meta")
+    if moved.feats is not None:
+        moved.feats = moved.feats.to(torch.bfloat16)
+    with cuda_kernels(), mode:
+        run(moved)
+    model.zero_grad(set_to_none=True)
+    return mode
+
+
 def encoder_floor(model: torch.nn.Module, batch: Batch, bandwidth: float, peak: float) -> dict:
     """The speech encoder alone on ``batch``'s feats, as SpeechLLM runs it, forward and then backward
     from a gradient of ones: its share of the step's floor (bytes, FLOPs, operators, seconds)."""
-    mode = Roofline(bandwidth, peak, attention_flop_formulas(segment_lengths(model, batch)))
-    host = batch.host
-    kw = dict(cu_seqlens=host.feat_cu_seqlens) if host.encoder_packed else dict(lengths=host.feat_lens)
-    feats = host.feats.to("meta", torch.bfloat16)
-    with cuda_kernels(), mode:
-        x, _ = model.encoder.forward_flat(feats, **kw)
+    def run(moved: Batch) -> None:
+        x, _ = model.encoder.forward_flat(moved.feats, **moved.encoder_inputs())
         x.backward(torch.ones_like(x))
-    for p in model.parameters():
-        p.grad = None
+
+    mode = _counted(model, batch, bandwidth, peak, run)
     return {"floor_s": mode.floor_s, "bytes": mode.bytes, "flops": mode.flops, "ops": mode.ops}
 
 
 def step_floor(model: torch.nn.Module, batch: Batch, bandwidth: float, peak: float) -> dict:
     """Forward + backward of ``batch`` (a host batch; moved to the meta device here) through the meta
     ``model``, counted as CUDA dispatches it: per operator calls, bytes, FLOPs and floor seconds at
-    ``bandwidth`` bytes/s and ``peak`` FLOP/s; the optimizer's update by arithmetic."""
-    mode = Roofline(bandwidth, peak, attention_flop_formulas(segment_lengths(model, batch)))
-    moved = batch.to("meta")
-    if moved.feats is not None:   # autocast's first product would cast them
-        moved.feats = moved.feats.to(torch.bfloat16)
-    with cuda_kernels(), mode:
-        out = model(moved)
-        out["loss_sum"].float().backward()
-    for p in model.parameters():
-        p.grad = None
+    ``bandwidth`` bytes/s and ``peak`` FLOP/s; the optimizer's update by arithmetic; and the
+    encoder's share (:func:`encoder_floor`)."""
+    mode = _counted(model, batch, bandwidth, peak, lambda moved: model(moved)["loss_sum"].float().backward())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     ops = {name: {"calls": mode.calls[name], "bytes": mode.by_op[name], "flops": mode.flops_by_op[name],
                   "floor_s": mode.floor_by_op[name], "category": category(name)} for name in mode.calls}
@@ -110,34 +115,30 @@ def step_floor(model: torch.nn.Module, batch: Batch, bandwidth: float, peak: flo
     encoder = encoder_floor(model, batch, bandwidth, peak) if batch.host.feats is not None else None
     return {"ops": ops, "encoder": encoder, "trainable_params": trainable, "bandwidth": bandwidth, "peak": peak,
             "llm_tokens": counters.get("computed_llm_tokens"), "utterances": counters.get("utterances"),
-            "stand_ins": sorted(n for n in mode.calls if n in _STAND_INS)}
+            "stand_ins": sorted(n for n in mode.calls if n in STAND_INS)}
 
 
-_STAND_INS = ("attention", "attention_backward", "rms_norm", "rms_norm_backward", "silu_mul", "swiglu_grads")
+def merged_ops(steps: list[dict]) -> dict[str, dict]:
+    """Each operator's figures summed over ``steps``' results."""
+    out: dict[str, dict] = {}
+    for s in steps:
+        for name, v in s["ops"].items():
+            o = out.setdefault(name, {**dict.fromkeys(FIGURES, 0), "category": v["category"]})
+            for key in FIGURES:
+                o[key] += v[key]
+    return out
 
 
 def totals(steps: list[dict]) -> dict:
     """Per category and overall, summed over ``steps``' results: calls, bytes, FLOPs, floor."""
     cats: dict[str, Counter] = {}
-    for s in steps:
-        for v in s["ops"].values():
-            c = cats.setdefault(v["category"], Counter())
-            c.update({"calls": v["calls"], "bytes": v["bytes"], "flops": v["flops"], "floor_s": v["floor_s"]})
+    for v in merged_ops(steps).values():
+        cats.setdefault(v["category"], Counter()).update({k: v[k] for k in FIGURES})
     whole = Counter()
     for c in cats.values():
         whole.update(c)
     return {"categories": {k: dict(v) for k, v in sorted(cats.items(), key=lambda kv: -kv[1]["floor_s"])},
             "whole": dict(whole)}
-
-
-def merged_ops(steps: list[dict]) -> dict[str, dict]:
-    out: dict[str, dict] = {}
-    for s in steps:
-        for name, v in s["ops"].items():
-            o = out.setdefault(name, {"calls": 0, "bytes": 0, "flops": 0, "floor_s": 0.0, "category": v["category"]})
-            for key in ("calls", "bytes", "flops", "floor_s"):
-                o[key] += v[key]
-    return out
 
 
 def table(steps: list[dict], top: int = 12, measured_step_s: Optional[float] = None) -> str:

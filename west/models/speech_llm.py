@@ -121,12 +121,9 @@ class SpeechLLM(nn.Module):
         if batch.feats is None or batch.speech_spans is None or batch.speech_spans.shape[0] == 0:
             return None
         host = batch.host   # lengths and spans are read on the host: no device sync
-        if batch.encoder_packed:
-            x, layout = self.encoder.forward_flat(batch.feats, cu_seqlens=host.feat_cu_seqlens)
-        else:
-            if batch.feat_lens is None:
-                raise ValueError("padded encoder feats need batch.feat_lens")
-            x, layout = self.encoder.forward_flat(batch.feats, lengths=host.feat_lens)
+        if not batch.encoder_packed and batch.feat_lens is None:
+            raise ValueError("padded encoder feats need batch.feat_lens")
+        x, layout = self.encoder.forward_flat(batch.feats, **batch.encoder_inputs())
         rows = layout.real_rows()
         if rows is not None:
             x = x.index_select(0, rows)
