@@ -5,6 +5,7 @@ every step once and ends with the same weights; what cannot skip on the device i
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -97,3 +98,31 @@ def test_west_train_logs_every_step_once_and_trains_the_same_weights(tmp_path_fa
     assert_same_final_weights(d, 5, atol=0)   # saved at steps 2 and 4 on the way, each after its figures
     want, got = (read_jsonl(d / run / "train_log.jsonl") for run in ("eager", "graphs"))
     assert [(x["loss"], x["grad_norm"], x["lr"]) for x in got] == [(x["loss"], x["grad_norm"], x["lr"]) for x in want]
+
+
+def test_the_benchmark_times_late_steps_as_west_train_runs_them(monkeypatch):
+    """west-benchmark's timed passes honour train.late_readback (west.bench.runner): each step queued
+    before the one before is read, the same losses as reading back each step, one time per step,
+    and the times sum to the pass."""
+    import west.bench.runner as runner_mod
+    from west.bench.runner import PassRunner
+    from west.train.config import TrainConfig
+
+    from helpers.speech import packed_batch, samples, tiny_model
+
+    batches = [packed_batch(samples()[:2], 200), packed_batch(samples()[2:4], 200), packed_batch(samples()[4:], 200)]
+    queued = []
+    monkeypatch.setattr(runner_mod, "queue_train_step", lambda *a, **k: queued.append(1) or queue_train_step(*a, **k))
+    passes, calls = {}, {}
+    for late in (False, True):
+        queued.clear()
+        torch.manual_seed(0)
+        train = TrainConfig(grad_clip=0.5, warmup_steps=1, late_readback=late)
+        passes[late] = PassRunner(tiny_model(), train, torch.device("cpu"), seed=0).run(batches, warmup_steps=1)
+        calls[late] = len(queued)
+    assert calls == {False: 0, True: len(batches)}   # the timed steps, not the warm-up
+    read_back, late = passes[False], passes[True]
+    assert len(late["step_s"]) == len(read_back["step_s"]) == len(batches)
+    assert late["mean_loss"] == read_back["mean_loss"] and math.isfinite(late["mean_loss"])
+    assert sum(late["step_s"]) == pytest.approx(late["time_s"], rel=0.05)
+    assert late["sync_wait_s"] >= 0 and late["launch_s"] > 0

@@ -5,7 +5,7 @@ import gc
 import resource
 import statistics
 import time
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import torch
 
@@ -15,9 +15,10 @@ from west.pinned_ring import use_pinned_ring
 from west.ranks import allow_cudnn_attention
 from west.train.config import TrainConfig
 from west.train.gpu_monitor import build_monitor
+from west.train.late_readback import check_fused, queue_train_step
 from west.train.metrics import AllocatorEvents, peak_reserved_mb
 from west.train.schedule import build_optimizer, build_scheduler
-from west.train.step import plan_step, train_step, working_weights
+from west.train.step import StepResult, plan_step, train_step, working_weights
 
 # StepResult's host seconds, summed over a pass: queueing forward/backward/clip, blocked in the
 # step's read-back, queueing the update
@@ -46,11 +47,45 @@ class PassRunner:
         torch.manual_seed(self.seed)
         t = self.train
         opt = build_optimizer(self.model, t.lr, t.weight_decay, t.betas, t.eps)
+        if t.late_readback:
+            check_fused(opt)
         return opt, build_scheduler(opt, t.warmup_steps, n_steps, t.min_lr_ratio)
 
     def step(self, b: Batch, opt, sched):
+        """One step, its figures read back before the update (the profilers' and counters' unit)."""
         return train_step(self.model, [b], plan_step([b], 1), opt, sched, device=self.device, world_size=1,
                           grad_clip=self.train.grad_clip, precision=self.train.precision, weights=self.weights)
+
+    def _timed_steps(self, batches: Sequence[Batch], opt, sched) -> Iterator[tuple[float, StepResult]]:
+        """(seconds, result) per step of a timed pass, as west-train runs them; the seconds run from
+        the previous step's figures on the host to this one's, so they sum to the pass. Read back:
+        each step, then a device sync. ``train.late_readback``: each step queued while the one before
+        still runs, whose figures are read once this one is queued; the last step's after a sync."""
+        late, pending, last = self.train.late_readback, None, time.perf_counter()
+
+        def lap() -> float:
+            nonlocal last
+            now = time.perf_counter()
+            seconds, last = now - last, now
+            return seconds
+
+        for b in batches:
+            if not late:
+                res = self.step(b, opt, sched)
+                self._sync()
+                yield lap(), res
+                continue
+            queued = queue_train_step(self.model, [b], plan_step([b], 1), opt, sched, device=self.device,
+                                      world_size=1, grad_clip=self.train.grad_clip, precision=self.train.precision,
+                                      weights=self.weights)
+            if pending is not None:
+                res = pending.result()
+                yield lap(), res
+            pending = queued
+        if pending is not None:
+            self._sync()
+            res = pending.result()
+            yield lap(), res
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -76,11 +111,8 @@ class PassRunner:
         allocator = AllocatorEvents(self.device)
         t0, c0 = time.perf_counter(), time.process_time()
         steps, losses, host = [], [], {k: 0.0 for k in HOST_SPLIT}
-        for b in batches:
-            ts = time.perf_counter()
-            res = self.step(b, opt, sched)
-            self._sync()
-            steps.append(time.perf_counter() - ts)
+        for seconds, res in self._timed_steps(batches, opt, sched):
+            steps.append(seconds)
             losses.append(res.loss)
             for k in HOST_SPLIT:
                 host[k] += getattr(res, k)
