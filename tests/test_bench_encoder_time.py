@@ -74,3 +74,29 @@ def test_depthwise_forms_agree_and_are_timed():
     assert set(times) == {"convolution kernel", "shifted products"}
     assert all(0 < v[k] < float("inf") for v in times.values() for k in ("forward_ms", "step_ms"))
     assert times["shifted products"]["max_abs_diff"] < 1e-5
+
+
+def test_eager_blocks_run_eagerly_where_a_capture_replaced_the_stacks_forward():
+    """make_graphed_callables replaces a captured module's forward with the replay; the tool's eager
+    rows call the blocks' own forward (on the seventh GPU run they were replays)."""
+    import yaml
+
+    from west.bench.encoder_time import eager_blocks
+    from west.models.config import ConformerConfig
+    from west.models.conformer import ConformerEncoder
+
+    tool = import_tool("encoder_gpu_time")
+    torch.manual_seed(0)
+    conf = ROOT / "recipes" / "aishell" / "conf" / "bench_llm_heavy.yaml"
+    section = {**yaml.safe_load(conf.read_text())["model"]["encoder"], "pos_enc": "wenet", "attn_backend": "varlen",
+               "attn_dropout": 0.0, "dropout": 0.0}
+    encoder = ConformerEncoder(ConformerConfig.from_dict(section)).train()
+    lens = tool.lengths(200, 64)
+    rows = torch.randn(sum(lens), encoder.output_dim)
+    static, args = tool.padded(encoder, tool.planned_shape(256, 0, 0, lens), "fp32", rows, lens)
+    want = static.stack(*args)
+
+    def replay(*a):
+        raise AssertionError("the replay ran")
+    static.stack.forward = replay   # what a capture does to the module
+    torch.testing.assert_close(eager_blocks(static, args), want, rtol=0, atol=0)

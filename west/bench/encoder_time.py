@@ -27,6 +27,7 @@ from west.bench.timing import host_and_device_ms
 from west.bench.trace_gaps import GPU_CATS, load_events
 from west.bench.traffic import Traffic, varlen_attention_flops
 from west.models.layout import depthwise_conv1d, same_conv1d
+from west.models.static_encoder import BlockStack, StaticBlocks
 
 
 def traffic(step: Callable[[], object], top: int = 8) -> dict:
@@ -36,6 +37,13 @@ def traffic(step: Callable[[], object], top: int = 8) -> dict:
         step()
     return {"ops": mode.ops, "bytes": mode.bytes,
             "top_ops": [{"op": name, "calls": mode.calls[name], "bytes": b} for name, b in mode.by_op.most_common(top)]}
+
+
+def eager_blocks(static: StaticBlocks, args: tuple) -> torch.Tensor:
+    """The blocks' own forward on ``args``, eager even after a capture: ``make_graphed_callables``
+    replaces a module's ``forward`` with the replay, so ``static.stack(*args)`` replays once
+    captured (on the seventh GPU run the tool's "eager" rows were replays for that reason)."""
+    return BlockStack.forward(static.stack, *args)
 
 
 def attention_flops(cu_seqlens: Sequence[int], d_model: int) -> int:
