@@ -71,3 +71,31 @@ def test_stack_summary_cli_writes_json_and_says_when_no_step_was_sampled(tmp_pat
     raw.write_text(RAW.splitlines()[0], encoding="utf-8")
     assert stack_summary.main([str(raw), "--rate", "100", "--steps", "2"]) == 1
     assert "no sample inside train_step" in capsys.readouterr().out
+
+
+def test_late_readback_steps_count_and_a_focus_splits_a_function_by_callee_and_leaf():
+    late = "main (train.py:1);Trainer.fit (west/train/loop.py:263);queue_train_step (west/train/late_readback.py:80)"
+    proj = f"{late};queue_step (west/train/step.py:174);Projector.forward (west/models/projector.py:66)"
+    raw = "\n".join([
+        f"thread (1): MainThread;{proj};group_frames (west/models/projector.py:46);to_device (west/batch.py:128);"
+        "cudaHostAlloc (libcudart.so.12);0x7f01 (libcuda.so.1) 6",
+        f"thread (1): MainThread;{proj};group_frames (west/models/projector.py:46);take_gil (libpython3.12.so.1.0) 3",
+        f"thread (1): MainThread;{proj};Module._call_impl (torch/nn/modules/module.py:1775);"
+        "cudaLaunchKernel (libcudart.so.12) 1",
+        f"thread (1): MainThread;{proj} 2",
+        f"thread (1): MainThread;{late};SpeechLLM._embed (west/models/speech_llm.py:170) 8",
+    ])
+    res = summarize(parse_raw(raw), rate_hz=100.0, steps=1, focus=("Projector.forward", "Missing.fn"))
+    assert res["samples"] == 20   # queue_train_step's samples are the step's
+    f = res["focus"]["Projector.forward"]
+    assert f["ms_per_step"] == pytest.approx(120.0)
+    assert dict(f["callees"]) == pytest.approx({"group_frames (west/models/projector.py)": 90.0,
+                                                "Module._call_impl (torch/nn/modules/module.py)": 10.0, "(own)": 20.0})
+    assert dict(f["leaves"]) == pytest.approx({"0x7f01 (libcuda.so.1)": 60.0, "take_gil (libpython3.12.so.1.0)": 30.0,
+                                               "cudaLaunchKernel (libcudart.so.12)": 10.0,
+                                               "Projector.forward (west/models/projector.py:66)": 20.0})
+    assert res["focus"]["Missing.fn"]["ms_per_step"] == 0
+    text = table(res)
+    assert "`Projector.forward`: 120.0 ms per step" in text
+    assert "| `group_frames (west/models/projector.py)` | 90.0 | 75 % |" not in text   # shares are of the step
+    assert "| `group_frames (west/models/projector.py)` | 90.0 | 45 % |" in text

@@ -6,7 +6,7 @@
     python tools/stack_summary.py stacks.txt --rate 200 --steps 22 --out stacks.json
 
 ``--steps``: the steps the samples cover (profile_step's warm-up steps count: they run train_step
-too). Prints markdown tables (own time by library and by frame, named parts with their callees,
+too). ``--focus FUNCTION`` (repeatable): that function's time by callee and by leaf frame. Prints markdown tables (own time by library and by frame, named parts with their callees,
 west's and transformers' functions), writes them as JSON. Not a test.
 """
 from __future__ import annotations
@@ -24,9 +24,12 @@ def main(argv=None) -> int:
     p.add_argument("--rate", type=float, required=True, help="the sampling rate given to py-spy (Hz)")
     p.add_argument("--steps", type=int, required=True, help="train_step calls the samples cover")
     p.add_argument("--top", type=int, default=20)
+    p.add_argument("--focus", action="append", default=[], metavar="FUNCTION",
+                   help="a Python function as py-spy names it (Projector.forward): its time by callee and by leaf")
     p.add_argument("--out", type=Path, default=None, help="JSON file for the tables")
     a = p.parse_args(argv)
-    res = summarize(parse_raw(a.raw.read_text(encoding="utf-8", errors="replace")), a.rate, a.steps, a.top)
+    res = summarize(parse_raw(a.raw.read_text(encoding="utf-8", errors="replace")), a.rate, a.steps, a.top,
+                    tuple(a.focus))
     if not res["samples"]:
         print(f"[stack_summary] {a.raw}: no sample inside train_step")
         return 1

@@ -58,10 +58,14 @@ part_queues() {   # a stream holds about 1,000 pending launches: where the GPU i
   steps=$(( steps < 20 ? steps : 20 ))   # as part gap's runs
   train_run train_queues "${replayed[@]}" --train.phase_marks true   # as part gap's train_pin_thread
 }
+pyspy_bin() {   # py-spy's path, or nothing (tools/gpu_wheels.sh puts its wheel into .whl/, installed into /tmp/site)
+  local spy; spy=$(command -v py-spy || true)
+  [ -n "$spy" ] || [ ! -x /tmp/site/bin/py-spy ] || spy=/tmp/site/bin/py-spy
+  echo "$spy"
+}
 part_pyspy() {   # where the launching thread's time goes in C++ and the driver too (cProfile sees Python only)
   local spy warm=2 rate=20 n=$(( prof_steps * 10 ))   # sixth run (H100): at 100 a second, native unwinding fell 63 s behind in 240 s
-  spy=$(command -v py-spy || true)
-  [ -n "$spy" ] || [ ! -x /tmp/site/bin/py-spy ] || spy=/tmp/site/bin/py-spy
+  spy=$(pyspy_bin)
   [ -n "$spy" ] || { log "pyspy: skipped (no py-spy: tools/gpu_wheels.sh puts its wheel into .whl/)"; return 0; }
   log "pyspy: native stack samples of pack steps, the backward on the launching thread (py-spy, tools/stack_summary.py)"
   rm -f "$work_dir/pyspy_stacks.txt"

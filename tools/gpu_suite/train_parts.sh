@@ -28,7 +28,7 @@ part_late_readback() {   # the step's read-back waited ~35 ms for the GPU to fin
   # with the encoder's ~1,000 small kernels and waits there instead. Replayed, they are two launches
   log "late_readback: west-train with the encoder replayed, reading each step's figures back before the update, then one step late"
   steps=$(( steps < 20 ? steps : 20 ))
-  train_run train_readback "${replayed[@]}"
+  train_run train_readback "${replayed[@]}" --train.late_readback false
   train_run train_late_readback "${replayed[@]}" --train.late_readback true
   "$python" "$repo/tools/compare_losses.py" "$exp/train_readback/train_log.jsonl" \
     "$exp/train_late_readback/train_log.jsonl" --json "$out/late_exact.json" | tee -a "$out/suite.md"
@@ -44,6 +44,23 @@ part_gap() {   # west-train's step is 1.32x the benchmark's (H200, fifth run). W
   train_run train_ring_no_pin_thread "${replayed[@]}" --data.pin_memory false --train.pinned_ring_mib 64 \
     --train.phase_marks true
 }
+part_pyspy_train() {   # west-train's projector, splice and loss phases took the host 30, 16 and 17 ms per step against the
+  # benchmark's 1, 1 and 3, with the pin thread, without it and through the ring alike (seventh run, H200): py-spy on
+  # west-train itself, the step as configured, says in what (a wait in the driver, for Python's lock, or work)
+  local spy rate=20 raw=$work_dir/pyspy_train.txt
+  spy=$(pyspy_bin)
+  [ -n "$spy" ] || { log "pyspy_train: skipped (no py-spy: tools/gpu_wheels.sh puts its wheel into .whl/)"; return 0; }
+  log "pyspy_train: native stack samples of west-train as configured (py-spy, tools/stack_summary.py --focus)"
+  steps=$(( steps < 20 ? steps : 20 ))
+  rm -f "$raw"
+  # bounded; SIGINT, on which py-spy writes the samples it has (part pyspy)
+  launcher=(timeout -s INT 150 "$spy" record --native --idle --rate "$rate" --format raw -o "$raw" --)
+  train_run train_pyspy "${replayed[@]}"   # unmarked: marks read at each step's end would undo the late read-back
+  launcher=()
+  [ -s "$raw" ] || { log "pyspy_train: no samples (py-spy may not be allowed to trace here: suite.log)"; return 1; }
+  "$python" "$repo/tools/stack_summary.py" "$raw" --rate "$rate" --steps "$steps" --focus Projector.forward \
+    --focus SpeechLLM._embed --focus SpeechLLM._label_loss --out "$out/pyspy_train.json" | tee -a "$out/suite.md"
+}
 part_lora() {   # seed_gpu_lora.yaml (rank-16 adapters on every projection of the 1.5B LLM, whole layers
   # checkpointed; WEST's best AIShell-1 results train this way) has never run on a GPU
   log "lora: west-train with seed_gpu_lora.yaml (LoRA adapters train, the LLM's whole layers checkpointed),"\
@@ -53,11 +70,12 @@ part_lora() {   # seed_gpu_lora.yaml (rank-16 adapters on every projection of th
   steps=$(( steps < 20 ? steps : 20 ))
   train_run train_lora "${replayed[@]}" "${extra[@]}"
 }
-part_contention() {   # west-train queued its step 1.27x slower than the benchmark (H200), which has no loader
-  log "contention: west-train with 2 loader workers instead of $workers, then with OMP_NUM_THREADS=1 (torch's CPU threads)"
-  train_run train_two_workers --data.num_workers 2
-  export OMP_NUM_THREADS=1
-  train_run train_one_thread
+part_contention() {   # west-train's step was 1.42x the benchmark's (seventh run, H200; the benchmark has no loader), its
+  # projector, splice and loss host-paced at 30, 16 and 17 ms with or without the pin thread: the loader's processes?
+  log "contention: west-train as configured, marked, with 2 loader workers instead of $workers, then with"\
+    "OMP_NUM_THREADS=1 (torch's CPU threads)"
+  train_run train_two_workers "${replayed[@]}" --data.num_workers 2 --train.phase_marks true
+  OMP_NUM_THREADS=1 train_run train_one_thread "${replayed[@]}" --train.phase_marks true
 }
 part_cudnn() {   # train.cudnn_attention (off by default): padded batches' SDPA through cuDNN, a graph per new shape
   log "cudnn: west-train on static batches of $batch, SDPA without cuDNN attention (the default), then with it"

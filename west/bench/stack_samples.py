@@ -7,16 +7,19 @@ autocast, autograd, the CUDA driver's launch path and libc. Its raw output is on
 distinct stack: ``thread (TID): NAME;frame;frame;... COUNT``, the root first. A frame is
 ``function (file.py:line)`` for Python code and ``symbol (library)`` for native code.
 
-Only samples inside ``train_step`` are kept (the model's build and the warm-up pass are not the
-step). On CUDA autograd runs the backward on a thread of its own, which py-spy does not see;
-``tools/profile_step.py --single_thread_backward`` runs it on the launching thread instead.
+Only samples inside a step are kept (``train_step``, or ``queue_train_step`` with
+``train.late_readback``; the model's build and the warm-up pass are not the step). On CUDA autograd
+runs the backward on a thread of its own, which py-spy does not see; ``tools/profile_step.py
+--single_thread_backward`` runs it on the launching thread instead. ``focus`` functions get their
+time split by what they call and by where the samples end: which of a short phase's few operators,
+or which wait, holds the host.
 """
 from __future__ import annotations
 
 import collections
 from dataclasses import dataclass
 
-STEP_FRAME = "train_step (west/train/step.py"
+STEP_FRAMES = ("train_step (west/train/step.py", "queue_train_step (west/train/late_readback.py")
 
 # Named parts of the host's work, by a substring of any frame of a sample (a sample counts once per part).
 CATEGORIES = {
@@ -65,14 +68,29 @@ def _function(frame: str) -> str:
     return f"{name} ({where.rsplit(':', 1)[0]})" if where.endswith(")") and ":" in where else frame
 
 
-def in_step(stacks: list[Stack], frame: str = STEP_FRAME) -> list[Stack]:
-    return [s for s in stacks if any(f.startswith(frame) for f in s.frames)]
+def in_step(stacks: list[Stack], frames: tuple[str, ...] = STEP_FRAMES) -> list[Stack]:
+    return [s for s in stacks if any(f.startswith(frames) for f in s.frames)]
 
 
-def summarize(stacks: list[Stack], rate_hz: float, steps: int, top: int = 20) -> dict:
+def focused(stacks: list[Stack], name: str) -> tuple[collections.Counter, collections.Counter]:
+    """Samples under the function ``name`` (``Projector.forward``): counts by the frame it called
+    (below its innermost call; ``(own)`` where it is the leaf) and by leaf frame."""
+    callees, leaves = collections.Counter(), collections.Counter()
+    for s in stacks:
+        at = [i for i, f in enumerate(s.frames) if f.startswith(name + " (")]
+        if not at:
+            continue
+        i = at[-1]
+        callees[_function(s.frames[i + 1]) if i + 1 < len(s.frames) else "(own)"] += s.count
+        leaves[s.frames[-1]] += s.count
+    return callees, leaves
+
+
+def summarize(stacks: list[Stack], rate_hz: float, steps: int, top: int = 20,
+              focus: tuple[str, ...] = ()) -> dict:
     """Milliseconds per step (samples / rate / steps) of the step's samples: own time by library
-    and by leaf frame, each of :data:`CATEGORIES`, and west's and transformers' Python functions
-    with their callees."""
+    and by leaf frame, each of :data:`CATEGORIES`, west's and transformers' Python functions with
+    their callees, and each ``focus`` function's time by callee and by leaf (:func:`focused`)."""
     if rate_hz <= 0 or steps <= 0:
         raise ValueError("rate_hz and steps must be positive")
     kept = in_step(stacks)
@@ -93,9 +111,15 @@ def summarize(stacks: list[Stack], rate_hz: float, steps: int, top: int = 20) ->
 
     def ms(counter: collections.Counter, n: int = top) -> list[tuple[str, float]]:
         return [(k, v * per_step) for k, v in counter.most_common(n)]
+    focus_ms = {}
+    for name in focus:
+        callees, leaves = focused(kept, name)
+        focus_ms[name] = {"ms_per_step": sum(callees.values()) * per_step, "callees": ms(callees, 8),
+                          "leaves": ms(leaves, 8)}
     return {"steps": steps, "rate_hz": rate_hz, "samples": total, "samples_outside_steps": sum(s.count for s in stacks) - total,
             "ms_per_step": total * per_step, "by_library": ms(by_lib), "by_leaf": ms(by_leaf),
-            "categories": [(k, by_part.get(k, 0) * per_step) for k in CATEGORIES], "python": ms(by_func)}
+            "categories": [(k, by_part.get(k, 0) * per_step) for k in CATEGORIES], "python": ms(by_func),
+            "focus": focus_ms}
 
 
 def table(res: dict) -> str:
@@ -107,6 +131,10 @@ def table(res: dict) -> str:
         return out + [""]
     head = (f"{res['samples']} samples in {res['steps']} steps at {res['rate_hz']:.0f} Hz: {res['ms_per_step']:.1f} ms "
             f"per step sampled in train_step ({res['samples_outside_steps']} samples outside the steps left out)")
+    focus = []
+    for name, f in res.get("focus", {}).items():
+        focus += [f"`{name}`: {f['ms_per_step']:.1f} ms per step", ""]
+        focus += rows(f"`{name}` calls", f["callees"]) + rows(f"`{name}`'s samples end in", f["leaves"])
     return "\n".join([head, ""] + rows("library (own time)", res["by_library"]) + rows("part (with callees)", res["categories"])
                      + rows("frame (own time)", res["by_leaf"]) + rows("west / transformers function (with callees)",
-                                                                       res["python"])).rstrip()
+                                                                       res["python"]) + focus).rstrip()
