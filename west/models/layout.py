@@ -23,6 +23,7 @@ from torch import nn
 
 from west.batch import host_to_device, to_device
 from west.models.attention import SegmentPlan
+from west.models.depthwise import depthwise_conv_op
 from west.models.flex import DocumentMask
 from west.models.working_weights import autocast_weights
 
@@ -50,17 +51,19 @@ def gather_rows(x: torch.Tensor, index: torch.Tensor, place: torch.Tensor) -> to
 
 def same_conv1d(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
     """``conv`` (odd kernel k) over (N, C, T) with (k-1)/2 zeros at both ends, output length T:
-    the convolution kernel in eager mode, :func:`depthwise_conv1d` inside a compiled graph."""
+    the convolution kernel, inside a compiled graph through an opaque operator
+    (west.models.depthwise: symbolic sizes, torch's kernels both ways)."""
     if torch.compiler.is_compiling():
-        return depthwise_conv1d(x, conv)
+        return depthwise_conv_op(x, conv)
     return F.conv1d(x, *autocast_weights(x, conv.weight, conv.bias), padding=(conv.kernel_size[0] - 1) // 2,
                     groups=conv.groups)
 
 
 def depthwise_conv1d(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
     """``conv`` (depthwise, odd kernel k) over (N, C, T) with (k-1)/2 zeros at both ends, as a sum
-    of shifted products: what compiled blocks run. Inductor fuses it into one kernel whose sizes
-    stay symbolic (its convolution's backward specialises the length, recompiling per batch)."""
+    of shifted products: what compiled blocks ran until the seventh GPU run, where inductor made its
+    backward one slow kernel (west.models.depthwise); kept as the reference form the encoder's
+    timing tool sets against the kernel."""
     k = conv.kernel_size[0]
     if conv.groups != x.shape[1] or conv.out_channels != x.shape[1]:
         raise ValueError(f"depthwise_conv1d needs a depthwise convolution, got {conv}")
