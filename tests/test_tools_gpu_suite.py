@@ -15,7 +15,7 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(
         ["bash", str(ROOT / "tools" / "gpu_suite.sh"), str(out), "--tiny", "--device", "cpu", "--python",
-         sys.executable, "--work_dir", str(tmp_path / "work"), "--parts", "build,attention,bench,train,marks,pyspy,weights,rotary,norm,cudnn,graphs,headroom,profile,hostpy,gap,floor,queues,ring,encoder_graphs,encoder_graphs_full,encoder_graphs_exact,best,swiglu,contention,late_readback,configured,encoder_time,loss,lora,roofline,pyspy_train"],
+         sys.executable, "--work_dir", str(tmp_path / "work"), "--parts", "build,attention,bench,train,marks,pyspy,weights,rotary,norm,cudnn,graphs,headroom,profile,hostpy,gap,floor,queues,ring,encoder_graphs,encoder_graphs_full,encoder_graphs_exact,best,swiglu,contention,late_readback,configured,encoder_time,loss,lora,roofline,pyspy_train,syncs_train"],
         env=subprocess_env(), capture_output=True, text=True, timeout=900)
     log = (out / "suite.log").read_text(encoding="utf-8") if (out / "suite.log").exists() else ""
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + log[-3000:]
@@ -54,6 +54,7 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     # pyspy: without py-spy on the machine (CI) the part says so and the suite goes on
     assert "pyspy: skipped (no py-spy" in log or "samples in 12 steps at 20 Hz" in suite
     assert "pyspy_train: skipped (no py-spy" in log or "`Projector.forward`: " in suite   # west-train sampled
+    assert "syncs_train: skipped (torch's sync debug mode needs CUDA)" in log
     assert "| train_static |" in suite and "| train_static_cudnn |" in suite   # cudnn: static batches, SDPA off/on
     assert "| host launch s | sync wait s | device allocs | alloc retries |" in suite
     # encoder_time (no replay on the CPU) at west-train's shape, and in the fixed slots and bound for comparison

@@ -1,12 +1,13 @@
 # tools/gpu_suite.sh's west-train parts: train_run (one short run with the real loader, its step summary
 # into suite.md) and the parts that compare runs of it with one setting changed. Sourced by gpu_suite.sh,
 # whose variables (python, repo, conf, common, data, exp, out, pack, steps, workers, tiny, ...) they read.
+train_entry=(-m west.bin.train)   # what train_run's python runs (part syncs_train: west-train under a counter)
 train_run() {   # name, extra args... (rows packed to $pack tokens, unless $batching gives other batching flags;
                 #   run under ${launcher[@]} when set)
   local name=$1 sizing=(--batch_type pack --pack_tokens "$pack"); shift
   [ -z "${batching:-}" ] || read -ra sizing <<<"$batching"
   rm -rf "$exp/$name"
-  ${launcher[@]+"${launcher[@]}"} "$python" -m west.bin.train --config "$conf" "${common[@]}" --train_data "$data/train/data.list" \
+  ${launcher[@]+"${launcher[@]}"} "$python" "${train_entry[@]}" --config "$conf" "${common[@]}" --train_data "$data/train/data.list" \
     --data.cmvn "$data/train/global_cmvn.json" --output_dir "$exp/$name" "${sizing[@]}" \
     --max_steps "$steps" --train.save_every 0 --train.save_at_epoch_end false --train.warmup_steps 5 \
     --train.log_every 5 --train.tensorboard false --train.progress_bar false --data.num_workers "$workers" \
@@ -60,6 +61,17 @@ part_pyspy_train() {   # west-train's projector, splice and loss phases took the
   [ -s "$raw" ] || { log "pyspy_train: no samples (py-spy may not be allowed to trace here: suite.log)"; return 1; }
   "$python" "$repo/tools/stack_summary.py" "$raw" --rate "$rate" --steps "$steps" --focus Projector.forward \
     --focus SpeechLLM._embed --focus SpeechLLM._label_loss --out "$out/pyspy_train.json" | tee -a "$out/suite.md"
+}
+part_syncs_train() {   # in west-train the host waited for the GPU inside the projector, loss and splice backward
+  # phases (seventh run, H200), where the benchmark's runner syncs once per step: which lines sync in west-train?
+  [ "$device" = cuda ] || { log "syncs_train: skipped (torch's sync debug mode needs CUDA)"; return 0; }
+  log "syncs_train: west-train as configured under torch's sync debug mode, its syncs by line (tools/train_syncs.py)"
+  steps=$(( steps < 20 ? steps : 20 ))
+  train_entry=("$repo/tools/train_syncs.py" --steps "$steps" --out "$out/syncs_train.json" --md "$work_dir/syncs_train.md" --)
+  rm -f "$work_dir/syncs_train.md"
+  train_run train_syncs "${replayed[@]}" || { train_entry=(-m west.bin.train); return 1; }
+  train_entry=(-m west.bin.train)
+  cat "$work_dir/syncs_train.md" | tee -a "$out/suite.md"
 }
 part_lora() {   # seed_gpu_lora.yaml (rank-16 adapters on every projection of the 1.5B LLM, whole layers
   # checkpointed; WEST's best AIShell-1 results train this way) has never run on a GPU
