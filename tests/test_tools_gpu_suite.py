@@ -49,6 +49,7 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert "| train_readback |" in suite and "| train_late_readback |" in suite   # late_readback
     assert "| train_lora |" in suite and "llm (LoRA) 0.06 M" in log   # lora: the adapters train
     assert "| train_fused_swiglu |" in suite and "(part best, without:) | sequence pack |" in suite   # swiglu
+    assert "- dynamo recompilations in best_swiglu's benchmark (TORCH_LOGS=recompiles): " in suite
     assert "| **whole step** |" in suite and "MFU at most" in suite   # roofline (its kernels: CUDA's)
     assert "### A frozen SwiGLU MLP on CPU: 256 rows" in suite and "| recomputed and fused |" in suite
     # pyspy: without py-spy on the machine (CI) the part says so and the suite goes on
@@ -160,6 +161,6 @@ def test_plan_says_what_a_call_would_run_and_runs_nothing(tmp_path):
         ["bash", str(ROOT / "tools" / "gpu_suite.sh"), str(tmp_path / "out"), "--plan", "--parts", "build,bench,train",
          "--budget", "150", "--work_dir", str(tmp_path / "work")], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == ["build: about 60 s, ends at about 60 s", "bench: about 430 s, skipped (90 s left)",
-                                        "train: about 40 s, ends at about 100 s", "about 100 s by the estimates (--budget 150)"]
+    assert proc.stdout.splitlines() == ["build: about 50 s, ends at about 50 s", "bench: about 430 s, skipped (100 s left)",
+                                        "train: about 40 s, ends at about 90 s", "about 90 s by the estimates (--budget 150)"]
     assert not (tmp_path / "work").exists() and not (tmp_path / "out" / "suite.log").exists()

@@ -71,7 +71,11 @@ part_swiglu() {   # model.llm.fused_swiglu (never on a GPU yet): the MLPs' eleme
   local sizes=(); $tiny && sizes=(--rows 256 --hidden 64 --intermediate 256 --repeats 2)
   "$python" "$repo/tools/bench_swiglu.py" --device "$device" "${sizes[@]}" --out "$out/swiglu.json" 2>&1 \
     | tee -a "$out/suite.log" | sed -n '/^### /,$p' | tee -a "$out/suite.md"
-  best_run best_swiglu --model.llm.fused_swiglu true
+  # seventh run: the host queued 178 ms per step with it against 105 without, using 3x the CPU; dynamo's recompiles?
+  local before; before=$(grep -c "Recompiling function" "$out/suite.log" || true)
+  TORCH_LOGS=recompiles best_run best_swiglu --model.llm.fused_swiglu true
+  echo "- dynamo recompilations in best_swiglu's benchmark (TORCH_LOGS=recompiles):" \
+    "$(( $(grep -c "Recompiling function" "$out/suite.log" || true) - before ))" | tee -a "$out/suite.md"
   [ -f "$exp/bench_best/benchmark.md" ] && sed -n 3p "$exp/bench_best/benchmark.md" | sed 's/^/(part best, without:) /' \
     | tee -a "$out/suite.md"
   steps=$(( steps < 20 ? steps : 20 ))

@@ -57,7 +57,8 @@ class TrainConfig:
     encoder_graph_max_len: int = setting(0, min=0)   # encoder_graphs: the longest utterance, in frames; 0 = planned
     fsdp: bool = False                              # FSDP2 fully_shard instead of DDP
     late_readback: bool = setting(False, rule=(     # the step's figures read back one step late: no host wait
-        lambda v, t: not (v and t.fsdp), "not with train.fsdp (its sharded parameters take no fused AdamW)"))
+        lambda v, t: not (v and t.fsdp), "not with train.fsdp (its sharded parameters take no fused AdamW; "
+        "seed_gpu.yaml sets it: add --train.late_readback false)"))
     find_unused_parameters: bool = False
     device: str = setting("auto", choices=("auto", "cpu", "cuda"))
     dist_timeout_s: int = setting(1800, gt=0)       # no collective waits longer than this
