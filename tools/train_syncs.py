@@ -52,6 +52,9 @@ def main(argv=None) -> int:
 
     import torch
 
+    from west.ranks import cuda_allocator_defaults
+
+    cuda_allocator_defaults()   # as west-train sets it, before the debug mode's switch initialises CUDA
     if not torch.cuda.is_available():
         print("train_syncs: needs CUDA (torch.cuda.set_sync_debug_mode)")
         return 2
