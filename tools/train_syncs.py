@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Callable, Sequence
 
-from count_syncs import count_syncs  # tools/ is on sys.path when this runs as a script
+from west.bench.sync_count import count_syncs
 
 
 def counted_run(train_main: Callable[[Sequence[str]], int], train_argv: Sequence[str],
