@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     res = summarize(parse_raw(a.raw.read_text(encoding="utf-8", errors="replace")), a.rate, a.steps, a.top,
                     tuple(a.focus))
     if not res["samples"]:
-        print(f"[stack_summary] {a.raw}: no sample inside train_step")
+        print(f"[stack_summary] {a.raw}: no sample inside train_step or queue_train_step")
         return 1
     print(table(res))
     if a.out:

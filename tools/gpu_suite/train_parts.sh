@@ -71,7 +71,7 @@ part_syncs_train() {   # in west-train the host waited for the GPU inside the pr
   rm -f "$work_dir/syncs_train.md"
   train_run train_syncs "${replayed[@]}" || { train_entry=(-m west.bin.train); return 1; }
   train_entry=(-m west.bin.train)
-  cat "$work_dir/syncs_train.md" | tee -a "$out/suite.md"
+  tee -a "$out/suite.md" < "$work_dir/syncs_train.md"
 }
 part_lora() {   # seed_gpu_lora.yaml (rank-16 adapters on every projection of the 1.5B LLM, whole layers
   # checkpointed; WEST's best AIShell-1 results train this way) has never run on a GPU

@@ -51,10 +51,11 @@ class PassRunner:
             check_fused(opt)
         return opt, build_scheduler(opt, t.warmup_steps, n_steps, t.min_lr_ratio)
 
-    def step(self, b: Batch, opt, sched):
-        """One step, its figures read back before the update (the profilers' and counters' unit)."""
-        return train_step(self.model, [b], plan_step([b], 1), opt, sched, device=self.device, world_size=1,
-                          grad_clip=self.train.grad_clip, precision=self.train.precision, weights=self.weights)
+    def step(self, b: Batch, opt, sched, queue=train_step):
+        """One step, its figures read back before the update (the profilers' and counters' unit);
+        ``queue=queue_train_step``: queued, its figures on their way (a PendingStep)."""
+        return queue(self.model, [b], plan_step([b], 1), opt, sched, device=self.device, world_size=1,
+                     grad_clip=self.train.grad_clip, precision=self.train.precision, weights=self.weights)
 
     def _timed_steps(self, batches: Sequence[Batch], opt, sched) -> Iterator[tuple[float, StepResult]]:
         """(seconds, result) per step of a timed pass, as west-train runs them; the seconds run from
@@ -75,9 +76,7 @@ class PassRunner:
                 self._sync()
                 yield lap(), res
                 continue
-            queued = queue_train_step(self.model, [b], plan_step([b], 1), opt, sched, device=self.device,
-                                      world_size=1, grad_clip=self.train.grad_clip, precision=self.train.precision,
-                                      weights=self.weights)
+            queued = self.step(b, opt, sched, queue=queue_train_step)
             if pending is not None:
                 res = pending.result()
                 yield lap(), res
