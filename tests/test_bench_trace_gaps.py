@@ -146,12 +146,15 @@ def test_profile_step_runs_the_production_step_on_the_cpu(tmp_path, corpus, caps
     assert kernels == 2 and "--kernels_only needs a CUDA device" in capsys.readouterr().out
     marks = profile_step.main(["--config", str(conf), "--model.llm.path", str(llm), "--data", str(corpus["list"]),
                                "--num_utts", "6", "--modes", "pack", "--pack_tokens", "1024", "--steps", "2",
-                               "--warmup_steps", "1", "--out", str(out), "--phase_marks", "--single_thread_backward"])
-    assert marks == 0   # unprofiled steps marked at the phase boundaries, nothing else
+                               "--warmup_steps", "1", "--out", str(out), "--phase_marks", "--single_thread_backward",
+                               "--op_times"])
+    assert marks == 0   # unprofiled steps marked at the phase boundaries, then timed by operator; nothing else
     pack = json.loads(out.read_text(encoding="utf-8"))["modes"]["pack"]
-    assert set(pack) == {"phase_marks"} and pack["phase_marks"]["steps"] == 2
+    assert set(pack) == {"phase_marks", "op_times"} and pack["phase_marks"]["steps"] == 2
+    assert pack["op_times"]["steps"] == 1 and [p["phase"] for p in pack["op_times"]["phases"]][1] == "projector"
     assert [p["phase"] for p in pack["phase_marks"]["phases"]][2:4] == ["encoder forward", "encoder rows"]
     text = capsys.readouterr().out
     assert "| LLM backward |" in text and "backward on the launching thread, unprofiled" in text
+    assert "the host's time by operator" in text and "host ms per step in pack: encoder rows" in text
     import torch
     assert torch.autograd.is_multithreading_enabled()   # the tool's setting ended with its steps

@@ -15,7 +15,7 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(
         ["bash", str(ROOT / "tools" / "gpu_suite.sh"), str(out), "--tiny", "--device", "cpu", "--python",
-         sys.executable, "--work_dir", str(tmp_path / "work"), "--parts", "build,attention,bench,train,marks,pyspy,weights,rotary,norm,cudnn,graphs,headroom,profile,hostpy,gap,floor,queues,ring,encoder_graphs,encoder_graphs_full,encoder_graphs_exact,best,swiglu,contention,late_readback,configured,encoder_time,loss,lora,roofline,pyspy_train,syncs_train"],
+         sys.executable, "--work_dir", str(tmp_path / "work"), "--parts", "build,attention,bench,train,marks,pyspy,weights,rotary,norm,cudnn,graphs,headroom,profile,hostpy,gap,floor,queues,ring,encoder_graphs,encoder_graphs_full,encoder_graphs_exact,best,swiglu,contention,late_readback,configured,encoder_time,loss,lora,roofline,pyspy_train,syncs_train,optimes_train,optimes"],
         env=subprocess_env(), capture_output=True, text=True, timeout=900)
     log = (out / "suite.log").read_text(encoding="utf-8") if (out / "suite.log").exists() else ""
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + log[-3000:]
@@ -31,7 +31,7 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert "| train_bf16_weights |" in suite                            # weights: bf16 working copies
     assert "| train_fused_rotary |" in suite                            # rotary: one autograd node
     assert "Python on the launching thread" in suite and "| `<method 'run_backward'" in suite   # hostpy
-    assert suite.count("unprofiled, marked at phase boundaries") == 7   # marks: 3 modes, the cuts; queues twice; hostpy_graphs
+    assert suite.count("unprofiled, marked at phase boundaries") == 9   # marks: 3 modes, the cuts; queues twice; hostpy_graphs; optimes 2
     assert "| train_queues |" in suite and "train_queues, phase by phase" in suite   # queues: a deeper launch queue
     assert "| train_pinned_ring |" in suite and "ring: check_pinned_ring.py skipped (needs CUDA" in log   # ring
     assert "train_pinned_ring, phase by phase (train.phase_marks)" in suite
@@ -56,6 +56,9 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert "pyspy: skipped (no py-spy" in log or "samples in 12 steps at 20 Hz" in suite
     assert "pyspy_train: skipped (no py-spy" in log or "`Projector.forward`: " in suite   # west-train sampled
     assert "syncs_train: skipped (torch's sync debug mode needs CUDA)" in log
+    # optimes_train and optimes: west-train's and the benchmark's host time by operator in a few phases
+    assert "| train_op_times |" in suite and suite.count("**projector**: ") == 3 and "the timer's own (means)" in suite
+    assert "unprofiled, the host's time by operator)" in suite
     assert "| train_static |" in suite and "| train_static_cudnn |" in suite   # cudnn: static batches, SDPA off/on
     assert "| host launch s | sync wait s | device allocs | alloc retries |" in suite
     # encoder_time (no replay on the CPU) at west-train's shape, and in the fixed slots and bound for comparison
@@ -86,7 +89,8 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert sorted(set(jsons) - {"pyspy.json", "pyspy_marks.json"}) == [   # those two where py-spy is installed
         "attention.json", "benchmark.json", "encoder_attention.json", "encoder_time.json", "floor.json",
         "graphs_exact.json", "hostpy.json", "hostpy_graphs.json", "late_exact.json", "loss.json", "marks.json", "marks_cuts.json",
-        "marks_queues.json", "marks_queues_off.json", "profile.json", "roofline.json", "swiglu.json"]
+        "marks_queues.json", "marks_queues_off.json", "op_times.json", "op_times_train.json", "profile.json", "roofline.json",
+        "swiglu.json"]
     bench = jsons["benchmark.json"]
     assert {"static", "dynamic", "pack", "pack_encoder_padded"} <= set(bench["modes"])
     assert all(r["ops"]["per_step"]["total"] > 0 for r in bench["modes"].values())
@@ -99,6 +103,9 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert set(marks) == {"pack", "pack_encoder_padded", "static"}
     assert all(r["phase_marks"]["steps"] == 6 and r["phase_marks"]["step_ms"] > 0 for r in marks.values())
     assert "phase_marks" in jsons["hostpy_graphs.json"]["modes"]["pack"]
+    assert jsons["op_times_train.json"]["train_rc"] == 0 and jsons["op_times_train.json"]["phases"]
+    assert set(jsons["op_times.json"]["modes"]) == {"pack", "pack_encoder_padded"}
+    assert all({"phase_marks", "op_times"} <= set(r) for r in jsons["op_times.json"]["modes"].values())
     host = jsons["hostpy.json"]["modes"]["pack"]
     assert host["profiled_ms_per_step"] > 0 and host["functions"][0]["own_ms"] >= host["functions"][-1]["own_ms"]
 

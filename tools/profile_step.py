@@ -25,6 +25,11 @@ launching thread does in Python, by function, per step (west.bench.host_profile)
 of the GPU at its start and end, so which phases the host paces once nothing slows it. Alone it
 runs nothing else; with ``--host_python`` or ``--kernels_only``, those follow.
 
+``--op_times`` runs the same steps unprofiled too, with the host's time in the projector, splice and
+loss phases taken operator by operator and between operators, by line (west.bench.op_times): the
+same tables as ``tools/train_op_times.py`` gives for west-train. Like ``--phase_marks``, alone it
+runs nothing else.
+
 ``--single_thread_backward`` runs every step's backward on the launching thread
 (``torch.autograd.set_multithreading_enabled(False)``) instead of autograd's thread per CUDA
 device, so that cProfile or a sampling profiler of that thread (py-spy, ``tools/stack_summary.py``)
@@ -45,6 +50,8 @@ from pathlib import Path
 from typing import Iterator
 
 from west.bench.host_profile import host_table, profile_calls, top_functions
+from west.bench.op_times import PhaseOpTimes
+from west.bench.op_times import table as op_times_table
 from west.bench.tool_setup import add_setup_args
 from west.bench.trace_gaps import PREFIX, STEP, analyse, kernel_timeline, load_events, table, timeline_table
 from west.train.phase_marks import StepClock, lag_table, phase_hooks, summarize
@@ -82,24 +89,39 @@ def marked_steps(runner, batches, opt, sched) -> dict:
     return out
 
 
+def op_timed_steps(runner, batches, opt, sched) -> dict:
+    """The steps unprofiled, the host's time in a few phases taken operator by operator
+    (:class:`west.bench.op_times.PhaseOpTimes`; the first step left out)."""
+    timer = PhaseOpTimes()
+    for b in batches:
+        with timer.hooks(runner.model, opt):
+            runner.step(b, opt, sched)
+    return timer.summary(skip=1 if len(batches) > 1 else 0)
+
+
 def profile_mode(runner, batches, warmup: int, trace: Path, kernels_only: bool = False,
-                 host_python: bool = False, phase_marks: bool = False) -> dict:
+                 host_python: bool = False, phase_marks: bool = False, op_times: bool = False) -> dict:
     """Warm-up steps, then one profiled step per remaining batch; writes the Chrome trace to
     ``trace`` and returns its analysis: by phase, or with ``kernels_only`` (CUDA) the GPU's
     timeline alone, the host unslowed by operator recording; with ``host_python``, cProfile's
     top functions per step instead (no trace). ``phase_marks``: first the same batches unprofiled,
     marked at the phase boundaries (:func:`marked_steps`, under the result's "phase_marks"); with
-    neither of the others, nothing else."""
+    neither of the others, nothing else. ``op_times``: likewise, the host's time by operator in a few
+    phases (:func:`op_timed_steps`, under "op_times")."""
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
     opt, sched = runner.fresh(len(batches))
     for b in batches[:warmup]:
         runner.step(b, opt, sched)
-    marked = marked_steps(runner, batches[warmup:], opt, sched) if phase_marks else None
-    if marked is not None and not (host_python or kernels_only):
+    light = {}
+    if phase_marks:
+        light["phase_marks"] = marked_steps(runner, batches[warmup:], opt, sched)
+    if op_times:
+        light["op_times"] = op_timed_steps(runner, batches[warmup:], opt, sched)
+    if light and not (host_python or kernels_only):
         runner.model.load_state_dict(runner.init)
-        return {"phase_marks": marked}
+        return light
     if host_python:
         def steps() -> None:
             for b in batches[warmup:]:
@@ -125,9 +147,7 @@ def profile_mode(runner, batches, warmup: int, trace: Path, kernels_only: bool =
         runner.model.load_state_dict(runner.init)
         events = load_events(trace)
         res = kernel_timeline(events, len(batches) - warmup) if kernels_only else analyse(events)
-    if marked is not None:
-        res["phase_marks"] = marked
-    return res
+    return {**res, **light}
 
 
 def main(argv=None) -> int:
@@ -149,6 +169,9 @@ def main(argv=None) -> int:
     p.add_argument("--phase_marks", action="store_true",
                    help="first run the profiled steps unprofiled, with a mark (a CUDA event) at each phase boundary: "
                         "the host's and the GPU's time per phase and how far the host was ahead; alone, only that")
+    p.add_argument("--op_times", action="store_true",
+                   help="run the steps unprofiled with the host's time in the projector, splice and loss phases "
+                        "taken operator by operator and between operators, by line; alone, only that")
     args, rest = p.parse_known_args(argv)
     if args.kernels_only and args.host_python:
         p.error("--kernels_only and --host_python profile different things: give one")
@@ -174,7 +197,7 @@ def main(argv=None) -> int:
     traces = Path(args.trace_dir) if args.trace_dir else work
     traces.mkdir(parents=True, exist_ok=True)
     results = {}
-    marks_only = args.phase_marks and not (args.host_python or args.kernels_only)
+    marks_only = (args.phase_marks or args.op_times) and not (args.host_python or args.kernels_only)
     for m in setup.modes:
         need = args.warmup_steps + args.steps
         batches = setup.batches(m, need)
@@ -186,7 +209,7 @@ def main(argv=None) -> int:
                 graphed_encoder(setup.runner.model, m, setup.cfg.train, setup.device, batches) as encoder_static:
             with torch.autograd.set_multithreading_enabled(not args.single_thread_backward):
                 res = profile_mode(setup.runner, batches, args.warmup_steps, traces / f"{m.name}.json",
-                                   args.kernels_only, args.host_python, args.phase_marks)
+                                   args.kernels_only, args.host_python, args.phase_marks, args.op_times)
             if static is not None:   # train.cuda_graphs: the decoder replayed, as in west-train
                 res["llm_graph"] = static.summary()
             if encoder_static is not None:   # train.encoder_graphs: the encoder's blocks replayed
@@ -201,6 +224,9 @@ def main(argv=None) -> int:
             marks = res["phase_marks"]
             print(f"\n### {m.name} ({m.configuration}{graphs}, unprofiled, marked at phase boundaries)\n\n"
                   f"{lag_table(marks)}; read-back wait {marks['read_back_wait_ms']:.1f} ms", flush=True)
+        if "op_times" in res:
+            print(f"\n### {m.name} ({m.configuration}{graphs}, unprofiled, the host's time by operator)\n\n"
+                  f"{op_times_table(res['op_times'])}", flush=True)
         if marks_only:
             continue
         render = timeline_table if args.kernels_only else host_table if args.host_python else table
@@ -213,7 +239,12 @@ def main(argv=None) -> int:
         def paced(t: dict) -> str:
             return (f"{t['host_paced_ms']:.0f} of {t['step_ms']:.0f} ms paced by the host" if t["gpu"]
                     else f"{t['step_ms']:.0f} ms per step (no GPU)")
-        print(f"[profile_step] {device}: " + ", ".join(f"{k} {paced(r['phase_marks'])}" for k, r in results.items()))
+        if args.phase_marks:
+            print(f"[profile_step] {device}: " + ", ".join(f"{k} {paced(r['phase_marks'])}" for k, r in results.items()))
+        if args.op_times:
+            print(f"[profile_step] {device}: host ms per step in " + ", ".join(
+                f"{k}: " + ", ".join(f"{p['phase']} {p['host_ms']:.1f}" for p in r["op_times"]["phases"])
+                for k, r in results.items()))
         return 0 if results else 1
     if args.host_python:
         host = ", ".join(f"{k} {r['profiled_ms_per_step']:.0f} ms" for k, r in results.items())

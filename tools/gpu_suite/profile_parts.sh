@@ -45,6 +45,12 @@ part_marks() {   # which phases of the step the host paces, with nothing slowing
   profile_run marks_cuts pack --phase_marks --train.precision bf16 --train.bf16_weights true --model.llm.fused_rotary true
   train_run train_marks --train.phase_marks true   # west-train's phases: which of them its 1.27x is in
 }
+part_optimes() {   # the benchmark's side of part optimes_train: its runner's projector and splice took 1.2 and 0.9 ms in
+  # pack and 16.5 and 12 ms in pack_encoder_padded, same shapes, same process (fifth run, H200): marked, then by operator
+  log "optimes: the benchmark's runner, pack and pack_encoder_padded, the encoder replayed: marked, then the host's"\
+    "time in a few phases by operator and line (tools/profile_step.py --op_times)"
+  profile_run op_times pack,pack_encoder_padded "${replayed[@]}" --phase_marks --op_times --steps 8
+}
 part_queues() {   # a stream holds about 1,000 pending launches: where the GPU is the slower side (the LLM's
   # large products) the host stops there, and cannot bank that time for the phases it paces (the encoder's
   # small kernels). CUDA_SCALE_LAUNCH_QUEUES=4x deepens the queue (a driver setting, read at CUDA's start;

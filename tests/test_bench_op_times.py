@@ -1,0 +1,140 @@
+"""west.bench.op_times and tools/train_op_times.py: the host's time in a few phases of a real step,
+operator by operator and between operators, by line; a slow operator and slow Python told apart."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+
+from west.bench.op_times import WATCHED, PhaseOpTimes, table
+from west.train.step import plan_step, train_step
+
+from helpers.e2e import import_tool
+from helpers.speech import packed_batch, samples, tiny_model
+
+
+@torch.library.custom_op("west_test::slow_identity", mutates_args=())
+def slow_identity(x: torch.Tensor) -> torch.Tensor:
+    time.sleep(0.03)   # an operator that holds the host: a blocking allocation or wait, say
+    return x.clone()
+
+
+@slow_identity.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+slow_identity.register_autograd(lambda ctx, grad: grad)
+
+
+def _step(model, batch, timer: PhaseOpTimes, opt=None):
+    opt = opt or torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    with timer.hooks(model, opt):
+        train_step(model, [batch], plan_step([batch], 1), opt, sched, device=torch.device("cpu"), world_size=1,
+                   grad_clip=1.0)
+
+
+def _phase(res: dict, name: str) -> dict:
+    return next(p for p in res["phases"] if p["phase"] == name)
+
+
+def test_a_real_step_is_timed_in_its_watched_phases_by_line_and_leaves_nothing_behind():
+    model, batch = tiny_model(), packed_batch(samples(), 256)
+    timer = PhaseOpTimes()
+    _step(model, batch, timer)
+    _step(model, batch, timer)
+    res = timer.summary(skip=1)
+    assert res["steps"] == 1 and [p["phase"] for p in res["phases"]] == list(WATCHED)
+    proj = _phase(res, "projector")
+    ops = {(e["name"], e["where"].split(":")[0]) for e in timer_entries(timer, "projector", "operator")}
+    assert ("aten.addmm", "west/models/projector.py") in ops       # the MLP's products, at the projector's line
+    assert ("aten.index_put", "west/models/speech_llm.py") in {(e["name"], e["where"].split(":")[0])
+                                                               for e in timer_entries(timer, "splice", "operator")}
+    assert proj["operators_per_step"] >= 4
+    assert proj["operators_ms"] + proj["between_ms"] + proj["timer_ms"] == pytest.approx(proj["host_ms"], rel=1e-6)
+    # nothing stays behind: no mode on the stack, no hooks; operators outside the phases were not timed
+    assert torch._C._len_torch_dispatch_stack() == 0
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+    assert not any(k[0] not in WATCHED for step in timer.steps for k in step)
+
+
+def timer_entries(timer: PhaseOpTimes, phase: str, kind: str) -> list[dict]:
+    return [{"name": k[2], "where": k[3]} for step in timer.steps for k in step if k[0] == phase and k[1] == kind]
+
+
+def test_a_slow_operator_and_slow_python_are_told_apart():
+    model, batch = tiny_model(), packed_batch(samples(), 256)
+    net = model.projector.net
+    inner_forward = net.forward
+
+    def slow_forward(x):
+        time.sleep(0.02)                         # Python holding the host between two operators
+        return inner_forward(slow_identity(x))   # then one operator that holds it for 30 ms
+    net.forward = slow_forward
+    timer = PhaseOpTimes(("projector",))
+    _step(model, batch, timer)
+    res = timer.summary(top=3)
+    proj = _phase(res, "projector")
+    first, second = proj["top"][:2]
+    assert first["kind"] == "operator" and first["name"] == "west_test.slow_identity" and first["longest_ms"] >= 29
+    # placed at the innermost line of west: the projector's call of its (here slowed) MLP
+    assert first["where"].startswith("west/models/projector.py:") and first["calls_per_step"] == 1
+    assert second["kind"] == "between" and second["longest_ms"] >= 19 and second["where"] == first["where"]
+    assert proj["host_ms"] >= 49 and [p["phase"] for p in res["phases"]] == ["projector"]
+    text = table(res)
+    assert "**projector**: " in text and "| `west_test.slow_identity` |" in text and "| `Python before it` |" in text
+
+
+def test_a_step_that_raises_in_a_watched_phase_leaves_no_mode_and_unknown_phases_are_refused():
+    model, batch = tiny_model(), packed_batch(samples(), 256)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("projector broke")
+    model.projector.net.forward = broken
+    timer = PhaseOpTimes()
+    with pytest.raises(RuntimeError, match="projector broke"):
+        _step(model, batch, timer)
+    assert torch._C._len_torch_dispatch_stack() == 0
+    with pytest.raises(ValueError, match="unknown phases \\['projecter'\\]"):
+        PhaseOpTimes(("projecter",))
+    with pytest.raises(ValueError, match="no steps to summarize"):
+        PhaseOpTimes().summary()
+
+
+def test_train_op_times_times_every_step_of_a_real_west_train_run(tmp_path_factory, corpus, capsys):
+    import west.train.loop as loop
+    from west.bin.train import main as train_main
+
+    from helpers.e2e import tiny_llm, train_argv, write_lists
+    from helpers.threads import torch_threads
+
+    tool = import_tool("train_op_times")
+    d = tmp_path_factory.mktemp("op_times")
+    lists = write_lists(corpus["rows"], d / "lists", 13)
+    originals = {name: getattr(loop, name) for name in tool.STEP_FUNCTIONS}
+    timer = PhaseOpTimes()
+    argv = train_argv(tiny_llm(tmp_path_factory), lists.jsonl, d / "run", "--batch_type", "pack",
+                      "--pack_tokens", "200", "--max_steps", "3", "--train.late_readback", "true")
+    with torch_threads():
+        assert tool.timed_run(train_main, argv, timer, loop) == 0
+    assert len(timer.steps) == 3 and {name: getattr(loop, name) for name in tool.STEP_FUNCTIONS} == originals
+    assert [p["phase"] for p in timer.summary(skip=1)["phases"]] == list(WATCHED)
+
+    def failing(argv):
+        raise SystemExit(7)
+    with pytest.raises(SystemExit):
+        tool.timed_run(failing, [], PhaseOpTimes(), loop)
+    assert {name: getattr(loop, name) for name in tool.STEP_FUNCTIONS} == originals
+    # the command line: the summary's tables and JSON
+    out, md = d / "op_times.json", d / "op_times.md"
+    with torch_threads():
+        rc = tool.main(["--skip", "1", "--phases", "projector,splice", "--out", str(out), "--md", str(md), "--",
+                        *train_argv(tiny_llm(tmp_path_factory), lists.jsonl, d / "run2", "--batch_type", "pack",
+                                    "--pack_tokens", "200", "--max_steps", "2")])
+    assert rc == 0
+    res = json.loads(out.read_text(encoding="utf-8"))
+    assert res["train_rc"] == 0 and res["steps"] == 1 and [p["phase"] for p in res["phases"]] == ["projector", "splice"]
+    assert "**projector**: " in md.read_text(encoding="utf-8")

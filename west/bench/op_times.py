@@ -1,0 +1,187 @@
+"""The host's time inside chosen phases of a step, operator by operator, and the Python between them.
+
+On an H200, west-train's projector and splice phases took the host 30 and 16 ms per step with the
+GPU idle, for a handful of operators that take the benchmark's runner about 1 ms each (seventh GPU
+run, docs/benchmarks.md); in one earlier run the benchmark's own runner took 16.5 and 12 ms there
+in one mode and 1.2 and 0.9 in another, for the same shapes. Phase marks say which phase; a
+sampling profiler says which library. This says which line: a ``TorchDispatchMode`` is pushed only
+while a watched phase runs (:func:`west.train.phase_marks.phase_hooks` finds the boundaries, so
+the step runs unchanged elsewhere) and times, on the host's clock,
+
+* each dispatched operator (its call into the backend: a launch, an allocation, a wait), by
+  operator and by the innermost line of west that called it;
+* the time between operators (Python: index arithmetic, list building, hooks, the timer's own
+  entry), by the line of the operator that ended the interval, and after a phase's last operator
+  until the phase ends.
+
+Not a benchmark: the mode costs some microseconds per operator, so it is kept to the few phases
+asked for. ``tools/train_op_times.py`` runs west-train under it; ``tools/profile_step.py
+--op_times`` the benchmark's runner.
+"""
+from __future__ import annotations
+
+import contextlib
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Iterator, Optional
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from west.train.phase_marks import PHASE_NAMES, phase_hooks
+
+WATCHED = ("encoder rows", "projector", "splice", "loss")   # phases of a few operators each
+ROOT = Path(__file__).resolve().parents[2]                  # the checkout holding west/
+_WEST = str(ROOT / "west") + "/"
+AFTER_LAST = "(after the phase's last operator)"
+
+
+def west_place(depth: int = 2) -> str:
+    """Where in west an operator was called: the innermost frame in west's package outside this
+    module and the west frame that called it (``west/batch.py:128 (to_device) < west/models/
+    projector.py:45 (group_frames)``: a helper and its caller); else the innermost frame at all."""
+    f = sys._getframe(depth)
+    first, found = f, []
+    while f is not None and len(found) < 2:
+        name = f.f_code.co_filename
+        if name.startswith(_WEST) and name != __file__:
+            found.append(f"{name[len(str(ROOT)) + 1:]}:{f.f_lineno} ({f.f_code.co_name})")
+        f = f.f_back
+    if found:
+        return " < ".join(found)
+    return f"{first.f_code.co_filename}:{first.f_lineno}" if first is not None else "?"
+
+
+class _Timer(TorchDispatchMode):
+    def __init__(self, owner: "PhaseOpTimes") -> None:
+        super().__init__()
+        self.owner = owner
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        t0 = time.perf_counter()
+        out = func(*args, **(kwargs or {}))
+        t1 = time.perf_counter()
+        self.owner._record(str(func.overloadpacket), west_place(), t0, t1)
+        return out
+
+
+class PhaseOpTimes:
+    """Host seconds per step inside the ``watched`` phases (names of :data:`PHASE_NAMES`), in
+    operators and between them. Use :meth:`hooks` around each step, then :meth:`summary`."""
+
+    def __init__(self, watched: tuple[str, ...] = WATCHED) -> None:
+        unknown = set(watched) - set(PHASE_NAMES.values())
+        if unknown:
+            raise ValueError(f"unknown phases {sorted(unknown)}; phases: {sorted(set(PHASE_NAMES.values()))}")
+        self.watched = watched
+        self.steps: list[dict] = []       # per step: {(phase, kind, name, place): [seconds, calls, max]}
+        self._step: dict = {}
+        self._totals: list[dict] = []     # per step: {phase: seconds}
+        self._total: dict = {}
+        self._mode: Optional[_Timer] = None
+        self._phase: Optional[str] = None
+        self._since = 0.0                 # the end of the last operator (or the phase's start)
+
+    # ---------------------------------------------------------------- recording
+    def _add(self, key: tuple, seconds: float) -> None:
+        row = self._step.setdefault(key, [0.0, 0, 0.0])
+        row[0] += seconds
+        row[1] += 1
+        row[2] = max(row[2], seconds)
+
+    def _record(self, op: str, place: str, t0: float, t1: float) -> None:
+        self._add((self._phase, "between", "python", place), t0 - self._since)
+        self._add((self._phase, "operator", op, place), t1 - t0)
+        self._since = time.perf_counter()
+        self._add((self._phase, "timer", "the timer's own bookkeeping", "-"), self._since - t1)
+
+    def _at(self, mark: str) -> None:
+        """A phase boundary (a mark of :func:`phase_hooks`): close the phase that ends, open the next."""
+        now = time.perf_counter()
+        if self._phase is not None:
+            self._add((self._phase, "between", "python", AFTER_LAST), now - self._since)
+            self._total[self._phase] = self._total.get(self._phase, 0.0) + now - self._start
+        phase = PHASE_NAMES.get(mark, mark)
+        self._phase = phase if phase in self.watched else None
+        if self._phase is not None and self._mode is None:
+            self._mode = _Timer(self)
+            self._mode.__enter__()
+        elif self._phase is None and self._mode is not None:
+            self._close()
+        self._start = self._since = time.perf_counter()
+
+    def _close(self) -> None:
+        mode, self._mode = self._mode, None
+        mode.__exit__(None, None, None)
+
+    @contextlib.contextmanager
+    def hooks(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Iterator[None]:
+        """Time the watched phases of the step run in the block; the step counts once it ends."""
+        self._step, self._total, self._phase = {}, {}, None
+        try:
+            with phase_hooks(model, optimizer, self._at, lambda part: self._at("after " + part)):
+                yield
+        finally:
+            if self._mode is not None:   # a step that raised inside a watched phase
+                self._close()
+            self._phase = None
+        self.steps.append(self._step)
+        self._totals.append(self._total)
+
+    # ---------------------------------------------------------------- reading
+    def summary(self, skip: int = 0, top: int = 8) -> dict:
+        """Per watched phase, over the steps after the first ``skip``: the host's ms per step
+        (median); in operators, between them and in the timer's bookkeeping (means, adding up to
+        the phase's mean); the ``top`` entries by ms per step, each with its calls per step and its
+        longest single call."""
+        steps, totals = self.steps[skip:], self._totals[skip:]
+        if not steps:
+            raise ValueError(f"no steps to summarize ({len(self.steps)} timed, {skip} skipped)")
+        n = len(steps)
+        rows: dict = defaultdict(lambda: [0.0, 0, 0.0])
+        for step in steps:
+            for key, (s, calls, longest) in step.items():
+                row = rows[key]
+                row[0] += s
+                row[1] += calls
+                row[2] = max(row[2], longest)
+        out = {"steps": n, "skipped": skip, "phases": []}
+        for phase in self.watched:
+            mine = {k: v for k, v in rows.items() if k[0] == phase}
+            if not mine:
+                continue
+            by_kind = {kind: 1e3 * sum(v[0] for k, v in mine.items() if k[1] == kind) / n
+                       for kind in ("operator", "between", "timer")}
+            entries = sorted(((k, v) for k, v in mine.items() if k[1] != "timer"), key=lambda kv: -kv[1][0])[:top]
+            out["phases"].append({
+                "phase": phase,
+                "host_ms": 1e3 * statistics.median(t.get(phase, 0.0) for t in totals),
+                "operators_ms": by_kind["operator"], "between_ms": by_kind["between"], "timer_ms": by_kind["timer"],
+                "operators_per_step": sum(v[1] for k, v in mine.items() if k[1] == "operator") / n,
+                "top": [{"kind": k[1], "name": k[2], "where": k[3], "ms_per_step": 1e3 * v[0] / n,
+                         "calls_per_step": v[1] / n, "longest_ms": 1e3 * v[2]} for k, v in entries],
+            })
+        return out
+
+
+def table(res: dict) -> str:
+    """Markdown of :meth:`PhaseOpTimes.summary`: one line and one table per phase."""
+    n = res["steps"]
+    lines = [f"host time in operators and between them, {n} step{'s' if n != 1 else ''} "
+             f"(the first {res['skipped']} left out), per step", ""]
+    for p in res["phases"]:
+        lines += [f"**{p['phase']}**: {p['host_ms']:.1f} ms (median); {p['operators_ms']:.1f} ms in "
+                  f"{p['operators_per_step']:.0f} operators, {p['between_ms']:.1f} ms between them, "
+                  f"{p['timer_ms']:.1f} ms the timer's own (means)", "",
+                  "| what | where | ms per step | calls per step | longest call ms |", "|---|---|---|---|---|"]
+        for e in p["top"]:
+            what = e["name"] if e["kind"] == "operator" else "Python before it"
+            if e["where"] == AFTER_LAST:
+                what = "Python"
+            lines.append(f"| `{what}` | `{e['where']}` | {e['ms_per_step']:.2f} | {e['calls_per_step']:.1f} | "
+                         f"{e['longest_ms']:.2f} |")
+        lines.append("")
+    return "\n".join(lines).rstrip()
