@@ -57,7 +57,8 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert "pyspy_train: skipped (no py-spy" in log or "`Projector.forward`: " in suite   # west-train sampled
     assert "syncs_train: skipped (torch's sync debug mode needs CUDA)" in log
     # optimes_train and optimes: west-train's and the benchmark's host time by operator in a few phases
-    assert "| train_op_times |" in suite and suite.count("**projector**: ") == 3 and "the timer's own (means)" in suite
+    assert "| train_op_times |" in suite and "| train_op_times_fixed_segments |" in suite   # expandable segments off
+    assert suite.count("**projector**: ") == 4 and "the timer's own (means)" in suite
     assert "unprofiled, the host's time by operator)" in suite
     assert "| train_static |" in suite and "| train_static_cudnn |" in suite   # cudnn: static batches, SDPA off/on
     assert "| host launch s | sync wait s | device allocs | alloc retries |" in suite
@@ -89,8 +90,8 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert sorted(set(jsons) - {"pyspy.json", "pyspy_marks.json"}) == [   # those two where py-spy is installed
         "attention.json", "benchmark.json", "encoder_attention.json", "encoder_time.json", "floor.json",
         "graphs_exact.json", "hostpy.json", "hostpy_graphs.json", "late_exact.json", "loss.json", "marks.json", "marks_cuts.json",
-        "marks_queues.json", "marks_queues_off.json", "op_times.json", "op_times_train.json", "profile.json", "roofline.json",
-        "swiglu.json"]
+        "marks_queues.json", "marks_queues_off.json", "op_times.json", "op_times_train_op_times.json",
+        "op_times_train_op_times_fixed_segments.json", "profile.json", "roofline.json", "swiglu.json"]
     bench = jsons["benchmark.json"]
     assert {"static", "dynamic", "pack", "pack_encoder_padded"} <= set(bench["modes"])
     assert all(r["ops"]["per_step"]["total"] > 0 for r in bench["modes"].values())
@@ -103,7 +104,8 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert set(marks) == {"pack", "pack_encoder_padded", "static"}
     assert all(r["phase_marks"]["steps"] == 6 and r["phase_marks"]["step_ms"] > 0 for r in marks.values())
     assert "phase_marks" in jsons["hostpy_graphs.json"]["modes"]["pack"]
-    assert jsons["op_times_train.json"]["train_rc"] == 0 and jsons["op_times_train.json"]["phases"]
+    assert all(jsons[f"op_times_{n}.json"]["train_rc"] == 0 and jsons[f"op_times_{n}.json"]["phases"]
+               for n in ("train_op_times", "train_op_times_fixed_segments"))
     assert set(jsons["op_times.json"]["modes"]) == {"pack", "pack_encoder_padded"}
     assert all({"phase_marks", "op_times"} <= set(r) for r in jsons["op_times.json"]["modes"].values())
     host = jsons["hostpy.json"]["modes"]["pack"]

@@ -73,17 +73,24 @@ part_syncs_train() {   # in west-train the host waited for the GPU inside the pr
   train_entry=(-m west.bin.train)
   tee -a "$out/suite.md" < "$work_dir/syncs_train.md"
 }
+op_timed_run() {   # name, extra args...: train_run under tools/train_op_times.py, its tables into suite.md
+  local name=$1; shift
+  train_entry=("$repo/tools/train_op_times.py" --skip 5 --out "$out/op_times_$name.json" --md "$work_dir/op_times_$name.md" --)
+  rm -f "$work_dir/op_times_$name.md"
+  train_run "$name" "$@" || { train_entry=(-m west.bin.train); return 1; }
+  train_entry=(-m west.bin.train)
+  tee -a "$out/suite.md" < "$work_dir/op_times_$name.md"
+}
 part_optimes_train() {   # west-train's projector and splice phases took the host 30 and 16 ms per step with the GPU idle
   # (seventh run, H200), the benchmark's runner about 1 each (and 16.5 and 12 in its pack_encoder_padded mode, fifth
-  # run): which operator or which line of Python holds them? (an operator that blocks shows as one long call)
+  # run): which operator or which line of Python holds them? (an operator that blocks shows as one long call). Then the
+  # same with the caching allocator's fixed-size segments instead of west's expandable ones (growing an expandable
+  # segment maps memory on the host, in the call that allocates)
   log "optimes_train: west-train as configured, the host's time in its encoder rows, projector, splice and loss"\
-    "phases by operator and line (tools/train_op_times.py)"
+    "phases by operator and line (tools/train_op_times.py); then with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False"
   steps=$(( steps < 20 ? steps : 20 ))
-  train_entry=("$repo/tools/train_op_times.py" --skip 5 --out "$out/op_times_train.json" --md "$work_dir/op_times_train.md" --)
-  rm -f "$work_dir/op_times_train.md"
-  train_run train_op_times "${replayed[@]}" || { train_entry=(-m west.bin.train); return 1; }
-  train_entry=(-m west.bin.train)
-  tee -a "$out/suite.md" < "$work_dir/op_times_train.md"
+  op_timed_run train_op_times "${replayed[@]}"
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False op_timed_run train_op_times_fixed_segments "${replayed[@]}"
 }
 part_lora() {   # seed_gpu_lora.yaml (rank-16 adapters on every projection of the 1.5B LLM, whole layers
   # checkpointed; WEST's best AIShell-1 results train this way) has never run on a GPU
