@@ -58,7 +58,8 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert "syncs_train: skipped (torch's sync debug mode needs CUDA)" in log
     # optimes_train and optimes: west-train's and the benchmark's host time by operator in a few phases
     assert "| train_op_times |" in suite and "| train_op_times_fixed_segments |" in suite   # expandable segments off
-    assert suite.count("**projector**: ") == 4 and "the timer's own (means)" in suite
+    assert "| train_op_times_no_nvml |" in suite                                          # no NVML sampler thread
+    assert suite.count("**projector**: ") == 5 and "the timer's own (means)" in suite
     assert "unprofiled, the host's time by operator)" in suite
     assert "| train_static |" in suite and "| train_static_cudnn |" in suite   # cudnn: static batches, SDPA off/on
     assert "| host launch s | sync wait s | device allocs | alloc retries |" in suite
@@ -91,7 +92,8 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
         "attention.json", "benchmark.json", "encoder_attention.json", "encoder_time.json", "floor.json",
         "graphs_exact.json", "hostpy.json", "hostpy_graphs.json", "late_exact.json", "loss.json", "marks.json", "marks_cuts.json",
         "marks_queues.json", "marks_queues_off.json", "op_times.json", "op_times_train_op_times.json",
-        "op_times_train_op_times_fixed_segments.json", "profile.json", "roofline.json", "swiglu.json"]
+        "op_times_train_op_times_fixed_segments.json", "op_times_train_op_times_no_nvml.json", "profile.json",
+        "roofline.json", "swiglu.json"]
     bench = jsons["benchmark.json"]
     assert {"static", "dynamic", "pack", "pack_encoder_padded"} <= set(bench["modes"])
     assert all(r["ops"]["per_step"]["total"] > 0 for r in bench["modes"].values())
@@ -105,7 +107,7 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert all(r["phase_marks"]["steps"] == 6 and r["phase_marks"]["step_ms"] > 0 for r in marks.values())
     assert "phase_marks" in jsons["hostpy_graphs.json"]["modes"]["pack"]
     assert all(jsons[f"op_times_{n}.json"]["train_rc"] == 0 and jsons[f"op_times_{n}.json"]["phases"]
-               for n in ("train_op_times", "train_op_times_fixed_segments"))
+               for n in ("train_op_times", "train_op_times_fixed_segments", "train_op_times_no_nvml"))
     assert set(jsons["op_times.json"]["modes"]) == {"pack", "pack_encoder_padded"}
     assert all({"phase_marks", "op_times"} <= set(r) for r in jsons["op_times.json"]["modes"].values())
     host = jsons["hostpy.json"]["modes"]["pack"]

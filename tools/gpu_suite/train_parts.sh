@@ -85,12 +85,15 @@ part_optimes_train() {   # west-train's projector and splice phases took the hos
   # (seventh run, H200), the benchmark's runner about 1 each (and 16.5 and 12 in its pack_encoder_padded mode, fifth
   # run): which operator or which line of Python holds them? (an operator that blocks shows as one long call). Then the
   # same with the caching allocator's fixed-size segments instead of west's expandable ones (growing an expandable
-  # segment maps memory on the host, in the call that allocates)
+  # segment maps memory on the host, in the call that allocates), and without the NVML sampler thread (west-train's
+  # runs always had it; the benchmark's marked steps, 1 ms in these phases, never did; NVML's queries take driver locks)
   log "optimes_train: west-train as configured, the host's time in its encoder rows, projector, splice and loss"\
-    "phases by operator and line (tools/train_op_times.py); then with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False"
+    "phases by operator and line (tools/train_op_times.py); then with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False;"\
+    "then with train.nvml false"
   steps=$(( steps < 20 ? steps : 20 ))
   op_timed_run train_op_times "${replayed[@]}"
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False op_timed_run train_op_times_fixed_segments "${replayed[@]}"
+  op_timed_run train_op_times_no_nvml "${replayed[@]}" --train.nvml false
 }
 part_lora() {   # seed_gpu_lora.yaml (rank-16 adapters on every projection of the 1.5B LLM, whole layers
   # checkpointed; WEST's best AIShell-1 results train this way) has never run on a GPU
