@@ -99,3 +99,29 @@ def test_late_readback_steps_count_and_a_focus_splits_a_function_by_callee_and_l
     assert "`Projector.forward`: 120.0 ms per step" in text
     assert "| `group_frames (west/models/projector.py)` | 90.0 | 75 % |" not in text   # shares are of the step
     assert "| `group_frames (west/models/projector.py)` | 90.0 | 45 % |" in text
+
+
+def test_threads_busy_time_leaves_out_waits_for_work_but_not_waits_for_a_lock():
+    pin = "thread (7): pin_memory;Thread.run (threading.py:1012);_pin_memory_loop (torch/utils/data/_utils/pin_memory.py:55)"
+    nvml = "thread (9): nvml-sampler;Thread.run (threading.py:1012);NvmlSampler._run (west/train/gpu_monitor.py:115)"
+    raw = "\n".join([
+        f"{pin};Queue.get (multiprocessing/queues.py:113);__GI___poll (libc.so.6) 50",           # waiting for a batch
+        f"{pin};_rebuild_tensor (torch/multiprocessing/reductions.py:40);memcpy (libc.so.6) 20",  # unpickling: busy
+        f"{pin};Tensor.pin_memory (torch/_tensor.py:1);take_gil (libpython3.12.so.1.0);"
+        "__futex_abstimed_wait_common64 (libc.so.6) 5",                                          # the GIL: contention
+        f"{nvml};Event.wait (threading.py:629);PyThread_acquire_lock_timed (libpython3.12.so.1.0);"
+        "sem_clockwait (libc.so.6) 70",                                                          # its interval: idle
+        f"{nvml};NvmlSampler.sample (west/train/gpu_monitor.py:100);nvmlDeviceGetProcessUtilization "
+        "(libnvidia-ml.so.1);ioctl (libc.so.6) 4",
+        "thread (1): MainThread;main (train.py:1);readline (io.py:3) 2",                         # a Python leaf: busy
+    ])
+    rows = {r["thread"]: r for r in summarize(parse_raw(raw), rate_hz=10.0, steps=1)["threads"]}
+    pin_row, nvml_row = rows["thread (7): pin_memory"], rows["thread (9): nvml-sampler"]
+    assert pin_row["sampled_s"] == pytest.approx(7.5) and pin_row["busy_s"] == pytest.approx(2.5)
+    assert dict(pin_row["busy_in"]) == pytest.approx({"memcpy (libc.so.6)": 2.0,
+                                                      "__futex_abstimed_wait_common64 (libc.so.6)": 0.5})
+    assert nvml_row["busy_s"] == pytest.approx(0.4) and nvml_row["busy_in"][0][0] == "ioctl (libc.so.6)"
+    assert rows["thread (1): MainThread"]["busy_s"] == pytest.approx(0.2)
+    res = summarize(parse_raw(raw + "\n" + RAW), rate_hz=10.0, steps=1)
+    assert [r["thread"] for r in res["threads"]][0] == "thread (24388): MainThread"   # busiest first
+    assert "| `thread (7): pin_memory` | 2.5 | 7.5 | `memcpy (libc.so.6)` 2.0 s;" in table(res)

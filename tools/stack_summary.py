@@ -6,8 +6,10 @@
     python tools/stack_summary.py stacks.txt --rate 200 --steps 22 --out stacks.json
 
 ``--steps``: the steps the samples cover (profile_step's warm-up steps count: they run train_step
-too). ``--focus FUNCTION`` (repeatable): that function's time by callee and by leaf frame. Prints markdown tables (own time by library and by frame, named parts with their callees,
-west's and transformers' functions), writes them as JSON. Not a test.
+too). ``--focus FUNCTION`` (repeatable): that function's time by callee and by leaf frame. Prints markdown
+tables (own time by library and by frame, named parts with their callees, west's and transformers'
+functions; then every thread's busy time over the whole recording, waits for work left out, and where
+it is busy: which other thread works beside the step), writes them as JSON. Not a test.
 """
 from __future__ import annotations
 

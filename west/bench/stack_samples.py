@@ -17,6 +17,7 @@ or which wait, holds the host.
 from __future__ import annotations
 
 import collections
+import re
 from dataclasses import dataclass
 
 STEP_FRAMES = ("train_step (west/train/step.py", "queue_train_step (west/train/late_readback.py")
@@ -30,6 +31,15 @@ CATEGORIES = {
     "waiting for the GIL": ("take_gil",),
     "garbage collector": ("gc_collect",),
 }
+
+
+# Native leaf frames of a thread waiting for work (a condition, a queue, a timer, a socket), by symbol with
+# libc's decorations off: these names, or a name starting with one of IDLE_PREFIXES. With --idle py-spy
+# samples every thread at every tick, so a thread's other samples are its busy time (waits for a lock,
+# such as take_gil or __lll_lock_wait, count as busy: they are contention).
+IDLE_NAMES = {"read", "recv", "recvmsg", "poll", "ppoll", "select", "pselect", "epoll_wait", "accept", "accept4",
+              "nanosleep", "clock_nanosleep", "usleep", "sleep", "waitpid", "wait4", "sigtimedwait"}
+IDLE_PREFIXES = ("pthread_cond_", "futex", "do_futex_wait", "sem_wait", "sem_timedwait", "sem_clockwait")
 
 
 @dataclass(frozen=True)
@@ -86,6 +96,37 @@ def focused(stacks: list[Stack], name: str) -> tuple[collections.Counter, collec
     return callees, leaves
 
 
+CONTENDED = ("take_gil", "mutex_lock", "__lll_lock_wait")   # frames of a wait for a lock another thread holds
+
+
+def idle(frames: tuple[str, ...]) -> bool:
+    """A sample of a thread waiting for work: a native leaf of :data:`IDLE_NAMES` or
+    :data:`IDLE_PREFIXES`, with no wait for a contended lock (:data:`CONTENDED`: Python's lock
+    ends in a futex too) on the way."""
+    if not frames or library(frames[-1]) == "python" or any(c in f for f in frames for c in CONTENDED):
+        return False
+    name = re.sub(r"^_*(GI_+|libc_+)?", "", frames[-1].split(" (")[0]).split("@")[0]
+    return name in IDLE_NAMES or name.startswith(IDLE_PREFIXES)
+
+
+def threads(stacks: list[Stack], rate_hz: float, top: int = 3) -> list[dict]:
+    """Every thread of the recording (the whole run, not only the steps), busiest first: seconds
+    sampled, seconds busy (samples not :func:`idle`) and where it is busy (its ``top`` leaf frames).
+    Which thread besides the launching one works while the step runs (a pin-memory thread
+    unpickling batches, a sampler in the driver) and so may hold Python's lock or a driver's."""
+    sampled, busy, leaves = collections.Counter(), collections.Counter(), collections.defaultdict(collections.Counter)
+    for s in stacks:
+        name = s.thread or "(no thread frame)"
+        sampled[name] += s.count
+        if s.frames and not idle(s.frames):
+            busy[name] += s.count
+            leaves[name][s.frames[-1]] += s.count
+    rows = [{"thread": name, "sampled_s": n / rate_hz, "busy_s": busy[name] / rate_hz,
+             "busy_in": [(leaf, c / rate_hz) for leaf, c in leaves[name].most_common(top)]}
+            for name, n in sampled.items()]
+    return sorted(rows, key=lambda r: -r["busy_s"])
+
+
 def summarize(stacks: list[Stack], rate_hz: float, steps: int, top: int = 20,
               focus: tuple[str, ...] = ()) -> dict:
     """Milliseconds per step (samples / rate / steps) of the step's samples: own time by library
@@ -119,7 +160,7 @@ def summarize(stacks: list[Stack], rate_hz: float, steps: int, top: int = 20,
     return {"steps": steps, "rate_hz": rate_hz, "samples": total, "samples_outside_steps": sum(s.count for s in stacks) - total,
             "ms_per_step": total * per_step, "by_library": ms(by_lib), "by_leaf": ms(by_leaf),
             "categories": [(k, by_part.get(k, 0) * per_step) for k in CATEGORIES], "python": ms(by_func),
-            "focus": focus_ms}
+            "focus": focus_ms, "threads": threads(stacks, rate_hz)}
 
 
 def table(res: dict) -> str:
@@ -135,6 +176,10 @@ def table(res: dict) -> str:
     for name, f in res.get("focus", {}).items():
         focus += [f"`{name}`: {f['ms_per_step']:.1f} ms per step", ""]
         focus += rows(f"`{name}` calls", f["callees"]) + rows(f"`{name}`'s samples end in", f["leaves"])
+    threads = ["| thread (whole recording) | busy s | sampled s | busy in |", "|---|---|---|---|"]
+    threads += [f"| `{t['thread'][:60]}` | {t['busy_s']:.1f} | {t['sampled_s']:.1f} | "
+                + "; ".join(f"`{leaf[:60]}` {sec:.1f} s" for leaf, sec in t["busy_in"]) + " |"
+                for t in res.get("threads", [])]
     return "\n".join([head, ""] + rows("library (own time)", res["by_library"]) + rows("part (with callees)", res["categories"])
                      + rows("frame (own time)", res["by_leaf"]) + rows("west / transformers function (with callees)",
-                                                                       res["python"]) + focus).rstrip()
+                                                                       res["python"]) + focus + threads).rstrip()
