@@ -125,3 +125,12 @@ def test_threads_busy_time_leaves_out_waits_for_work_but_not_waits_for_a_lock():
     res = summarize(parse_raw(raw + "\n" + RAW), rate_hz=10.0, steps=1)
     assert [r["thread"] for r in res["threads"]][0] == "thread (24388): MainThread"   # busiest first
     assert "| `thread (7): pin_memory` | 2.5 | 7.5 | `memcpy (libc.so.6)` 2.0 s;" in table(res)
+
+
+def test_a_stripped_libc_leaf_is_read_through_to_the_wait_above_it():
+    from west.bench.stack_samples import idle
+    wait = ("Event.wait (threading.py:629)", "PyThread_acquire_lock_timed (libpython3.11.so.1.0)",
+            "0x7f04ca2ae116 (libc.so.6)", "0x7f04ca2a3f16 (libc.so.6)")
+    assert idle(wait) and not idle(("0x7f04ca2a3f16 (libc.so.6)",)) and not idle(())
+    assert not idle(("take_gil (libpython3.12.so.1.0)", "0x7f04ca2a3f16 (libc.so.6)"))
+    assert not idle(("at::native::index_select_out_cpu_ (libtorch_cpu.so)",))   # "select" inside a name: work

@@ -76,7 +76,7 @@ part_pyspy() {   # where the launching thread's time goes in C++ and the driver 
   log "pyspy: native stack samples of pack steps, the backward on the launching thread (py-spy, tools/stack_summary.py)"
   rm -f "$work_dir/pyspy_stacks.txt"
   # bounded; SIGINT, not timeout's TERM, so that py-spy still writes the samples it has (TERM loses them all)
-  launcher=(timeout -s INT 150 "$spy" record --native --idle --rate "$rate" --format raw -o "$work_dir/pyspy_stacks.txt" --)
+  launcher=(timeout -s INT 150 "$spy" record --native --idle --threads --rate "$rate" --format raw -o "$work_dir/pyspy_stacks.txt" --)
   profile_run pyspy_marks pack --phase_marks --single_thread_backward --steps "$n" --warmup_steps "$warm"
   launcher=()
   [ -s "$work_dir/pyspy_stacks.txt" ] || { log "pyspy: no samples (py-spy may not be allowed to trace here: suite.log)"; return 1; }

@@ -55,7 +55,7 @@ part_pyspy_train() {   # west-train's projector, splice and loss phases took the
   steps=$(( steps < 20 ? steps : 20 ))
   rm -f "$raw"
   # bounded; SIGINT, on which py-spy writes the samples it has (part pyspy)
-  launcher=(timeout -s INT 150 "$spy" record --native --idle --rate "$rate" --format raw -o "$raw" --)
+  launcher=(timeout -s INT 150 "$spy" record --native --idle --threads --rate "$rate" --format raw -o "$raw" --)
   train_run train_pyspy "${replayed[@]}"   # unmarked: marks read at each step's end would undo the late read-back
   launcher=()
   [ -s "$raw" ] || { log "pyspy_train: no samples (py-spy may not be allowed to trace here: suite.log)"; return 1; }

@@ -39,7 +39,8 @@ CATEGORIES = {
 # such as take_gil or __lll_lock_wait, count as busy: they are contention).
 IDLE_NAMES = {"read", "recv", "recvmsg", "poll", "ppoll", "select", "pselect", "epoll_wait", "accept", "accept4",
               "nanosleep", "clock_nanosleep", "usleep", "sleep", "waitpid", "wait4", "sigtimedwait"}
-IDLE_PREFIXES = ("pthread_cond_", "futex", "do_futex_wait", "sem_wait", "sem_timedwait", "sem_clockwait")
+IDLE_PREFIXES = ("pthread_cond_", "futex", "do_futex_wait", "sem_wait", "sem_timedwait", "sem_clockwait",
+                 "PyThread_acquire_lock")   # threading's locks: Event.wait, Queue.get, Condition.wait
 
 
 @dataclass(frozen=True)
@@ -100,12 +101,13 @@ CONTENDED = ("take_gil", "mutex_lock", "__lll_lock_wait")   # frames of a wait f
 
 
 def idle(frames: tuple[str, ...]) -> bool:
-    """A sample of a thread waiting for work: a native leaf of :data:`IDLE_NAMES` or
-    :data:`IDLE_PREFIXES`, with no wait for a contended lock (:data:`CONTENDED`: Python's lock
-    ends in a futex too) on the way."""
-    if not frames or library(frames[-1]) == "python" or any(c in f for f in frames for c in CONTENDED):
+    """A sample of a thread waiting for work: its innermost named native frame (raw addresses, a
+    stripped libc's, skipped) is one of :data:`IDLE_NAMES` or :data:`IDLE_PREFIXES`, with no wait
+    for a contended lock (:data:`CONTENDED`: Python's own lock ends in a futex too) on the way."""
+    named = [f for f in frames if not f.startswith("0x")]
+    if not named or library(named[-1]) == "python" or any(c in f for f in frames for c in CONTENDED):
         return False
-    name = re.sub(r"^_*(GI_+|libc_+)?", "", frames[-1].split(" (")[0]).split("@")[0]
+    name = re.sub(r"^_*(GI_+|libc_+)?", "", named[-1].split(" (")[0]).split("@")[0]
     return name in IDLE_NAMES or name.startswith(IDLE_PREFIXES)
 
 
