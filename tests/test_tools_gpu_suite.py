@@ -31,7 +31,9 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert "| train_bf16_weights |" in suite                            # weights: bf16 working copies
     assert "| train_fused_rotary |" in suite                            # rotary: one autograd node
     assert "Python on the launching thread" in suite and "| `<method 'run_backward'" in suite   # hostpy
-    assert suite.count("unprofiled, marked at phase boundaries") == 9   # marks: 3 modes, the cuts; queues twice; hostpy_graphs; optimes 2
+    # marks: 3 modes, the cuts; queues twice; hostpy_graphs; optimes 2; pyspy's marked steps where py-spy is installed
+    spied = "samples in 12 steps at 20 Hz" in suite
+    assert suite.count("unprofiled, marked at phase boundaries") == 9 + spied
     assert "| train_queues |" in suite and "train_queues, phase by phase" in suite   # queues: a deeper launch queue
     assert "| train_pinned_ring |" in suite and "ring: check_pinned_ring.py skipped (needs CUDA" in log   # ring
     assert "train_pinned_ring, phase by phase (train.phase_marks)" in suite
@@ -88,7 +90,7 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert "| sequence pack |" in best and best_rows and int(best_rows[1]) % 512 == 0 and int(best_rows[1]) < 2048
     with tarfile.open(out / "json.tar") as tar:
         jsons = {Path(m.name).name: json.load(tar.extractfile(m)) for m in tar.getmembers() if m.isfile()}
-    assert sorted(set(jsons) - {"pyspy.json", "pyspy_marks.json"}) == [   # those two where py-spy is installed
+    assert sorted(set(jsons) - {"pyspy.json", "pyspy_marks.json", "pyspy_train.json"}) == [   # where py-spy is installed
         "attention.json", "benchmark.json", "encoder_attention.json", "encoder_time.json", "floor.json",
         "graphs_exact.json", "hostpy.json", "hostpy_graphs.json", "late_exact.json", "loss.json", "marks.json", "marks_cuts.json",
         "marks_queues.json", "marks_queues_off.json", "op_times.json", "op_times_train_op_times.json",
