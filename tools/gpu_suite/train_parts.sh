@@ -67,19 +67,22 @@ part_syncs_train() {   # in west-train the host waited for the GPU inside the pr
   [ "$device" = cuda ] || { log "syncs_train: skipped (torch's sync debug mode needs CUDA)"; return 0; }
   log "syncs_train: west-train as configured under torch's sync debug mode, its syncs by line (tools/train_syncs.py)"
   steps=$(( steps < 20 ? steps : 20 ))
-  train_entry=("$repo/tools/train_syncs.py" --steps "$steps" --out "$out/syncs_train.json" --md "$work_dir/syncs_train.md" --)
-  rm -f "$work_dir/syncs_train.md"
-  train_run train_syncs "${replayed[@]}" || { train_entry=(-m west.bin.train); return 1; }
+  wrapped_run "$repo/tools/train_syncs.py" --steps "$steps" --out "$out/syncs_train.json" -- train_syncs "${replayed[@]}"
+}
+wrapped_run() {   # tool, its args, --, run name, train_run's args: west-train run by a tool that wraps it (its own
+  # args end in --, then west-train's) and writes a markdown table to $work_dir/NAME.md, appended to suite.md
+  local tool=() name
+  while [ "$1" != -- ]; do tool+=("$1"); shift; done
+  name=$2; shift 2
+  rm -f "$work_dir/$name.md"
+  train_entry=("${tool[@]}" --md "$work_dir/$name.md" --)
+  train_run "$name" "$@" || { train_entry=(-m west.bin.train); return 1; }
   train_entry=(-m west.bin.train)
-  tee -a "$out/suite.md" < "$work_dir/syncs_train.md"
+  tee -a "$out/suite.md" < "$work_dir/$name.md"
 }
 op_timed_run() {   # name, extra args...: train_run under tools/train_op_times.py, its tables into suite.md
   local name=$1; shift
-  train_entry=("$repo/tools/train_op_times.py" --skip 5 --out "$out/op_times_$name.json" --md "$work_dir/op_times_$name.md" --)
-  rm -f "$work_dir/op_times_$name.md"
-  train_run "$name" "$@" || { train_entry=(-m west.bin.train); return 1; }
-  train_entry=(-m west.bin.train)
-  tee -a "$out/suite.md" < "$work_dir/op_times_$name.md"
+  wrapped_run "$repo/tools/train_op_times.py" --skip 5 --out "$out/op_times_$name.json" -- "$name" "$@"
 }
 part_optimes_train() {   # west-train's projector and splice phases took the host 30 and 16 ms per step with the GPU idle
   # (seventh run, H200), the benchmark's runner about 1 each (and 16.5 and 12 in its pack_encoder_padded mode, fifth

@@ -83,6 +83,7 @@ class PhaseOpTimes:
         self._total: dict = {}
         self._mode: Optional[_Timer] = None
         self._phase: Optional[str] = None
+        self._start = 0.0                 # the open phase's start
         self._since = 0.0                 # the end of the last operator (or the phase's start)
 
     # ---------------------------------------------------------------- recording
