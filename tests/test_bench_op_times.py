@@ -3,12 +3,15 @@ operator by operator and between operators, by line; a slow operator and slow Py
 from __future__ import annotations
 
 import json
+import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
 from west.bench.op_times import WATCHED, PhaseOpTimes, table
+from west.bench.thread_clock import others_since
 from west.train.step import plan_step, train_step
 
 from helpers.e2e import import_tool
@@ -86,6 +89,48 @@ def test_a_slow_operator_and_slow_python_are_told_apart():
     assert proj["host_ms"] >= 49 and [p["phase"] for p in res["phases"]] == ["projector"]
     text = table(res)
     assert "**projector**: " in text and "| `west_test.slow_identity` |" in text and "| `Python before it` |" in text
+
+
+@pytest.mark.skipif(not Path("/proc/thread-self/schedstat").exists(), reason="Linux's per-thread scheduler figures")
+def test_the_launching_threads_time_splits_into_on_a_core_and_blocked_and_other_threads_show():
+    model, batch = tiny_model(), packed_batch(samples(), 256)
+    go, done, leave = threading.Event(), threading.Event(), threading.Event()
+
+    def burn():   # another thread on a core for 40 ms, alive until the step's clocks are read
+        go.wait()
+        stop = time.perf_counter() + 0.04
+        while time.perf_counter() < stop:
+            pass
+        done.set()
+        leave.wait()
+    burner = threading.Thread(target=burn, name="west-test-burner", daemon=True)
+    burner.start()
+    inner_forward = model.projector.net.forward
+
+    def forward(x):
+        stop = time.perf_counter() + 0.03
+        while time.perf_counter() < stop:   # the launching thread on a core (or waiting for one) for 30 ms
+            pass
+        go.set()
+        done.wait()                          # then blocked for 40 ms while the burner runs
+        return inner_forward(x)
+    model.projector.net.forward = forward
+    timer = PhaseOpTimes(("projector", "splice"))
+    try:
+        _step(model, batch, timer)
+    finally:
+        leave.set()
+        burner.join()
+    res = timer.summary()
+    t = _phase(res, "projector")["thread"]
+    assert t["cpu_ms"] + t["runqueue_ms"] >= 28 and t["blocked_ms"] >= 30 and t["voluntary_switches"] >= 1
+    assert t["wall_ms"] >= 70 and t["cpu_ms"] + t["runqueue_ms"] + t["blocked_ms"] == pytest.approx(t["wall_ms"], abs=1)
+    others = {o["thread"]: o["cpu_ms_per_step"] for o in _phase(res, "projector")["others"]}
+    assert others.get("west-test-burner", 0.0) >= 20   # found by its Python name
+    assert _phase(res, "splice")["thread"]["blocked_ms"] < 20   # the splice did neither
+    assert "the launching thread, means per step: " in table(res) and "`west-test-burner` " in table(res)
+    # threads by name between two readings: one that started meanwhile counts from zero, one that ended is gone
+    assert others_since({1: ("a", 5), 2: ("b", 9)}, {1: ("a", 8), 3: ("a", 4)}) == {"a": 7}
 
 
 def test_a_step_that_raises_in_a_watched_phase_leaves_no_mode_and_unknown_phases_are_refused():

@@ -14,8 +14,9 @@ the step runs unchanged elsewhere) and times, on the host's clock,
   entry), by the line of the operator that ended the interval, and after a phase's last operator
   until the phase ends.
 
-Not a benchmark: the mode costs some microseconds per operator, so it is kept to the few phases
-asked for. ``tools/train_op_times.py`` runs west-train under it; ``tools/profile_step.py
+and, per phase, where the launching thread's wall time went (on a core, waiting for one, blocked:
+:mod:`west.bench.thread_clock`) and which other threads of the process ran meanwhile. Not a
+benchmark: the mode costs some microseconds per operator, so it is kept to the few phases asked for. ``tools/train_op_times.py`` runs west-train under it; ``tools/profile_step.py
 --op_times`` the benchmark's runner.
 """
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Iterator, Optional
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from west.bench.thread_clock import ThreadTimes, other_threads, others_since, thread_times
 from west.train.phase_marks import PHASE_NAMES, phase_hooks
 
 WATCHED = ("encoder rows", "projector", "splice", "loss")   # phases of a few operators each
@@ -72,11 +74,12 @@ class PhaseOpTimes:
     """Host seconds per step inside the ``watched`` phases (names of :data:`PHASE_NAMES`), in
     operators and between them. Use :meth:`hooks` around each step, then :meth:`summary`."""
 
-    def __init__(self, watched: tuple[str, ...] = WATCHED) -> None:
+    def __init__(self, watched: tuple[str, ...] = WATCHED, threads: bool = True) -> None:
         unknown = set(watched) - set(PHASE_NAMES.values())
         if unknown:
             raise ValueError(f"unknown phases {sorted(unknown)}; phases: {sorted(set(PHASE_NAMES.values()))}")
         self.watched = watched
+        self.threads = threads            # also read the other threads' clocks at each watched phase's ends
         self.steps: list[dict] = []       # per step: {(phase, kind, name, place): [seconds, calls, max]}
         self._step: dict = {}
         self._totals: list[dict] = []     # per step: {phase: seconds}
@@ -85,6 +88,9 @@ class PhaseOpTimes:
         self._phase: Optional[str] = None
         self._start = 0.0                 # the open phase's start
         self._since = 0.0                 # the end of the last operator (or the phase's start)
+        self._clocks: list[dict] = []     # per step: {phase: [ThreadTimes of the launching thread, {name: ns}]}
+        self._clock: dict = {}
+        self._opened: Optional[tuple[ThreadTimes, dict]] = None
 
     # ---------------------------------------------------------------- recording
     def _add(self, key: tuple, seconds: float) -> None:
@@ -105,6 +111,7 @@ class PhaseOpTimes:
         if self._phase is not None:
             self._add((self._phase, "between", "python", AFTER_LAST), now - self._since)
             self._total[self._phase] = self._total.get(self._phase, 0.0) + now - self._start
+            self._read_clocks(self._phase)
         phase = PHASE_NAMES.get(mark, mark)
         self._phase = phase if phase in self.watched else None
         if self._phase is not None and self._mode is None:
@@ -112,7 +119,19 @@ class PhaseOpTimes:
             self._mode.__enter__()
         elif self._phase is None and self._mode is not None:
             self._close()
+        if self._phase is not None:   # the clocks' reads fall between phases, outside their times
+            self._opened = (other_threads() if self.threads else {}), thread_times()
         self._start = self._since = time.perf_counter()
+
+    def _read_clocks(self, phase: str) -> None:
+        """Add the launching thread's clocks and the other threads' time on a core since the phase opened."""
+        mine = thread_times()
+        others, start = self._opened
+        row = self._clock.setdefault(phase, [ThreadTimes(0, 0, 0, 0), {}])
+        row[0] = _plus(row[0], mine.since(start))
+        if self.threads:
+            for name, ns in others_since(others, other_threads()).items():
+                row[1][name] = row[1].get(name, 0) + ns
 
     def _close(self) -> None:
         mode, self._mode = self._mode, None
@@ -121,7 +140,7 @@ class PhaseOpTimes:
     @contextlib.contextmanager
     def hooks(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Iterator[None]:
         """Time the watched phases of the step run in the block; the step counts once it ends."""
-        self._step, self._total, self._phase = {}, {}, None
+        self._step, self._total, self._clock, self._phase = {}, {}, {}, None
         try:
             with phase_hooks(model, optimizer, self._at, lambda part: self._at("after " + part)):
                 yield
@@ -131,13 +150,15 @@ class PhaseOpTimes:
             self._phase = None
         self.steps.append(self._step)
         self._totals.append(self._total)
+        self._clocks.append(self._clock)
 
     # ---------------------------------------------------------------- reading
     def summary(self, skip: int = 0, top: int = 8) -> dict:
         """Per watched phase, over the steps after the first ``skip``: the host's ms per step
         (median); in operators, between them and in the timer's bookkeeping (means, adding up to
         the phase's mean); the ``top`` entries by ms per step, each with its calls per step and its
-        longest single call."""
+        longest single call; the launching thread's wall time split (:meth:`_thread_split`) and the
+        other threads' time on a core meanwhile, the ``top`` by ms per step."""
         steps, totals = self.steps[skip:], self._totals[skip:]
         if not steps:
             raise ValueError(f"no steps to summarize ({len(self.steps)} timed, {skip} skipped)")
@@ -164,8 +185,57 @@ class PhaseOpTimes:
                 "operators_per_step": sum(v[1] for k, v in mine.items() if k[1] == "operator") / n,
                 "top": [{"kind": k[1], "name": k[2], "where": k[3], "ms_per_step": 1e3 * v[0] / n,
                          "calls_per_step": v[1] / n, "longest_ms": 1e3 * v[2]} for k, v in entries],
+                **self._thread_split(phase, skip, top),
             })
         return out
+
+    def _thread_split(self, phase: str, skip: int, top: int) -> dict:
+        """The launching thread's mean ms per step in ``phase``: on a core, runnable without one
+        (``runqueue_ms``), blocked (the rest of the phase's mean wall time), with its voluntary and
+        involuntary context switches per step; and ``others``: other threads' ms on a core."""
+        clocks, walls = self._clocks[skip:], self._totals[skip:]
+        n = len(clocks)
+        total = ThreadTimes(0, 0, 0, 0)
+        others: dict[str, float] = {}
+        for clock in clocks:
+            mine, theirs = clock.get(phase, (ThreadTimes(0, 0, 0, 0), {}))
+            total = _plus(total, mine)
+            for name, ns in theirs.items():
+                others[name] = others.get(name, 0.0) + ns
+        wall = 1e3 * sum(w.get(phase, 0.0) for w in walls) / n
+        cpu = total.cpu_ns / 1e6 / n
+        wait = None if total.wait_ns is None else total.wait_ns / 1e6 / n
+        split = {"wall_ms": wall, "cpu_ms": cpu, "runqueue_ms": wait,
+                 "blocked_ms": max(wall - cpu - (wait or 0.0), 0.0),
+                 "voluntary_switches": None if total.voluntary is None else total.voluntary / n,
+                 "involuntary_switches": None if total.involuntary is None else total.involuntary / n}
+        ranked = sorted(others.items(), key=lambda kv: -kv[1])[:top]
+        return {"thread": split, "others": [{"thread": name, "cpu_ms_per_step": ns / 1e6 / n} for name, ns in ranked]}
+
+
+def _plus(a: ThreadTimes, b: ThreadTimes) -> ThreadTimes:
+    def add(x, y):
+        return None if x is None or y is None else x + y
+    return ThreadTimes(a.cpu_ns + b.cpu_ns, add(a.wait_ns, b.wait_ns), add(a.voluntary, b.voluntary),
+                       add(a.involuntary, b.involuntary))
+
+
+def thread_line(p: dict) -> str:
+    """One line of a phase's thread split (:meth:`PhaseOpTimes._thread_split`)."""
+    t = p.get("thread")
+    if t is None:
+        return ""
+    wait = "?" if t["runqueue_ms"] is None else f"{t['runqueue_ms']:.1f}"
+    switches = ("" if t["voluntary_switches"] is None else
+                f" ({t['voluntary_switches']:.1f} voluntary and {t['involuntary_switches']:.1f} involuntary "
+                f"context switches)")
+    line = (f"the launching thread, means per step: {t['cpu_ms']:.1f} ms on a core, {wait} ms waiting for one, "
+            f"{t['blocked_ms']:.1f} ms blocked{switches}")
+    busy = [o for o in p.get("others", []) if o["cpu_ms_per_step"] >= 0.05]
+    if busy:
+        line += "; other threads on a core meanwhile: " + ", ".join(
+            f"`{o['thread']}` {o['cpu_ms_per_step']:.1f} ms" for o in busy)
+    return line
 
 
 def table(res: dict) -> str:
@@ -176,8 +246,10 @@ def table(res: dict) -> str:
     for p in res["phases"]:
         lines += [f"**{p['phase']}**: {p['host_ms']:.1f} ms (median); {p['operators_ms']:.1f} ms in "
                   f"{p['operators_per_step']:.0f} operators, {p['between_ms']:.1f} ms between them, "
-                  f"{p['timer_ms']:.1f} ms the timer's own (means)", "",
-                  "| what | where | ms per step | calls per step | longest call ms |", "|---|---|---|---|---|"]
+                  f"{p['timer_ms']:.1f} ms the timer's own (means)", ""]
+        if thread_line(p):
+            lines += [thread_line(p), ""]
+        lines += ["| what | where | ms per step | calls per step | longest call ms |", "|---|---|---|---|---|"]
         for e in p["top"]:
             what = e["name"] if e["kind"] == "operator" else "Python before it"
             if e["where"] == AFTER_LAST:
