@@ -57,6 +57,14 @@ def test_lags_say_which_phases_the_host_paces():
     assert res["host_paced_ms"] == pytest.approx(1.0 + 8.1)
     text = lag_table(res)
     assert "| encoder forward | 4.0 | 11.0 | 0.0 | 7.0 |  |" in text and "9.1 ms of it in phases the host paces" in text
+    # the median step, whole: its lags add up phase to phase, which the columns' medians need not
+    odd = [dict(p, host_ms=p["host_ms"] + 3, lag_end_ms=p["lag_end_ms"] - 3) if p["phase"] == "encoder rows" else p
+           for p in phases(step)]   # one step 3 ms longer in one phase, between the other two
+    middle = summarize([phases(slower), odd, got], gpu=True)["median_step"]
+    assert middle["step"] == 1 and middle["phases"] == odd
+    assert all(p["lag_end_ms"] == pytest.approx(p["lag_start_ms"] + p["gpu_ms"] - p["host_ms"]) for p in got)
+    assert "the step of median host time alone (step 0 of those read, 20.0 ms)" in text
+    assert "| encoder forward | 4.0 | 11.0 | 0.0 | 7.0 |\n" in text
     cpu = summarize([got], gpu=False)
     assert cpu["host_paced_ms"] is None and cpu["phases"][0]["host_paced"] is None
     assert "no GPU" in lag_table(cpu)

@@ -164,7 +164,9 @@ def summarize(steps: list[list[dict]], gpu: bool, paced_ms: float = 0.5) -> dict
     (a step of dummy batches, without speech, has fewer; ``left_out`` counts the others). On a GPU
     a phase is *host-paced* when its lag is under ``paced_ms`` at both ends: the GPU waited on the
     host when it began and again when it ended. Without one (``gpu`` false) there is no lag to read:
-    ``host_paced`` is None."""
+    ``host_paced`` is None. ``median_step``: the kept step of median host time, whole (its index
+    among ``steps`` and its phases), where each phase's lag at its end is its lag at its start plus
+    its GPU time less its host time, as the separate medians need not be."""
     if not steps:
         raise ValueError("no steps to summarize")
     sequences = [tuple(p["phase"] for p in s) for s in steps]
@@ -178,9 +180,11 @@ def summarize(steps: list[list[dict]], gpu: bool, paced_ms: float = 0.5) -> dict
         row["host_paced"] = (row["lag_start_ms"] < paced_ms and row["lag_end_ms"] < paced_ms) if gpu else None
         rows.append(row)
     paced = sum(r["host_ms"] for r in rows if r["host_paced"]) if gpu else None
+    # the columns' medians come from different steps, so their lags need not add up; one whole step does
+    middle = sorted(kept, key=lambda s: sum(p["host_ms"] for p in s))[len(kept) // 2]
     return {"steps": len(kept), "left_out": len(steps) - len(kept), "gpu": gpu,
             "step_ms": sum(r["host_ms"] for r in rows), "host_paced_ms": paced, "paced_below_ms": paced_ms,
-            "phases": rows}
+            "phases": rows, "median_step": {"step": steps.index(middle), "phases": middle}}
 
 
 def lag_table(res: dict) -> str:
@@ -200,4 +204,12 @@ def lag_table(res: dict) -> str:
     lines.append(f"{res['steps']} steps{other}, medians: {res['step_ms']:.1f} ms per step, "
                  f"{res['host_paced_ms']:.1f} ms of it in phases the host paces "
                  f"(the GPU less than {res['paced_below_ms']} ms behind at both ends)")
+    middle = res.get("median_step")
+    if middle:
+        total = sum(p["host_ms"] for p in middle["phases"])
+        lines += ["", f"the step of median host time alone (step {middle['step']} of those read, {total:.1f} ms), "
+                      "whose lags add up phase to phase:", "",
+                  "| phase | host ms | GPU ms (span) | host ahead at start, ms | at end, ms |", "|---|---|---|---|---|"]
+        lines += [f"| {p['phase']} | {p['host_ms']:.1f} | {p['gpu_ms']:.1f} | {p['lag_start_ms']:.1f} | "
+                  f"{p['lag_end_ms']:.1f} |" for p in middle["phases"]]
     return "\n".join(lines)
