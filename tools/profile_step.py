@@ -223,7 +223,7 @@ def main(argv=None) -> int:
         if "phase_marks" in res:
             marks = res["phase_marks"]
             print(f"\n### {m.name} ({m.configuration}{graphs}, unprofiled, marked at phase boundaries)\n\n"
-                  f"{lag_table(marks)}; read-back wait {marks['read_back_wait_ms']:.1f} ms", flush=True)
+                  f"{lag_table(marks)}\n\nread-back wait {marks['read_back_wait_ms']:.1f} ms per step", flush=True)
         if "op_times" in res:
             print(f"\n### {m.name} ({m.configuration}{graphs}, unprofiled, the host's time by operator)\n\n"
                   f"{op_times_table(res['op_times'])}", flush=True)
