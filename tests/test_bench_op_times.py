@@ -3,6 +3,7 @@ operator by operator and between operators, by line; a slow operator and slow Py
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from pathlib import Path
@@ -175,11 +176,21 @@ def test_train_op_times_times_every_step_of_a_real_west_train_run(tmp_path_facto
     assert {name: getattr(loop, name) for name in tool.STEP_FUNCTIONS} == originals
     # the command line: the summary's tables and JSON
     out, md = d / "op_times.json", d / "op_times.md"
-    with torch_threads():
-        rc = tool.main(["--skip", "1", "--phases", "projector,splice", "--out", str(out), "--md", str(md), "--",
-                        *train_argv(tiny_llm(tmp_path_factory), lists.jsonl, d / "run2", "--batch_type", "pack",
-                                    "--pack_tokens", "200", "--max_steps", "2")])
-    assert rc == 0
+    interval = sys.getswitchinterval()
+    try:
+        with torch_threads():
+            rc = tool.main(["--skip", "1", "--phases", "projector,splice", "--out", str(out), "--md", str(md),
+                            "--switch_interval_ms", "0.5", "--",
+                            *train_argv(tiny_llm(tmp_path_factory), lists.jsonl, d / "run2", "--batch_type", "pack",
+                                        "--pack_tokens", "200", "--max_steps", "2")])
+        assert rc == 0 and sys.getswitchinterval() == pytest.approx(0.0005)
+    finally:
+        sys.setswitchinterval(interval)
     res = json.loads(out.read_text(encoding="utf-8"))
     assert res["train_rc"] == 0 and res["steps"] == 1 and [p["phase"] for p in res["phases"]] == ["projector", "splice"]
-    assert "**projector**: " in md.read_text(encoding="utf-8")
+    assert res["switch_interval_ms"] == pytest.approx(0.5)
+    text = md.read_text(encoding="utf-8")
+    assert "**projector**: " in text and "(Python's switch interval: 0.5 ms)" in text
+    with pytest.raises(SystemExit):
+        tool.main(["--switch_interval_ms", "0"])
+    assert sys.getswitchinterval() == interval

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -53,8 +54,15 @@ def main(argv=None) -> int:
     p.add_argument("--top", type=int, default=8, help="entries per phase")
     p.add_argument("--out", type=Path, default=None, help="JSON of the summary")
     p.add_argument("--md", type=Path, default=None, help="the tables as markdown")
+    p.add_argument("--switch_interval_ms", type=float, default=None,
+                   help="how often Python's lock changes hands when threads want it (sys.setswitchinterval; "
+                        "5 ms by default): smaller shortens each wait for it, if another thread holds it")
     args, rest = p.parse_known_args(argv)
     rest = [a for a in rest if a != "--"]
+    if args.switch_interval_ms is not None:
+        if args.switch_interval_ms <= 0:
+            p.error(f"--switch_interval_ms must be > 0, got {args.switch_interval_ms}")
+        sys.setswitchinterval(args.switch_interval_ms / 1e3)
 
     import west.train.loop as loop
     from west.bin.train import main as train_main
@@ -63,7 +71,10 @@ def main(argv=None) -> int:
     rc = timed_run(train_main, rest, timer, loop)
     skip = min(args.skip, max(len(timer.steps) - 1, 0))
     res = {"train_rc": rc, **timer.summary(skip, args.top)} if timer.steps else {"train_rc": rc, "steps": 0}
+    res["switch_interval_ms"] = 1e3 * sys.getswitchinterval()
     text = table(res) if timer.steps else "train_op_times: west-train ran no step"
+    if args.switch_interval_ms is not None:
+        text += f"\n\n(Python's switch interval: {res['switch_interval_ms']:g} ms)"
     print(text)
     if args.md:
         args.md.write_text(text + "\n", encoding="utf-8")

@@ -80,9 +80,13 @@ wrapped_run() {   # tool, its args, --, run name, train_run's args: west-train r
   train_entry=(-m west.bin.train)
   tee -a "$out/suite.md" < "$work_dir/$name.md"
 }
-op_timed_run() {   # name, extra args...: train_run under tools/train_op_times.py, its tables into suite.md
-  local name=$1; shift
-  wrapped_run "$repo/tools/train_op_times.py" --skip 5 --out "$out/op_times_$name.json" -- "$name" "$@"
+op_timed_run() {   # [--tool_option value ...] name, extra args...: train_run under tools/train_op_times.py (given
+  # those options), its tables into suite.md
+  local opts=() name
+  while [ "${1#--}" != "$1" ]; do opts+=("$1" "$2"); shift 2; done
+  name=$1; shift
+  wrapped_run "$repo/tools/train_op_times.py" --skip 5 ${opts[@]+"${opts[@]}"} --out "$out/op_times_$name.json" -- \
+    "$name" "$@"
 }
 part_optimes_train() {   # west-train's projector and splice phases took the host 30 and 16 ms per step with the GPU idle
   # (seventh run, H200), the benchmark's runner about 1 each (and 16.5 and 12 in its pack_encoder_padded mode, fifth
@@ -97,6 +101,12 @@ part_optimes_train() {   # west-train's projector and splice phases took the hos
   op_timed_run train_op_times "${replayed[@]}"
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False op_timed_run train_op_times_fixed_segments "${replayed[@]}"
   op_timed_run train_op_times_no_nvml "${replayed[@]}" --train.nvml false
+}
+part_gil() {   # if part optimes_train shows the launching thread blocked in the projector and splice while another
+  # Python thread ran (the interpreter hands its lock over every 5 ms when both want it): the same with a 0.5 ms interval
+  log "gil: west-train as configured, op-timed as in part optimes_train, with Python's switch interval at 0.5 ms"
+  steps=$(( steps < 20 ? steps : 20 ))
+  op_timed_run --switch_interval_ms 0.5 train_op_times_gil "${replayed[@]}"
 }
 part_lora() {   # seed_gpu_lora.yaml (rank-16 adapters on every projection of the 1.5B LLM, whole layers
   # checkpointed; WEST's best AIShell-1 results train this way) has never run on a GPU
