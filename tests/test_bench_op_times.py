@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from west.bench.op_times import WATCHED, PhaseOpTimes, table
+from west.bench.op_times import WATCHED, PhaseOpTimes, python_lock_suspects, table
 from west.bench.thread_clock import others_since
 from west.train.step import plan_step, train_step
 
@@ -132,6 +132,21 @@ def test_the_launching_threads_time_splits_into_on_a_core_and_blocked_and_other_
     assert "the launching thread, means per step: " in table(res) and "`west-test-burner` " in table(res)
     # threads by name between two readings: one that started meanwhile counts from zero, one that ended is gone
     assert others_since({1: ("a", 5), 2: ("b", 9)}, {1: ("a", 8), 3: ("a", 4)}) == {"a": 7}
+
+
+def test_python_lock_suspects_need_the_launching_thread_blocked_while_a_python_thread_ran():
+    def phase(name, blocked, others):
+        return {"phase": name, "thread": {"wall_ms": 30.0, "cpu_ms": 30.0 - blocked, "runqueue_ms": 0.0,
+                                          "blocked_ms": blocked}, "others": others}
+    pin = {"thread": "Thread-2 (_pin_memory_loop)", "cpu_ms_per_step": 12.0}
+    omp = {"thread": "python (native)", "cpu_ms_per_step": 25.0}
+    res = {"phases": [phase("projector", 24.0, [omp, pin]),        # blocked, a Python thread ran: suspect
+                      phase("splice", 24.0, [omp]),                # blocked, only native threads ran
+                      phase("loss", 3.0, [pin]),                   # not blocked
+                      phase("encoder rows", 24.0, [dict(pin, cpu_ms_per_step=1.0)])]}   # the Python thread hardly ran
+    assert python_lock_suspects(res) == [
+        "projector: 24.0 of 30.0 ms blocked while `Thread-2 (_pin_memory_loop)` ran 12.0 ms"]
+    assert python_lock_suspects({"phases": [{"phase": "splice"}]}) == []   # no thread figures: no verdict
 
 
 def test_a_step_that_raises_in_a_watched_phase_leaves_no_mode_and_unknown_phases_are_refused():

@@ -15,7 +15,7 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(
         ["bash", str(ROOT / "tools" / "gpu_suite.sh"), str(out), "--tiny", "--device", "cpu", "--python",
-         sys.executable, "--work_dir", str(tmp_path / "work"), "--parts", "build,attention,bench,train,marks,pyspy,weights,rotary,norm,cudnn,graphs,headroom,profile,hostpy,gap,floor,queues,ring,encoder_graphs,encoder_graphs_full,encoder_graphs_exact,best,swiglu,contention,late_readback,configured,encoder_time,loss,lora,roofline,pyspy_train,syncs_train,optimes_train,optimes"],
+         sys.executable, "--work_dir", str(tmp_path / "work"), "--parts", "build,attention,bench,train,marks,pyspy,weights,rotary,norm,cudnn,graphs,headroom,profile,hostpy,gap,floor,queues,ring,encoder_graphs,encoder_graphs_full,encoder_graphs_exact,best,swiglu,contention,late_readback,configured,encoder_time,loss,lora,roofline,pyspy_train,syncs_train,optimes_train,gil,optimes"],
         env=subprocess_env(), capture_output=True, text=True, timeout=900)
     log = (out / "suite.log").read_text(encoding="utf-8") if (out / "suite.log").exists() else ""
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + log[-3000:]
@@ -61,7 +61,9 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     # optimes_train and optimes: west-train's and the benchmark's host time by operator in a few phases
     assert "| train_op_times |" in suite and "| train_op_times_fixed_segments |" in suite   # expandable segments off
     assert "| train_op_times_no_nvml |" in suite                                          # no NVML sampler thread
-    assert suite.count("**projector**: ") == 5 and "the timer's own (means)" in suite
+    assert suite.count("**projector**: ") == 6 and "the timer's own (means)" in suite
+    assert suite.count("the launching thread, means per step: ") == 6 * 4   # the thread lines, a phase each
+    assert "(Python's switch interval: 0.5 ms)" in suite and "| train_op_times_gil |" in suite   # gil (runs on --tiny)
     assert "unprofiled, the host's time by operator)" in suite
     assert "| train_static |" in suite and "| train_static_cudnn |" in suite   # cudnn: static batches, SDPA off/on
     assert "| host launch s | sync wait s | device allocs | alloc retries |" in suite
@@ -94,7 +96,8 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
         "attention.json", "benchmark.json", "encoder_attention.json", "encoder_time.json", "floor.json",
         "graphs_exact.json", "hostpy.json", "hostpy_graphs.json", "late_exact.json", "loss.json", "marks.json", "marks_cuts.json",
         "marks_queues.json", "marks_queues_off.json", "op_times.json", "op_times_train_op_times.json",
-        "op_times_train_op_times_fixed_segments.json", "op_times_train_op_times_no_nvml.json", "profile.json",
+        "op_times_train_op_times_fixed_segments.json", "op_times_train_op_times_gil.json",
+        "op_times_train_op_times_no_nvml.json", "profile.json",
         "roofline.json", "swiglu.json"]
     bench = jsons["benchmark.json"]
     assert {"static", "dynamic", "pack", "pack_encoder_padded"} <= set(bench["modes"])
@@ -109,7 +112,9 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert all(r["phase_marks"]["steps"] == 6 and r["phase_marks"]["step_ms"] > 0 for r in marks.values())
     assert "phase_marks" in jsons["hostpy_graphs.json"]["modes"]["pack"]
     assert all(jsons[f"op_times_{n}.json"]["train_rc"] == 0 and jsons[f"op_times_{n}.json"]["phases"]
-               for n in ("train_op_times", "train_op_times_fixed_segments", "train_op_times_no_nvml"))
+               for n in ("train_op_times", "train_op_times_fixed_segments", "train_op_times_no_nvml",
+                         "train_op_times_gil"))
+    assert jsons["op_times_train_op_times_gil.json"]["switch_interval_ms"] == 0.5
     assert set(jsons["op_times.json"]["modes"]) == {"pack", "pack_encoder_padded"}
     assert all({"phase_marks", "op_times"} <= set(r) for r in jsons["op_times.json"]["modes"].values())
     host = jsons["hostpy.json"]["modes"]["pack"]

@@ -6,10 +6,11 @@
 # OUT (at most 8 files, for the device tool). This script holds the options, the environment, part
 # build and the loop; the other parts are in tools/gpu_suite/{train,profile,bench}_parts.sh.
 #
-#   bash tools/gpu_suite.sh OUT [--parts build,optimes_train,optimes,pyspy_train,syncs_train,late_readback,configured,
-#        best,gil,encoder_time,encoder_graphs_compiled,contention,roofline,gap,loss,swiglu,lora,queues,pyspy,encoder_graphs_
-#        compiled_train,train,encoder_graphs_exact,compile,rotary,hostpy,compile_encoder,cudnn,kernels,profile_compiled,
-#        norm,graphs,encoder_graphs,marks,floor,ring,weights,profile,syncs,attention,ckpt,headroom,bench] [--num_utts 700]
+#   bash tools/gpu_suite.sh OUT [--parts build,optimes_train,gil,optimes,pyspy_train,syncs_train,configured,best,
+#        late_readback,encoder_time,encoder_graphs_compiled,contention,roofline,gap,loss,swiglu,lora,queues,pyspy,
+#        encoder_graphs_compiled_train,train,encoder_graphs_exact,compile,rotary,hostpy,compile_encoder,cudnn,kernels,
+#        profile_compiled,norm,graphs,encoder_graphs,marks,floor,ring,weights,profile,syncs,attention,ckpt,headroom,
+#        bench] [--num_utts 700]
 #        (parts run in the order given; a failed part is logged and the next one runs)
 #   bash tools/gpu_suite.sh OUT --parts build,big,encoder_graphs_full   # a second call: Whisper-large-v3 + Qwen2-7B
 #        shapes with LoRA, pack against Whisper padded to 30 s; the encoder replayed without the LLM's checkpointing
@@ -25,7 +26,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 [ $# -ge 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-parts=build,optimes_train,optimes,pyspy_train,syncs_train,late_readback,configured,best,gil,encoder_time,encoder_graphs_compiled,contention,roofline,gap,loss,swiglu,lora,queues,pyspy,encoder_graphs_compiled_train,train,encoder_graphs_exact,compile,rotary,hostpy,compile_encoder,cudnn,kernels,profile_compiled,norm,graphs,encoder_graphs,marks,floor,ring,weights,profile,syncs,attention,ckpt,headroom,bench   # open questions first
+parts=build,optimes_train,gil,optimes,pyspy_train,syncs_train,configured,best,late_readback,encoder_time,encoder_graphs_compiled,contention,roofline,gap,loss,swiglu,lora,queues,pyspy,encoder_graphs_compiled_train,train,encoder_graphs_exact,compile,rotary,hostpy,compile_encoder,cudnn,kernels,profile_compiled,norm,graphs,encoder_graphs,marks,floor,ring,weights,profile,syncs,attention,ckpt,headroom,bench   # open questions first
 num_utts=700
 num_train=3200   # ~40 packs of 8,192 per epoch: 20- and 40-step runs cross no epoch's start (800 crossed at step 10)
 memory_budget=24GiB

@@ -102,9 +102,25 @@ part_optimes_train() {   # west-train's projector and splice phases took the hos
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False op_timed_run train_op_times_fixed_segments "${replayed[@]}"
   op_timed_run train_op_times_no_nvml "${replayed[@]}" --train.nvml false
 }
-part_gil() {   # if part optimes_train shows the launching thread blocked in the projector and splice while another
-  # Python thread ran (the interpreter hands its lock over every 5 ms when both want it): the same with a 0.5 ms interval
-  log "gil: west-train as configured, op-timed as in part optimes_train, with Python's switch interval at 0.5 ms"
+part_gil() {   # if part optimes_train shows the launching thread blocked in a watched phase while another Python
+  # thread ran (the interpreter hands its lock over every 5 ms when both want it): the same with a 0.5 ms interval.
+  # Without that pattern in optimes_train's first run it is skipped (on the CPU, --tiny, it runs anyway)
+  local first=$out/op_times_train_op_times.json why=
+  if [ -f "$first" ]; then
+    why=$("$python" - "$first" <<'EOF'
+import json
+import sys
+
+from west.bench.op_times import python_lock_suspects
+
+print("; ".join(python_lock_suspects(json.load(open(sys.argv[1], encoding="utf-8")))))
+EOF
+)
+    if [ -z "$why" ] && ! $tiny; then
+      log "gil: skipped (part optimes_train: no watched phase blocked while a Python thread ran)"; return 0
+    fi
+  fi
+  log "gil: west-train as configured, op-timed as in part optimes_train, with Python's switch interval at 0.5 ms${why:+ ($why)}"
   steps=$(( steps < 20 ? steps : 20 ))
   op_timed_run --switch_interval_ms 0.5 train_op_times_gil "${replayed[@]}"
 }

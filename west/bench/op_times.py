@@ -238,6 +238,24 @@ def thread_line(p: dict) -> str:
     return line
 
 
+def python_lock_suspects(res: dict, blocked_share: float = 0.3, python_share: float = 0.1) -> list[str]:
+    """The phases of :meth:`PhaseOpTimes.summary`'s ``res`` in which the launching thread was blocked
+    for at least ``blocked_share`` of the phase's mean wall time while one Python thread of the
+    process (named by ``threading``, not a native one) was on a core for at least ``python_share``
+    of it: the pattern of a wait for Python's lock, each as a line that says so."""
+    out = []
+    for p in res.get("phases", []):
+        t = p.get("thread")
+        if not t or t["wall_ms"] <= 0 or t["blocked_ms"] < blocked_share * t["wall_ms"]:
+            continue
+        python = [o for o in p.get("others", []) if not o["thread"].endswith(" (native)")
+                  and o["cpu_ms_per_step"] >= python_share * t["wall_ms"]]
+        if python:
+            out.append(f"{p['phase']}: {t['blocked_ms']:.1f} of {t['wall_ms']:.1f} ms blocked while "
+                       + ", ".join(f"`{o['thread']}` ran {o['cpu_ms_per_step']:.1f} ms" for o in python))
+    return out
+
+
 def table(res: dict) -> str:
     """Markdown of :meth:`PhaseOpTimes.summary`: one line and one table per phase."""
     n = res["steps"]
