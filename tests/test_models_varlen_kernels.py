@@ -82,6 +82,61 @@ def test_torch_varlen_equals_the_reference(kernel, causal, scale):
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)  # the stand-ins compute in float32
 
 
+def _mid_kernel(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                window_size=(-1, -1)):
+    """torch 2.10-2.11's keyword set: no enable_gqa; fewer key/value heads go to flash attention,
+    which groups the query heads itself."""
+    _mid_kernel.heads.append(key.shape[1])
+    return K.flash_attn_varlen_reference(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k,
+                                         softmax_scale=scale, causal=window_size == (-1, 0))
+
+
+def _mid_kernel_misgrouped(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                           window_size=(-1, -1)):
+    """The same keywords, but it pairs query head h with key/value head h % Hkv (not h // group) without a word."""
+    _mid_kernel_misgrouped.heads.append(key.shape[1])
+    rep = query.shape[1] // key.shape[1]
+    key, value = key.repeat(1, rep, 1), value.repeat(1, rep, 1)
+    return K.flash_attn_varlen_reference(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k,
+                                         softmax_scale=scale, causal=window_size == (-1, 0))
+
+
+def _mid_kernel_strict(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                       window_size=(-1, -1)):
+    """The same keywords, and it refuses fewer key/value heads."""
+    if query.shape[1] != key.shape[1]:
+        raise RuntimeError("number of heads in key/value must equal the query's")
+    _mid_kernel_strict.heads.append(key.shape[1])
+    return K.flash_attn_varlen_reference(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k,
+                                         softmax_scale=scale, causal=window_size == (-1, 0))
+
+
+@pytest.mark.parametrize("kernel,grouped", [(_mid_kernel, True), (_mid_kernel_misgrouped, False),
+                                            (_mid_kernel_strict, False)], ids=["groups", "misgroups", "refuses"])
+def test_a_kernel_without_enable_gqa_gets_the_heads_as_they_are_only_where_a_probe_shows_it_groups_them(
+        kernel, grouped, monkeypatch, caplog):
+    monkeypatch.setattr(K, "_GQA_NATIVE", {})
+    kernel.heads = []
+    q, k, v = (t.float() for t in _qkv(hq=4, hkv=2, d=8))
+    cu = _cu(LENS)
+    before = torch.random.get_rng_state()
+    with caplog.at_level(logging.INFO, logger=K.__name__):
+        for _ in range(2):
+            out = K.torch_varlen(q, k, v, cu, max(LENS), causal=True, scale=0.3, kernel=kernel)
+            torch.testing.assert_close(out, reference_attention(q, k, v, cu, causal=True, scale=0.3).float(),
+                                       atol=1e-5, rtol=1e-4)
+    assert torch.equal(torch.random.get_rng_state(), before)   # the probe draws from a generator of its own
+    assert K._GQA_NATIVE == {(kernel, "cpu", None, torch.float32): grouped}   # probed once
+    assert kernel.heads[-2:] == [2 if grouped else 4] * 2     # the real calls: as they are, or repeated
+    assert sum("grouped key/value heads" in r.getMessage() for r in caplog.records) == 1
+    # inside a trace the probe is not run, nor cached: the heads are repeated, which is exact anyway
+    monkeypatch.setattr(K, "_GQA_NATIVE", {})
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    kernel.heads = []
+    K.torch_varlen(q, k, v, cu, max(LENS), causal=True, kernel=kernel)
+    assert kernel.heads == [4] and K._GQA_NATIVE == {}
+
+
 def test_torch_varlen_refuses_a_kernel_without_causality():
     def no_causal(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k):
         return query

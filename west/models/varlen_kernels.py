@@ -83,7 +83,9 @@ def torch_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: 
 
     Keywords the installed kernel lacks are emulated exactly: a causal flag as
     ``window_size=(-1, 0)`` (torch >= 2.10) or ``is_causal``; a non-default scale by
-    rescaling q; GQA by repeating k/v heads. ``kernel`` replaces the real one in CPU tests."""
+    rescaling q; GQA by ``enable_gqa`` (torch >= 2.12), by the kernel itself where it groups
+    the heads without that keyword (:func:`gqa_passes_through`), else by repeating k/v heads.
+    ``kernel`` replaces the real one in CPU tests."""
     fn = kernel or _torch_varlen_kernel()
     if fn is None:
         raise RuntimeError("torch.nn.attention.varlen is not in this torch build (torch >= 2.9 needed)")
@@ -105,10 +107,52 @@ def torch_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: 
     if q.shape[1] != k.shape[1]:
         if "enable_gqa" in params:
             kw["enable_gqa"] = True
-        else:
+        elif not gqa_passes_through(fn, q, kw):
             rep = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
     return fn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, **kw)
+
+
+_GQA_NATIVE: dict = {}   # (kernel, device, dtype) -> whether it takes fewer key/value heads as they are
+
+
+def gqa_passes_through(fn: Callable, q: torch.Tensor, kw: dict) -> bool:
+    """Whether ``fn``, a varlen kernel without an ``enable_gqa`` keyword, takes fewer key/value
+    heads than query heads as they are (torch 2.10-2.11 hand them to flash attention, which
+    groups the query heads itself) and gives what it gives for the heads repeated, forward and
+    backward. Probed once per kernel, device and dtype on a small random input (a generator of
+    its own: the run's random streams are untouched) and logged; repeating them instead costs two
+    copies of every layer's keys and values and a sum of their gradients. Not probed inside a
+    trace or a CUDA graph capture: those calls repeat the heads (exact either way)."""
+    key = (fn, q.device.type, q.device.index, q.dtype)
+    if key in _GQA_NATIVE:
+        return _GQA_NATIVE[key]
+    if torch.compiler.is_compiling() or (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return False
+    _GQA_NATIVE[key] = ok = _probe_gqa(fn, q.device, q.dtype, kw)
+    log.info("torch varlen kernel on %s/%s: grouped key/value heads %s", q.device.type,
+             str(q.dtype).replace("torch.", ""), "taken as they are" if ok else "repeated (the kernel does not group them)")
+    return ok
+
+
+def _probe_gqa(fn: Callable, device: torch.device, dtype: torch.dtype, kw: dict) -> bool:
+    lens, hq, hkv, d = [7, 20, 1], 4, 2, 64
+    gen = torch.Generator().manual_seed(0)
+    cu = torch.tensor([0, 7, 27, 28], dtype=torch.int32, device=device)
+    with torch.inference_mode(False), torch.enable_grad():
+        q, k, v = (torch.randn(sum(lens), h, d, generator=gen).to(device, dtype).requires_grad_()
+                   for h in (hq, hkv, hkv))
+        grad_out = torch.randn(sum(lens), hq, d, generator=gen).to(device, dtype)
+        try:
+            grouped = fn(q, k, v, cu, cu, max(lens), max(lens), **kw)
+            repeated = fn(q, k.repeat_interleave(hq // hkv, dim=1), v.repeat_interleave(hq // hkv, dim=1),
+                          cu, cu, max(lens), max(lens), **kw)
+            got = (grouped, *torch.autograd.grad(grouped, (q, k, v), grad_out))
+            want = (repeated, *torch.autograd.grad(repeated, (q, k, v), grad_out))
+        except Exception:   # the kernel refused fewer key/value heads
+            return False
+    tol = 2e-2 if dtype in HALF else 1e-5
+    return all(a.shape == b.shape and torch.allclose(a.float(), b.float(), atol=tol, rtol=tol) for a, b in zip(got, want))
 
 
 # --------------------------------------------------------------------------- choice
