@@ -122,12 +122,14 @@ def gqa_passes_through(fn: Callable, q: torch.Tensor, kw: dict) -> bool:
     groups the query heads itself) and gives what it gives for the heads repeated, forward and
     backward. Probed once per kernel, device and dtype on a small random input (a generator of
     its own: the run's random streams are untouched) and logged; repeating them instead costs two
-    copies of every layer's keys and values and a sum of their gradients. Not probed inside a
-    trace or a CUDA graph capture: those calls repeat the heads (exact either way)."""
+    copies of every layer's keys and values and a sum of their gradients. A compiled trace always
+    repeats them, and a CUDA graph capture does until the probe has run eagerly (exact either way)."""
+    if torch.compiler.is_compiling():   # first, so that a trace reads nothing else here
+        return False
     key = (fn, q.device.type, q.device.index, q.dtype)
     if key in _GQA_NATIVE:
         return _GQA_NATIVE[key]
-    if torch.compiler.is_compiling() or (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+    if q.is_cuda and torch.cuda.is_current_stream_capturing():
         return False
     _GQA_NATIVE[key] = ok = _probe_gqa(fn, q.device, q.dtype, kw)
     log.info("torch varlen kernel on %s/%s: grouped key/value heads %s", q.device.type,
