@@ -164,6 +164,8 @@ for name in "${order[@]}"; do
   declare -F "part_$name" >/dev/null || { log "unknown part $name"; failed+=("$name"); continue; }
   part "$name"
 done
+kernels=$(grep -ho "packed attention on .*\|torch varlen kernel on .*" "$out/suite.log" 2>/dev/null | sort -u || true)
+[ -z "$kernels" ] || printf '\n### Attention kernels the runs chose (suite.log)\n\n%s\n' "$(sed 's/^/- /' <<<"$kernels")" >>"$out/suite.md"
 { [ -f "$out/benchmark.md" ] && cat "$out/benchmark.md"; } >>"$out/suite.md" 2>/dev/null || true
 if [ "$(find "$out" -maxdepth 1 -type f | wc -l)" -gt 8 ]; then   # the device tool returns 8 files at most
   (cd "$out" && tar -cf json.tar ./*.json && rm -f ./*.json) && log "more than 8 files: the JSON files are in json.tar"
