@@ -66,7 +66,8 @@ def test_gpu_suite_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert "(Python's switch interval: 0.5 ms)" in suite and "| train_op_times_gil |" in suite   # gil (runs on --tiny)
     assert "unprofiled, the host's time by operator)" in suite
     assert "| train_static |" in suite and "| train_static_cudnn |" in suite   # cudnn: static batches, SDPA off/on
-    assert "### Attention kernels the runs chose (suite.log)\n\n- packed attention on cpu/float32: " in suite
+    kernels = suite.split("### Attention kernels the runs chose (suite.log)\n\n")[1].split("\n\n")[0]
+    assert "- packed attention on cpu/float32: sdpa_segments (cpu)" in kernels.splitlines()
     assert "| host launch s | sync wait s | device allocs | alloc retries |" in suite
     # encoder_time (no replay on the CPU) at west-train's shape, and in the fixed slots and bound for comparison
     assert (f"### The encoder's 2 blocks on CPU: {int(replay_rows[1]):,} rows in {shape[1]} segments of at most "
