@@ -21,7 +21,7 @@
 # On a machine without the data stack (the lent GPU machines), first run, where pip works:
 #   bash tools/gpu_wheels.sh            # -> .whl/ (wheels + a word list), carried with the call
 # and the suite installs them into /tmp/site. Tested on the CPU with tiny sizes
-# (tests/test_tools_gpu_suite.py runs `--device cpu --tiny`); docs/benchmarks.md says what ran where.
+# (tests/test_tools_gpu_suite{,_bench}.py run `--device cpu --tiny`); docs/benchmarks.md says what ran where.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 [ $# -ge 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
