@@ -78,11 +78,20 @@ def other_threads() -> dict[int, tuple[str, int]]:
             if tid == me:
                 continue
             cpu = int((task / "schedstat").read_text().split()[0])
-            name = names.get(tid) or f"{(task / 'comm').read_text().strip()} (native)"
+            name = names.get(tid) or _native_name(task, tid)
         except (OSError, ValueError, IndexError):
             continue   # a thread that ended meanwhile
         out[tid] = (name, cpu)
     return out
+
+
+_NATIVE: dict[int, str] = {}   # thread id -> kernel name, read once (one file read less per thread and call)
+
+
+def _native_name(task: Path, tid: int) -> str:
+    if tid not in _NATIVE:
+        _NATIVE[tid] = f"{(task / 'comm').read_text().strip()} (native)"
+    return _NATIVE[tid]
 
 
 def others_since(start: dict[int, tuple[str, int]], end: dict[int, tuple[str, int]]) -> dict[str, int]:
