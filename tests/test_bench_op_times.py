@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from west.bench.op_times import WATCHED, PhaseOpTimes, python_lock_suspects, table
-from west.bench.thread_clock import others_since
+from west.bench.thread_clock import ThreadTimes, others_since
 from west.train.step import plan_step, train_step
 
 from helpers.e2e import import_tool
@@ -132,6 +132,9 @@ def test_the_launching_threads_time_splits_into_on_a_core_and_blocked_and_other_
     assert "the launching thread, means per step: " in table(res) and "`west-test-burner` " in table(res)
     # threads by name between two readings: one that started meanwhile counts from zero, one that ended is gone
     assert others_since({1: ("a", 5), 2: ("b", 9)}, {1: ("a", 8), 3: ("a", 4)}) == {"a": 7}
+    # where a figure is unknown (no /proc: the CPU clock only), sums and differences stay unknown
+    assert ThreadTimes(5, None, 1, 2).plus(ThreadTimes(1, 3, 1, 1)) == ThreadTimes(6, None, 2, 3)
+    assert ThreadTimes(5, 4, 3, 2).since(ThreadTimes(1, 1, 1, 1)) == ThreadTimes(4, 3, 2, 1)
 
 
 def test_python_lock_suspects_need_the_launching_thread_blocked_while_a_python_thread_ran():

@@ -15,8 +15,10 @@ the step runs unchanged elsewhere) and times, on the host's clock,
   until the phase ends.
 
 and, per phase, where the launching thread's wall time went (on a core, waiting for one, blocked:
-:mod:`west.bench.thread_clock`) and which other threads of the process ran meanwhile. Not a
-benchmark: the mode costs some microseconds per operator, so it is kept to the few phases asked for. ``tools/train_op_times.py`` runs west-train under it; ``tools/profile_step.py
+:mod:`west.bench.thread_clock`) and which other threads of the process ran meanwhile.
+
+Not a benchmark: the mode costs some microseconds per operator, so it is kept to the few phases
+asked for. ``tools/train_op_times.py`` runs west-train under it; ``tools/profile_step.py
 --op_times`` the benchmark's runner.
 """
 from __future__ import annotations
@@ -128,7 +130,7 @@ class PhaseOpTimes:
         mine = thread_times()
         others, start = self._opened
         row = self._clock.setdefault(phase, [ThreadTimes(0, 0, 0, 0), {}])
-        row[0] = _plus(row[0], mine.since(start))
+        row[0] = row[0].plus(mine.since(start))
         if self.threads:
             for name, ns in others_since(others, other_threads()).items():
                 row[1][name] = row[1].get(name, 0) + ns
@@ -199,7 +201,7 @@ class PhaseOpTimes:
         others: dict[str, float] = {}
         for clock in clocks:
             mine, theirs = clock.get(phase, (ThreadTimes(0, 0, 0, 0), {}))
-            total = _plus(total, mine)
+            total = total.plus(mine)
             for name, ns in theirs.items():
                 others[name] = others.get(name, 0.0) + ns
         wall = 1e3 * sum(w.get(phase, 0.0) for w in walls) / n
@@ -211,13 +213,6 @@ class PhaseOpTimes:
                  "involuntary_switches": None if total.involuntary is None else total.involuntary / n}
         ranked = sorted(others.items(), key=lambda kv: -kv[1])[:top]
         return {"thread": split, "others": [{"thread": name, "cpu_ms_per_step": ns / 1e6 / n} for name, ns in ranked]}
-
-
-def _plus(a: ThreadTimes, b: ThreadTimes) -> ThreadTimes:
-    def add(x, y):
-        return None if x is None or y is None else x + y
-    return ThreadTimes(a.cpu_ns + b.cpu_ns, add(a.wait_ns, b.wait_ns), add(a.voluntary, b.voluntary),
-                       add(a.involuntary, b.involuntary))
 
 
 def thread_line(p: dict) -> str:

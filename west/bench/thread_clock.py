@@ -40,10 +40,18 @@ class ThreadTimes:
     involuntary: Optional[int]      # switches away because it was preempted
 
     def since(self, start: "ThreadTimes") -> "ThreadTimes":
-        def diff(a, b):
-            return None if a is None or b is None else a - b
-        return ThreadTimes(self.cpu_ns - start.cpu_ns, diff(self.wait_ns, start.wait_ns),
-                           diff(self.voluntary, start.voluntary), diff(self.involuntary, start.involuntary))
+        """What accrued from ``start`` to this reading (None where either side does not know)."""
+        return self._combine(start, lambda a, b: a - b)
+
+    def plus(self, other: "ThreadTimes") -> "ThreadTimes":
+        """Both added up (per-phase times over steps)."""
+        return self._combine(other, lambda a, b: a + b)
+
+    def _combine(self, other: "ThreadTimes", op) -> "ThreadTimes":
+        def both(a, b):
+            return None if a is None or b is None else op(a, b)
+        return ThreadTimes(op(self.cpu_ns, other.cpu_ns), both(self.wait_ns, other.wait_ns),
+                           both(self.voluntary, other.voluntary), both(self.involuntary, other.involuntary))
 
 
 def thread_times() -> ThreadTimes:
