@@ -3,11 +3,10 @@ the same steps with toy sizes on the CPU. Here its west-train parts (the real lo
 options; its benchmark and profiler parts in test_tools_gpu_suite_bench.py."""
 import re
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
-from helpers.e2e import ROOT, subprocess_env
+from helpers.e2e import ROOT
 from helpers.gpu_suite import bundled_jsons, run_toy_suite
 
 
@@ -81,13 +80,7 @@ def test_gpu_suite_runs_its_west_train_parts_on_the_cpu_with_toy_sizes(tmp_path)
 def test_parts_past_the_budget_are_skipped_and_said(tmp_path):
     """--budget: a part whose H100 estimate would end past it is logged as skipped, not started,
     so a device call ends cleanly before its limit with what it finished."""
-    out = tmp_path / "out"
-    proc = subprocess.run(
-        ["bash", str(ROOT / "tools" / "gpu_suite.sh"), str(out), "--tiny", "--device", "cpu", "--python",
-         sys.executable, "--work_dir", str(tmp_path / "work"), "--parts", "attention,train", "--budget", "30"],
-        env=subprocess_env(), capture_output=True, text=True, timeout=300)
-    log = (out / "suite.log").read_text(encoding="utf-8")
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + log[-2000:]
+    _, _, log = run_toy_suite(tmp_path, "attention,train", "--budget", "30")
     assert "attention skipped: about 90 s on an H100" in log and "train skipped" in log
     assert "skipped: attention train" in log.splitlines()[-1]
 
@@ -99,12 +92,7 @@ def test_kernels_part_needs_cuda_and_more_than_eight_files_are_bundled(tmp_path)
     out.mkdir()
     for i in range(9):
         (out / f"part{i}.json").write_text("{}", encoding="utf-8")
-    proc = subprocess.run(
-        ["bash", str(ROOT / "tools" / "gpu_suite.sh"), str(out), "--tiny", "--device", "cpu", "--python",
-         sys.executable, "--work_dir", str(tmp_path / "work"), "--parts", "kernels"],
-        env=subprocess_env(), capture_output=True, text=True, timeout=300)
-    log = (out / "suite.log").read_text(encoding="utf-8")
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + log[-2000:]
+    _, _, log = run_toy_suite(tmp_path, "kernels")
     assert "kernels: skipped (a kernels-only trace needs CUDA)" in log
     assert "more than 8 files: the JSON files are in json.tar" in log
     assert sorted(p.name for p in out.iterdir()) == ["json.tar", "suite.log", "suite.md"]

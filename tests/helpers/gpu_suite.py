@@ -10,13 +10,13 @@ from pathlib import Path
 from helpers.e2e import ROOT, subprocess_env
 
 
-def run_toy_suite(tmp_path: Path, parts: str) -> tuple[Path, str, str]:
-    """(OUT, suite.md, suite.log) of ``gpu_suite.sh OUT --tiny --device cpu --parts PARTS``; fails the
-    test with the logs' tails if the suite failed."""
+def run_toy_suite(tmp_path: Path, parts: str, *options: str) -> tuple[Path, str, str]:
+    """(OUT, suite.md, suite.log) of ``gpu_suite.sh OUT --tiny --device cpu --parts PARTS [OPTIONS]``
+    with OUT = tmp_path/out; fails the test with the logs' tails if the suite failed."""
     out = tmp_path / "out"
     proc = subprocess.run(
         ["bash", str(ROOT / "tools" / "gpu_suite.sh"), str(out), "--tiny", "--device", "cpu", "--python",
-         sys.executable, "--work_dir", str(tmp_path / "work"), "--parts", parts],
+         sys.executable, "--work_dir", str(tmp_path / "work"), "--parts", parts, *options],
         env=subprocess_env(), capture_output=True, text=True, timeout=900)
     log = (out / "suite.log").read_text(encoding="utf-8") if (out / "suite.log").exists() else ""
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + log[-3000:]

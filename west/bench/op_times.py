@@ -92,7 +92,7 @@ class PhaseOpTimes:
         self._since = 0.0                 # the end of the last operator (or the phase's start)
         self._clocks: list[dict] = []     # per step: {phase: [ThreadTimes of the launching thread, {name: ns}]}
         self._clock: dict = {}
-        self._opened: Optional[tuple[ThreadTimes, dict]] = None
+        self._opened: Optional[tuple[dict, ThreadTimes]] = None   # the open phase's first reading
 
     # ---------------------------------------------------------------- recording
     def _add(self, key: tuple, seconds: float) -> None:
@@ -110,10 +110,11 @@ class PhaseOpTimes:
     def _at(self, mark: str) -> None:
         """A phase boundary (a mark of :func:`phase_hooks`): close the phase that ends, open the next."""
         now = time.perf_counter()
+        reading = None
         if self._phase is not None:
             self._add((self._phase, "between", "python", AFTER_LAST), now - self._since)
             self._total[self._phase] = self._total.get(self._phase, 0.0) + now - self._start
-            self._read_clocks(self._phase)
+            reading = self._read_clocks(self._phase)
         phase = PHASE_NAMES.get(mark, mark)
         self._phase = phase if phase in self.watched else None
         if self._phase is not None and self._mode is None:
@@ -121,19 +122,22 @@ class PhaseOpTimes:
             self._mode.__enter__()
         elif self._phase is None and self._mode is not None:
             self._close()
-        if self._phase is not None:   # the clocks' reads fall between phases, outside their times
-            self._opened = (other_threads() if self.threads else {}), thread_times()
+        if self._phase is not None:   # the clocks' reads fall between phases, outside their times; where
+            # one watched phase follows another, the reading that closed the first opens the second
+            self._opened = reading or ((other_threads() if self.threads else {}), thread_times())
         self._start = self._since = time.perf_counter()
 
-    def _read_clocks(self, phase: str) -> None:
-        """Add the launching thread's clocks and the other threads' time on a core since the phase opened."""
+    def _read_clocks(self, phase: str) -> tuple[dict, ThreadTimes]:
+        """Add the launching thread's clocks and the other threads' time on a core since the phase
+        opened; -> the reading taken now (the other threads', the launching thread's)."""
         mine = thread_times()
         others, start = self._opened
+        now = other_threads() if self.threads else {}
         row = self._clock.setdefault(phase, [ThreadTimes(0, 0, 0, 0), {}])
         row[0] = row[0].plus(mine.since(start))
-        if self.threads:
-            for name, ns in others_since(others, other_threads()).items():
-                row[1][name] = row[1].get(name, 0) + ns
+        for name, ns in others_since(others, now).items():
+            row[1][name] = row[1].get(name, 0) + ns
+        return now, mine
 
     def _close(self) -> None:
         mode, self._mode = self._mode, None
