@@ -11,6 +11,10 @@ are laid out:
   flattened (R*L) tokens, including one dummy tail segment per row if the row
   is not full; ``position_ids`` restart at 0 for every segment. Encoder
   ``feats`` are concatenated (ΣT, 80) with their own ``feat_cu_seqlens``.
+  With ``data.shared_prefix`` each row starts with the prompt prefix its samples
+  share (one segment), the samples follow without it, their positions going on
+  from the prefix's length, and ``key_index`` / ``key_cu_seqlens`` give every
+  segment its keys: the row's prefix, then its own rows.
 
 ``speech_spans`` row i = (row, start, length) says where speech segment i
 (the i-th entry of ``feats``) is spliced into the LLM input; ``length`` equals
@@ -54,6 +58,11 @@ class Batch:
     max_seqlen: Optional[int] = None
     feat_cu_seqlens: Optional[torch.Tensor] = None   # (N+1,) int32 over ΣT; packed encoder only
     feat_max_len: Optional[int] = None
+    # pack rows that start with the samples' shared prompt prefix (data.shared_prefix): each segment's
+    # keys, gathered from these flat rows, with boundaries of their own (west.models.shared_prefix)
+    key_index: Optional[torch.Tensor] = None         # (rows_k,) int64
+    key_cu_seqlens: Optional[torch.Tensor] = None    # (S+1,) int32 over the gathered keys
+    key_max_seqlen: Optional[int] = None
     ctc_targets: Optional[torch.Tensor] = None       # (Σ K,) int64 transcript ids of every speech segment
     ctc_target_lens: Optional[torch.Tensor] = None   # (N,) int64 K per segment; 0 = no transcript
     keys: list = field(default_factory=list)         # sample keys, in sample order

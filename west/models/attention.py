@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from west.batch import host_to_device
 from west.models.config import BACKENDS
 from west.models.flex import DocumentMask
+from west.models.shared_prefix import KeyRows, keyed_sdpa
 from west.models.varlen_kernels import (
     HALF,
     choose_backend,
@@ -273,8 +274,11 @@ def varlen_attention(
     dropout_p: float = 0.0,
     backend: str = "auto",
     plan: Union[SegmentPlan, LazySegmentPlan, None] = None,
+    keys: Optional[KeyRows] = None,
 ) -> torch.Tensor:
-    """Self-attention within each segment; q (rows, Hq, D), k/v (rows, Hkv, D).
+    """Self-attention within each segment; q (rows, Hq, D), k/v (rows, Hkv, D). With ``keys``
+    (a pack row's shared prefix, west.models.shared_prefix) each segment attends to the key rows
+    ``keys`` gathers for it instead, causal aligned bottom-right.
 
     Under ``torch.compile`` the kernels that take ``cu_seqlens`` (torch's varlen op, flash-attn)
     are traced into the caller's graph, so a decoder layer compiles whole; the paths built on
@@ -285,20 +289,33 @@ def varlen_attention(
         backend = auto_backend(q.device, q.dtype, dropout_p > 0)
     if backend in ("flash", "torch_varlen") and q.is_cuda and q.dtype not in HALF:
         raise ValueError(f"{backend} needs fp16/bf16 inputs, got {q.dtype} (use bf16 precision or backend 'auto')")
+    cu_k, max_k = cu_seqlens, max_seqlen
+    if keys is not None and backend in ("flash", "torch_varlen"):   # the kernels take the keys gathered
+        k, v = k.index_select(0, keys.index), v.index_select(0, keys.index)
+        cu_k, max_k = keys.cu_seqlens, keys.max_seqlen
     if backend == "flash":
-        return flash_varlen(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+        return flash_varlen(q, k, v, cu_seqlens, cu_k, max_seqlen, max_k,
                             dropout_p=dropout_p, softmax_scale=scale, causal=causal)
     if backend in ("flex", "torch_varlen") and dropout_p:
         raise NotImplementedError(f"{backend} backend: attention dropout is not supported (use auto)")
     if backend == "torch_varlen":
-        return torch_varlen(q, k, v, cu_seqlens, max_seqlen, causal=causal, scale=scale)
-    return _planned_attention(q, k, v, cu_seqlens, causal, scale, dropout_p, backend, plan)
+        if keys is None:
+            return torch_varlen(q, k, v, cu_seqlens, max_seqlen, causal=causal, scale=scale)
+        return torch_varlen(q, k, v, cu_seqlens, max_seqlen, causal=causal, scale=scale,
+                            cu_seqlens_k=cu_k, max_seqlen_k=max_k)
+    return _planned_attention(q, k, v, cu_seqlens, causal, scale, dropout_p, backend, plan, keys)
 
 
 @torch.compiler.disable   # host plans and Python loops over them: left out of compiled graphs
 def _planned_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, causal: bool,
                        scale: Optional[float], dropout_p: float, backend: str,
-                       plan: Union[SegmentPlan, LazySegmentPlan, None]) -> torch.Tensor:
+                       plan: Union[SegmentPlan, LazySegmentPlan, None], keys: Optional[KeyRows]) -> torch.Tensor:
+    if keys is not None:
+        if backend == "flex":
+            raise NotImplementedError("flex backend: a shared prefix (data.shared_prefix) is not supported; "
+                                      "use sdpa_segments, torch_varlen or flash")
+        host_cu = plan.cu_seqlens if isinstance(plan, LazySegmentPlan) else cu_seqlens
+        return keyed_sdpa(q, k, v, keys.plan(host_cu, q.device, causal), scale=scale, dropout_p=dropout_p)
     if backend == "flex":
         mask = plan.doc_mask(q.device, causal) if isinstance(plan, LazySegmentPlan) else None
         return flex_document_attention(q, k, v, cu_seqlens, causal=causal, scale=scale, mask=mask)

@@ -24,6 +24,7 @@ from typing import Optional
 import torch
 
 from west.models.attention import BACKENDS, LazySegmentPlan, SegmentPlan, varlen_attention
+from west.models.shared_prefix import KeyRows
 
 ATTN_NAME = "west_varlen"
 _registered = False
@@ -68,6 +69,7 @@ def west_attention(
         scale=scaling, dropout_p=dropout,
         backend=kwargs.get("west_attn_backend") or "auto",
         plan=kwargs.get("west_segment_plan"),
+        keys=kwargs.get("west_key_rows"),
     )
     return out.view(b, -1, hq, out.shape[-1]), None   # -1, not length: one compiled graph for all lengths
 
@@ -101,6 +103,7 @@ def packed_kwargs(
     plan: Optional[SegmentPlan | LazySegmentPlan] = None,
     west_extras: bool = True,
     host_cu_seqlens: Optional[torch.Tensor] = None,
+    keys: Optional[KeyRows] = None,
 ) -> dict:
     """Keyword arguments for ``model(...)`` on a packed row (R=1, position_ids restart per segment).
 
@@ -108,7 +111,8 @@ def packed_kwargs(
     ignore them and fall back to position-id packing detection (exact with use_cache=False).
     ``west_extras`` adds the (lazily built) plan and backend (only for ``ATTN_NAME``), from
     ``host_cu_seqlens`` (the CPU copy of ``cu_seqlens``; without it they are read back from
-    the device, a sync)."""
+    the device, a sync). ``keys``: each segment's key rows where a row's samples share a prompt
+    prefix (west.models.shared_prefix; west's attention only)."""
     if cu_seqlens.dtype != torch.int32:
         raise TypeError(f"cu_seqlens must be int32, got {cu_seqlens.dtype}")
     if backend not in BACKENDS:
@@ -122,6 +126,11 @@ def packed_kwargs(
         if plan is None and backend in ("auto", "sdpa_segments", "flex"):
             plan = LazySegmentPlan(host, buckets_per_octave=8)
         kw.update(west_segment_plan=plan, west_attn_backend=backend)
+        if keys is not None:
+            kw["west_key_rows"] = keys
+    elif keys is not None:
+        raise ValueError("a shared prefix's key rows need west's attention (model.llm.attn_implementation "
+                         f"{ATTN_NAME})")
     return kw
 
 

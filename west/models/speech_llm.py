@@ -35,6 +35,7 @@ from west.models.llm import LoraInputCasts, apply_lora, decoder_layers, llm_chec
 from west.models.loss import linear_cross_entropy
 from west.models.mlp_checkpoint import fuse_swiglus
 from west.models.projector import CompactPosteriorProjector, LinearProjector, PosteriorProjector, Projector
+from west.models.shared_prefix import KeyRows
 from west.models.static_decoder import StaticDecoder, StaticShape
 
 
@@ -183,9 +184,13 @@ class SpeechLLM(nn.Module):
             self.lora_casts.match(embeds.device.type)
         if batch.is_packed:
             args = (embeds, batch.position_ids, batch.cu_seqlens, self._host_cu(batch), batch.max_seqlen)
+            keys = self._key_rows(batch)
             if self.static_decoder is not None and self.training and torch.is_grad_enabled():
+                if keys is not None:
+                    raise ValueError("a static-shape decoder (train.cuda_graphs) cannot take a shared prefix's "
+                                     "key rows (data.shared_prefix)")
                 return self.static_decoder(*args)
-            return self.decode_packed(*args)
+            return self.decode_packed(*args, keys=keys)
         no_mask = self._no_mask()
         return self._base_llm().get_decoder()(
             inputs_embeds=embeds, position_ids=batch.position_ids, use_cache=False,
@@ -199,22 +204,34 @@ class SpeechLLM(nn.Module):
             raise ValueError(f"cu_seqlens ends at {int(host_cu[-1])}, batch has {total} tokens")
         return host_cu
 
+    @staticmethod
+    def _key_rows(batch: Batch) -> Optional[KeyRows]:
+        """Each segment's keys where the row's samples share a prompt prefix (data.shared_prefix)."""
+        if batch.key_index is None:
+            return None
+        host = batch.host
+        return KeyRows(batch.key_index, batch.key_cu_seqlens, int(batch.key_max_seqlen), host.key_index,
+                       host.key_cu_seqlens)
+
     def _no_mask(self) -> Optional[dict]:
         conf = self._base_llm().config
         # stock attention implementations need transformers' own mask (or its packed-row detection)
         west = getattr(conf, "_attn_implementation", None) == ATTN_NAME
         return {t: None for t in set(conf.layer_types)} if west and getattr(conf, "layer_types", None) else None
 
-    def _packed_kwargs(self, cu: torch.Tensor, host_cu: Optional[torch.Tensor], max_seqlen: Optional[int]) -> dict:
+    def _packed_kwargs(self, cu: torch.Tensor, host_cu: Optional[torch.Tensor], max_seqlen: Optional[int],
+                       keys: Optional[KeyRows] = None) -> dict:
         west = getattr(self._base_llm().config, "_attn_implementation", None) == ATTN_NAME
-        kw = packed_kwargs(cu, max_seqlen, self.cfg.llm.attn_backend, west_extras=west, host_cu_seqlens=host_cu)
+        kw = packed_kwargs(cu, max_seqlen, self.cfg.llm.attn_backend, west_extras=west, host_cu_seqlens=host_cu,
+                           keys=keys)
         return dict(attention_mask=self._no_mask(), **kw)
 
     def decode_packed(self, embeds: torch.Tensor, position_ids: torch.Tensor, cu: torch.Tensor,
-                      host_cu: Optional[torch.Tensor], max_seqlen: Optional[int]) -> torch.Tensor:
+                      host_cu: Optional[torch.Tensor], max_seqlen: Optional[int],
+                      keys: Optional[KeyRows] = None) -> torch.Tensor:
         """The LLM decoder's last hidden state on one packed row (1, L, d): what a StaticDecoder pads for."""
         return self._base_llm().get_decoder()(inputs_embeds=embeds, position_ids=position_ids, use_cache=False,
-                                              **self._packed_kwargs(cu, host_cu, max_seqlen)).last_hidden_state
+                                              **self._packed_kwargs(cu, host_cu, max_seqlen, keys)).last_hidden_state
 
     def use_static_decoder(self, shape: StaticShape) -> StaticDecoder:
         """Packed training rows go through the decoder padded to ``shape`` from now on (the frozen LLM

@@ -78,8 +78,11 @@ def _torch_varlen_kernel() -> Optional[Callable]:
 
 def torch_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
                  causal: bool = False, scale: Optional[float] = None,
-                 kernel: Optional[Callable] = None) -> torch.Tensor:
-    """Self-attention per segment through ``torch.nn.attention.varlen.varlen_attn``.
+                 kernel: Optional[Callable] = None, cu_seqlens_k: Optional[torch.Tensor] = None,
+                 max_seqlen_k: Optional[int] = None) -> torch.Tensor:
+    """Attention per segment through ``torch.nn.attention.varlen.varlen_attn``: self-attention, or
+    with ``cu_seqlens_k`` keys of their own per segment (a shared prefix, west.models.shared_prefix;
+    causal then aligned bottom-right, what the kernel's ``window_size`` gives).
 
     Keywords the installed kernel lacks are emulated exactly: a causal flag as
     ``window_size=(-1, 0)`` (torch >= 2.10) or ``is_causal``; a non-default scale by
@@ -90,13 +93,19 @@ def torch_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: 
     if fn is None:
         raise RuntimeError("torch.nn.attention.varlen is not in this torch build (torch >= 2.9 needed)")
     _check_cu(cu_seqlens, q.shape[0], "cu_seqlens")
+    keyed = cu_seqlens_k is not None
+    if keyed:
+        _check_cu(cu_seqlens_k, k.shape[0], "cu_seqlens_k")
     params = inspect.signature(fn).parameters
     kw: dict = {}
     if causal:
         if "window_size" in params:
             kw["window_size"] = (-1, 0)
-        elif "is_causal" in params:
+        elif "is_causal" in params and not keyed:
             kw["is_causal"] = True
+        elif keyed:
+            raise RuntimeError("this torch's varlen_attn has no window_size: a shared prefix needs torch >= 2.10 "
+                               "(or flash-attn) on CUDA")
         else:
             raise RuntimeError("this torch's varlen_attn has no causal option")
     if scale is not None:
@@ -110,7 +119,9 @@ def torch_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: 
         elif not gqa_passes_through(fn, q, kw):
             rep = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    return fn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, **kw)
+    if not keyed:
+        cu_seqlens_k, max_seqlen_k = cu_seqlens, max_seqlen
+    return fn(q, k, v, cu_seqlens, cu_seqlens_k, max_seqlen, max_seqlen_k, **kw)
 
 
 _GQA_NATIVE: dict = {}   # (kernel, device, dtype) -> whether it takes fewer key/value heads as they are
