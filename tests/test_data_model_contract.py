@@ -22,6 +22,7 @@ MODES = {
     "dynamic": dict(batch_type="dynamic", max_tokens_in_batch=300),
     "pack": dict(batch_type="pack", pack_tokens=400),
     "pack, encoder padded": dict(batch_type="pack", pack_tokens=400, encoder_layout="padded"),
+    "pack, shared prompt prefix": dict(batch_type="pack", pack_tokens=400, shared_prefix=True),
 }
 
 
@@ -71,3 +72,33 @@ def test_dummy_batch_runs_backward_and_counts_nothing(corpus, tokenizer, model, 
     assert int(out["n_tokens"]) == 0 and out["loss_sum"].item() == 0.0
     out["loss_sum"].backward()     # DDP needs a backward on every rank, even with nothing to learn
     model.zero_grad(set_to_none=True)
+
+
+def _gradients(model, batches) -> dict:
+    model.zero_grad(set_to_none=True)
+    for batch in batches:
+        model(batch)["loss_sum"].backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+@pytest.mark.parametrize("backend", ["sdpa_segments", "flash"])   # flash: its pure-torch reference here
+def test_shared_prompt_prefix_trains_what_the_whole_prompt_trains(corpus, tokenizer, model, backend, monkeypatch):
+    """The same utterances packed with and without data.shared_prefix: the same loss and the same
+    gradients of every weight, the LLM's included (what the prefix's keys pass back is summed over the
+    samples that read them), though the rows hold the prefix once."""
+    monkeypatch.setattr(model.cfg.llm, "attn_backend", backend)
+    runs = {}
+    for shared in (False, True):
+        conf = DataConfig(batch_type="pack", pack_tokens=400, shared_prefix=shared)
+        loader, _ = build_dataloader(str(corpus["list"]), tokenizer, conf, model.cfg.speech_shape(), training=False)
+        batches = list(loader)
+        runs[shared] = (batches, _gradients(model, batches))
+    (plain, g_plain), (shared, g_shared) = runs[False], runs[True]
+    assert sorted(k for b in plain for k in b.keys) == sorted(k for b in shared for k in b.keys)
+    assert all(b.key_index is not None for b in shared) and all(b.key_index is None for b in plain)
+    assert sum(b.counters["real_llm_tokens"] for b in shared) < sum(b.counters["real_llm_tokens"] for b in plain)
+    assert g_plain.keys() == g_shared.keys() and any("llm" in n for n in g_plain)
+    for name, g in g_plain.items():
+        torch.testing.assert_close(g_shared[name], g, rtol=1e-4, atol=1e-6, msg=name)

@@ -104,6 +104,11 @@ BAD = [  # (command line, the key the error must start with), across all four se
     (["--data.batch_size", "many"], "data.batch_size"),
     (["--data.shuffle", "garbage"], "data.shuffle"),
     (["--data.encoder_layout", "ragged"], "data.encoder_layout"),
+    (["--batch_type", "static", "--data.shared_prefix", "true"], "data.shared_prefix"),   # one sample a row
+    (["--batch_type", "pack", "--data.shared_prefix", "true", "--model.llm.attn_implementation", "sdpa"],
+     "data.shared_prefix"),
+    (["--batch_type", "pack", "--data.shared_prefix", "true", "--train.cuda_graphs", "true"], "data.shared_prefix"),
+    (["--batch_type", "pack", "--data.shared_prefix", "true", "--train.compile", "true"], "data.shared_prefix"),
     (["--data.data_type", "csv"], "data.data_type"),
     (["--data.pack_algorithm", "best"], "data.pack_algorithm"),
     (["--data.pack_cost", "cubic"], "data.pack_cost"),

@@ -108,6 +108,7 @@ def validate(cfg: Config, explicit: Collection[str] = ()) -> None:
             f"{name} needs the flash-attn package: pip install 'west[gpu]'")
     _check_cuda_graphs(cfg)
     _check_encoder_graphs(cfg)
+    _check_shared_prefix(cfg)
     enc, shape = model.encoder, model.speech_shape()
     require(enc.init is None or os.path.isfile(enc.init), "model.encoder.init", f"no such file: {enc.init}")
     require("data.num_mel_bins" not in explicit or data.num_mel_bins == shape.num_mel_bins, "data.num_mel_bins",
@@ -153,6 +154,22 @@ def _check_cuda_graphs(cfg: Config) -> None:
     require(train.graph_segments >= need, "train.graph_segments",
             f"must be >= {need}: an empty row of data.pack_tokens={cfg.data.pack_tokens} padding tokens in "
             f"segments of at most train.graph_max_seqlen={train.graph_max_seqlen}")
+
+
+def _check_shared_prefix(cfg: Config) -> None:
+    """data.shared_prefix gives each sample keys of its own (the row's prefix, then its tokens): only
+    west's attention takes them, through a kernel that aligns a causal mask bottom-right."""
+    if not cfg.data.shared_prefix:
+        return
+    llm = cfg.model.llm
+    require(llm.attn_implementation == "west_varlen", "data.shared_prefix",
+            f"needs model.llm.attn_implementation west_varlen, got {llm.attn_implementation}")
+    require(llm.attn_backend != "flex", "data.shared_prefix",
+            "not with model.llm.attn_backend flex (use auto, sdpa_segments, torch_varlen or flash)")
+    require(not cfg.train.cuda_graphs, "data.shared_prefix",
+            "not with train.cuda_graphs (the captured decoder takes one segment layout)")
+    require(not (cfg.train.compile and cfg.train.compile_scope in ("all", "llm")), "data.shared_prefix",
+            "not with train.compile of the LLM's layers (train.compile_scope encoder compiles the encoder alone)")
 
 
 def _check_encoder_graphs(cfg: Config) -> None:

@@ -22,6 +22,11 @@ class DataConfig:
     pack_algorithm: str = setting("bfd", choices=ALGORITHMS)
     pack_cost: str = setting("linear", choices=COSTS)   # what balances the ranks' packs in a step
     encoder_layout: str = setting("packed", choices=("packed", "padded"))  # pack: feats (ΣT, F) or padded
+    # pack: the prompt's tokens before the speech (system turn, user header), the same in every sample,
+    # laid out once per row and attended to by every sample in it (exact; west.models.shared_prefix)
+    shared_prefix: bool = setting(False, rule=(
+        lambda v, d: not v or import_module("west.data.policies").POLICIES[d.batch_type].packs_rows,
+        "needs a batch_type that packs rows (pack): a padded row holds one sample"))
     # input and order
     data_type: str = setting("auto", choices=("auto", "raw", "shard", "kaldi"))  # raw = jsonl, shard = tar list
     weights: Optional[list[float]] = setting(None, rule=(  # one per train list; None = concatenate

@@ -67,7 +67,10 @@ class SpeechDataset(IterableDataset):
         self.conf, self.shape, self.rank, self.world_size = conf, shape, rank, world_size
         self.seed, self.epoch, self.training = seed, epoch, training
         self.encoder = PromptEncoder(tokenizer, conf, shape)
-        self.policy = make_policy(conf, self.encoder.pad_id, self.encoder.placeholder_id, shape)
+        self.policy = make_policy(conf, self.encoder.pad_id, self.encoder.placeholder_id, shape, self.encoder.prefix)
+        if self.encoder.prefix and rank == 0 and training:
+            logger.info("data.shared_prefix: the prompt's first %d tokens, %r, laid out once per pack row",
+                        len(self.encoder.prefix), tokenizer.decode(self.encoder.prefix))
         self.cmvn = GlobalCMVN.from_json(conf.cmvn) if conf.cmvn else None
         self.sources, self.list_skips, eligible, tables = [], [], [], []
         offset = 0

@@ -48,8 +48,10 @@ class BatchPolicy:
     size_key: ClassVar[str]   # the DataConfig key that sizes this mode's batches
     packs_rows: ClassVar[bool] = False   # rows concatenate utterances up to pack_tokens (cu_seqlens)
 
-    def __init__(self, conf: DataConfig, pad_id: int, placeholder_id: int, shape: SpeechShape):
+    def __init__(self, conf: DataConfig, pad_id: int, placeholder_id: int, shape: SpeechShape,
+                 prefix: Sequence[int] = ()):
         self.conf, self.pad_id, self.placeholder_id, self.shape = conf, pad_id, placeholder_id, shape
+        self.prefix = list(prefix)   # data.shared_prefix: ids a packed row holds once for its samples
 
     def sample_budget(self) -> Optional[int]:
         return None
@@ -117,29 +119,42 @@ class PackPolicy(BatchPolicy):
     size_key = "pack_tokens"
     packs_rows = True
 
+    def __init__(self, conf: DataConfig, pad_id: int, placeholder_id: int, shape: SpeechShape,
+                 prefix: Sequence[int] = ()):
+        super().__init__(conf, pad_id, placeholder_id, shape, prefix)
+        if len(self.prefix) >= conf.pack_tokens:
+            raise ValueError(f"data.pack_tokens: {conf.pack_tokens} leaves no room after the shared prompt "
+                             f"prefix of {len(self.prefix)} tokens (data.shared_prefix)")
+
+    @property
+    def capacity(self) -> int:
+        """Tokens a row holds for its samples: pack_tokens less the prefix laid out once per row
+        (a sample's length already leaves out its share of it)."""
+        return self.conf.pack_tokens - len(self.prefix)
+
     def sample_budget(self) -> Optional[int]:
-        return self.conf.pack_tokens
+        return self.capacity
 
     def group(self, lengths, world_size, rng):
         c = self.conf
-        slot, n_bins = pack_slots(lengths, c.pack_tokens, c.pack_algorithm, world_size, c.pack_cost)
+        slot, n_bins = pack_slots(lengths, self.capacity, c.pack_algorithm, world_size, c.pack_cost)
         order = np.argsort(slot, kind="stable")
         sizes = np.bincount(slot, minlength=n_bins).astype(np.int64)
         return _fill_empty_packs(order, sizes, world_size)
 
     def _rows(self, samples, stats):
         lengths = [s.length for s in samples]
-        if sum(lengths) <= self.conf.pack_tokens:
+        if sum(lengths) <= self.capacity:
             return [samples]
         stats.event("plan_overflow", samples[0].src,
                     f"decoded lengths {sum(lengths)} exceed pack_tokens; batch gets an extra row "
                     "(list durations are wrong: run tools/compute_lengths.py)")
-        return [[samples[i] for i in b] for b in split_rows(lengths, self.conf.pack_tokens)]
+        return [[samples[i] for i in b] for b in split_rows(lengths, self.capacity)]
 
     def _layout(self, rows):
         c = self.conf
         return collate_packed(rows, c.pack_tokens, self.pad_id, c.encoder_layout, c.num_mel_bins,
-                              c.pack_pad_multiple)
+                              c.pack_pad_multiple, self.prefix)
 
 
 def _fill_empty_packs(order: np.ndarray, sizes: np.ndarray, world_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -165,11 +180,12 @@ def _fill_empty_packs(order: np.ndarray, sizes: np.ndarray, world_size: int) -> 
 POLICIES: dict[str, type[BatchPolicy]] = {"static": StaticPolicy, "dynamic": DynamicPolicy, "pack": PackPolicy}
 
 
-def make_policy(conf: DataConfig, pad_id: int, placeholder_id: int, shape: SpeechShape) -> BatchPolicy:
-    """The policy of ``conf.batch_type``."""
+def make_policy(conf: DataConfig, pad_id: int, placeholder_id: int, shape: SpeechShape,
+                prefix: Sequence[int] = ()) -> BatchPolicy:
+    """The policy of ``conf.batch_type``; ``prefix``: the prompt ids samples share (data.shared_prefix)."""
     if conf.batch_type not in POLICIES:
         raise ValueError(f"data.batch_type: must be one of {sorted(POLICIES)}, got {conf.batch_type!r}")
-    return POLICIES[conf.batch_type](conf, pad_id, placeholder_id, shape)
+    return POLICIES[conf.batch_type](conf, pad_id, placeholder_id, shape, prefix)
 
 
 # -- collation ----------------------------------------------------------------------
@@ -264,37 +280,62 @@ def pack_width(used: Sequence[int], pack_tokens: int, pad_multiple: int = 0) -> 
 
 
 def collate_packed(rows: Sequence[Sequence[Sample]], pack_tokens: int, pad_id: int,
-                   encoder_layout: str = "packed", num_mel_bins: int = 80, pad_multiple: int = 0) -> Batch:
-    """Pack batch (one row unless a plan overflowed), each row ``pack_width`` tokens wide."""
-    n_rows = len(rows)
-    pack_tokens = pack_width([sum(len(s.enc.ids) for s in row) for row in rows], pack_tokens, pad_multiple)
+                   encoder_layout: str = "packed", num_mel_bins: int = 80, pad_multiple: int = 0,
+                   prefix: Sequence[int] = ()) -> Batch:
+    """Pack batch (one row unless a plan overflowed), each row ``pack_width`` tokens wide.
+
+    ``prefix`` (data.shared_prefix): a row whose samples share it starts with it, once, as a
+    segment of its own; those samples follow without it (positions going on from its length) and
+    each attends to it through the key rows (``Batch.key_index``: the prefix's rows, then its own)."""
+    n_rows, p = len(rows), len(prefix)
+    opens = [p > 0 and any(s.enc.shared for s in row) for row in rows]   # the row starts with the prefix
+    used = [p * o + sum(len(s.enc.ids) - (s.enc.shared if o else 0) for s in row) for row, o in zip(rows, opens)]
+    pack_tokens = pack_width(used, pack_tokens, pad_multiple)
     ids = np.full((n_rows, pack_tokens), pad_id, np.int64)
     labels = np.full((n_rows, pack_tokens), IGNORE_INDEX, np.int64)
     pos = np.zeros((n_rows, pack_tokens), np.int64)
-    cu, segments, spans, keys, real = [0], [], [], [], 0
+    cu, segments, spans, keys, key_rows, real = [0], [], [], [], [], 0
     for r, row in enumerate(rows):
-        start = 0
+        base, start = r * pack_tokens, 0
+        if opens[r]:
+            ids[r, :p], pos[r, :p] = prefix, np.arange(p)
+            start = p
+            cu.append(base + p)
+            key_rows.append(np.arange(base, base + p))
         for s in row:
-            n = len(s.enc.ids)
+            shared = s.enc.shared if opens[r] else 0
+            n = len(s.enc.ids) - shared
             if start + n > pack_tokens:
                 raise ValueError(f"pack row {r} overflows {pack_tokens} tokens at sample {s.key}")
-            ids[r, start:start + n] = s.enc.ids
-            labels[r, start:start + n] = s.enc.labels
-            pos[r, start:start + n] = np.arange(n)
+            ids[r, start:start + n] = s.enc.ids[shared:]
+            labels[r, start:start + n] = s.enc.labels[shared:]
+            pos[r, start:start + n] = np.arange(shared, shared + n)
             for f, (off, length) in zip(s.feats, s.enc.spans):
                 segments.append(f)
-                spans.append((r, start + off, length))
+                spans.append((r, start + off - shared, length))
+            own = np.arange(base + start, base + start + n)
+            key_rows.append(np.concatenate([np.arange(base, base + shared), own]) if shared else own)
             start += n
-            cu.append(r * pack_tokens + start)
+            cu.append(base + start)
             keys.append(s.key)
         real += start
         if start < pack_tokens:   # one dummy tail segment with consecutive positions
             pos[r, start:] = np.arange(pack_tokens - start)
-            cu.append((r + 1) * pack_tokens)
+            cu.append(base + pack_tokens)
+            key_rows.append(np.arange(base + start, base + pack_tokens))
     cu_t = torch.tensor(cu, dtype=torch.int32)
     return _finish(ids, labels, pos, segments, spans, keys, encoder_layout == "packed", num_mel_bins,
                    _transcripts([s for row in rows for s in row]), cu_seqlens=cu_t,
-                   max_seqlen=int((cu_t[1:] - cu_t[:-1]).max()), real_tokens=real)
+                   max_seqlen=int((cu_t[1:] - cu_t[:-1]).max()), real_tokens=real,
+                   **(_key_layout(key_rows) if any(opens) else {}))
+
+
+def _key_layout(key_rows: list[np.ndarray]) -> dict:
+    """Batch.key_index / key_cu_seqlens / key_max_seqlen from each segment's key rows."""
+    lens = np.array([k.size for k in key_rows], np.int64)
+    return {"key_index": torch.from_numpy(np.concatenate(key_rows).astype(np.int64)),
+            "key_cu_seqlens": torch.from_numpy(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)),
+            "key_max_seqlen": int(lens.max())}
 
 
 def dummy_sample(pad_id: int, placeholder_id: int, num_mel_bins: int, shape: SpeechShape) -> Sample:

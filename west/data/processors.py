@@ -154,8 +154,8 @@ def tokenize(samples: Iterable[Sample], ctx: DecodeContext) -> Iterator[Sample]:
     """Ids/labels/spans; an utterance over the LLM-token budget is skipped, never truncated."""
     def run(s: Sample) -> Sample:
         enc = ctx.encoder.encode(s.record, [f.shape[0] for f in s.feats])
-        check_budget(len(enc.ids), ctx.budget)
-        s.enc, s.length = enc, len(enc.ids)
+        s.enc, s.length = enc, len(enc.ids) - enc.shared   # a shared prompt prefix is laid out once per row
+        check_budget(s.length, ctx.budget)
         return s
 
     return _each(samples, ctx.stats, run)

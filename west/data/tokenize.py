@@ -43,6 +43,9 @@ class Encoded:
     # transcript token ids per audio part (the CTC target); [] where the record does not say
     # what was spoken (conversations: an assistant turn need not be a transcript)
     transcripts: list[list[int]] = field(default_factory=list)
+    # leading ids that are the data's shared prompt prefix (data.shared_prefix): a pack row holds them
+    # once for all its samples; 0 where the sample does not start with it
+    shared: int = 0
 
 
 class PromptEncoder:
@@ -69,6 +72,8 @@ class PromptEncoder:
         self.shape = shape
         self._text_cache: dict[str, list[int]] = {}
         self._asr_pieces = self._pieces(self._asr_messages(), n_audio=1)   # also checks the template
+        # data.shared_prefix: the ASR prompt's ids before its speech (empty: nothing is shared)
+        self.prefix: list[int] = self._leading_ids(self._asr_pieces) if conf.shared_prefix else []
 
     # -- rendering --------------------------------------------------------
     def _text(self, parts: Sequence[tuple[str, object]]) -> str:
@@ -160,6 +165,30 @@ class PromptEncoder:
             out.append(n)
         return out
 
+    def _leading_ids(self, pieces, enough: int = 1 << 30) -> list[int]:
+        """Ids of the text pieces before the first speech or label piece (at least ``enough`` of them
+        where there are that many)."""
+        ids: list[int] = []
+        for kind, v in pieces:
+            if kind != "text" or len(ids) >= enough:
+                break
+            ids += self._text_ids(v)
+        return ids
+
+    def _shared(self, pieces) -> int:
+        """How many leading ids of a record with these pieces are the shared prompt prefix: all of it,
+        or 0 where the record starts otherwise or a label would be predicted from its last token."""
+        n = len(self.prefix)
+        if not n:
+            return 0
+        lead = self._leading_ids(pieces, enough=n + 1)
+        if lead[:n] != self.prefix:
+            return 0
+        after = pieces[next((i for i, (k, _) in enumerate(pieces) if k != "text"), len(pieces)):]
+        if len(lead) == n and after and after[0][0] in ("label", "end"):
+            return 0
+        return n
+
     def _assemble(self, pieces, label_ids: Sequence[list[int]], frames: Sequence[int]) -> Encoded:
         ids: list[int] = []
         target: list[bool] = []
@@ -190,11 +219,13 @@ class PromptEncoder:
         enc = self._assemble(pieces, label_ids, frames)
         plain_asr = record.messages is None
         enc.transcripts = [list(label_ids[0])] if plain_asr else [[] for _ in enc.spans]
+        enc.shared = self._shared(pieces)
         return enc
 
     def lengths(self, records: Sequence[Record], frames: Sequence[Sequence[int]]) -> list[int]:
-        """``len(encode(r, f).ids)`` for many records at once (transcripts tokenized in a batch);
-        0 where a record's audio is too short to give a speech token."""
+        """The tokens a sample takes in a batch, ``len(ids) - shared`` of :meth:`encode`, for many
+        records at once (transcripts tokenized in a batch); 0 where a record's audio is too short
+        to give a speech token."""
         all_pieces, flat, owner = [], [], []
         for r_i, rec in enumerate(records):
             pieces, label_texts = self._record_pieces(rec)
@@ -208,7 +239,7 @@ class PromptEncoder:
         out = []
         for pieces, lab, fr in zip(all_pieces, per_record, frames):
             try:
-                out.append(sum(self._piece_lengths(pieces, lab, fr)))
+                out.append(sum(self._piece_lengths(pieces, lab, fr)) - self._shared(pieces))
             except SkipSample:
                 out.append(0)
         return out
