@@ -89,10 +89,14 @@ def test_same_utterances_and_real_work_in_every_mode(result):
     _, res = result
     modes = list(res["modes"].values())
     assert len({r["utterances_sha1"] for r in modes}) == 1
-    same = ("utterances", "label_tokens", "real_llm_tokens", "real_enc_frames", "llm_attn_real",
-            "enc_attn_real", "enc_sub_frames_real")
+    same = ("utterances", "label_tokens", "real_enc_frames", "enc_attn_real", "enc_sub_frames_real")
     for key in same:
         assert len({r["totals"][key] for r in modes}) == 1, key
+    whole = [r for name, r in res["modes"].items() if name != "pack_shared_prefix"]
+    for key in ("real_llm_tokens", "llm_attn_real"):
+        assert len({r["totals"][key] for r in whole}) == 1, key
+        # the prompt's prefix once per pack: fewer LLM tokens for the same utterances
+        assert res["modes"]["pack_shared_prefix"]["totals"][key] < whole[0]["totals"][key], key
     assert modes[0]["totals"]["utterances"] == N
 
 

@@ -16,7 +16,8 @@ def test_gpu_suite_runs_its_west_train_parts_on_the_cpu_with_toy_sizes(tmp_path)
     workers run them side by side)."""
     out, suite, log = run_toy_suite(tmp_path, "build,train,headroom,weights,rotary,norm,cudnn,gap,ring,encoder_graphs,"
                                               "encoder_graphs_full,encoder_graphs_exact,contention,late_readback,"
-                                              "configured,encoder_time,lora,pyspy_train,syncs_train,optimes_train,gil")
+                                              "configured,encoder_time,lora,pyspy_train,syncs_train,optimes_train,gil,"
+                                              "prefix")
     assert "| train_eager |" in suite
     assert "| train_two_workers |" in suite and "| train_one_thread |" in suite   # contention
     assert "| train_pin_thread |" in suite and "| train_no_pin_thread |" in suite   # gap: the loader
@@ -25,6 +26,7 @@ def test_gpu_suite_runs_its_west_train_parts_on_the_cpu_with_toy_sizes(tmp_path)
     assert "| train_stock_norm |" in suite                              # norm: the stock RMSNorms
     assert "| train_bf16_weights |" in suite                            # weights: bf16 working copies
     assert "| train_fused_rotary |" in suite                            # rotary: one autograd node
+    assert "| train_prompt_whole |" in suite and "| train_prompt_shared |" in suite   # prefix: once per row
     assert "| train_pinned_ring |" in suite and "ring: check_pinned_ring.py skipped (needs CUDA" in log   # ring
     assert "train_pinned_ring, phase by phase (train.phase_marks)" in suite
     assert "| train_encoder_graphs |" in suite and "train_encoder_graphs, phase by phase" in suite   # encoder_graphs
@@ -66,7 +68,7 @@ def test_gpu_suite_runs_its_west_train_parts_on_the_cpu_with_toy_sizes(tmp_path)
     assert sorted(p.name for p in out.iterdir()) == ["benchmark_headroom.md", "json.tar", "suite.log", "suite.md"]
     jsons = bundled_jsons(out)
     assert sorted(set(jsons) - {"pyspy_train.json"}) == [   # pyspy_train's where py-spy is installed
-        "encoder_time.json", "graphs_exact.json", "late_exact.json", "op_times_train_op_times.json",
+        "attention_prefix.json", "encoder_time.json", "graphs_exact.json", "late_exact.json", "op_times_train_op_times.json",
         "op_times_train_op_times_fixed_segments.json", "op_times_train_op_times_gil.json",
         "op_times_train_op_times_no_nvml.json"]
     assert jsons["graphs_exact.json"]["worst"]["rel"] < 1e-5   # padded blocks run eagerly on the CPU
@@ -75,6 +77,9 @@ def test_gpu_suite_runs_its_west_train_parts_on_the_cpu_with_toy_sizes(tmp_path)
                for n in ("train_op_times", "train_op_times_fixed_segments", "train_op_times_no_nvml",
                          "train_op_times_gil"))
     assert jsons["op_times_train_op_times_gil.json"]["switch_interval_ms"] == 0.5
+    prefix_rows = {r["backend"]: r for r in jsons["attention_prefix.json"]["rows"]}   # prefix: the CPU's route
+    assert [c["shared_prefix"] for c in prefix_rows["sdpa_segments"]["checks"]] == [14]
+    assert prefix_rows["sdpa_segments"]["worst"] < 1e-5 and "A shared prompt prefix: the kernels" in suite
 
 
 def test_parts_past_the_budget_are_skipped_and_said(tmp_path):

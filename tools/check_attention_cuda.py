@@ -3,8 +3,9 @@
 
 For each backend that can run here: relative error ‖out − ref‖ / ‖ref‖ of the output and of
 the q/k/v gradients on fresh random inputs (segments of random lengths, Qwen2-1.5B heads by
-default), then the median time of forward + backward over a pack of ``--time_tokens`` rows.
-Written for a GPU (bf16); on CPU it checks what CPU runs. Not a test: a table and a JSON.
+default), and, but for flex, one row whose samples share a 14-token prompt prefix through key rows
+(data.shared_prefix: causal aligned bottom-right, against flash-attn's semantics in float64); then
+the median time of forward + backward over a pack of ``--time_tokens`` rows. Written for a GPU (bf16); on CPU it checks what CPU runs. Not a test: a table and a JSON.
 
     python tools/check_attention_cuda.py --out attention_check.json
 """
@@ -18,6 +19,8 @@ import torch
 from west.bench.kernel_checks import random_lengths, relative_error
 from west.bench.timing import median_ms
 from west.models.attention import BACKENDS, reference_attention, varlen_attention
+from west.models.flash_reference import flash_attn_varlen_reference
+from west.models.shared_prefix import prefix_row
 from west.models.varlen_kernels import _flash_kernel, _torch_varlen_kernel, choose_backend
 
 
@@ -54,6 +57,29 @@ def check(backend: str, lens: list[int], hq: int, hkv: int, d: int, dtype, devic
     return res
 
 
+def check_shared_prefix(backend: str, prefix: int, lens: list[int], hq: int, hkv: int, d: int, dtype, device,
+                        seed: int) -> dict:
+    """A row [prefix | samples] whose samples attend to the prefix through key rows (data.shared_prefix):
+    causal aligned bottom-right, against flash-attn's semantics in float64 on the gathered keys."""
+    gen = torch.Generator().manual_seed(seed)
+    cu, keys = prefix_row(prefix, lens, device)
+    total = prefix + sum(lens)
+    base = [torch.randn(total, h, d, generator=gen, dtype=torch.float64) for h in (hq, hkv, hkv)]
+    x = [t.to(device, dtype).requires_grad_(True) for t in base]
+    out = varlen_attention(*x, cu, max(prefix, *lens), causal=True, backend=backend, keys=keys)
+    gout = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    out.backward(gout.to(device, dtype))
+    r = [t.to(device).requires_grad_(True) for t in base]
+    ref = flash_attn_varlen_reference(r[0], r[1][keys.index], r[2][keys.index], cu, keys.cu_seqlens,
+                                      max(prefix, *lens), keys.max_seqlen, causal=True)
+    ref.backward(gout.to(device))
+    res = {"out": relative_error(out, ref)}
+    for name, a, b in zip("qkv", x, r):
+        res[f"d{name}"] = relative_error(a.grad, b.grad)
+    res["nan"] = bool(torch.isnan(out).any()) or any(bool(torch.isnan(t.grad).any()) for t in x)
+    return res
+
+
 def time_backend(backend: str, lens: list[int], hq: int, hkv: int, d: int, dtype, device, repeats: int) -> float:
     total = sum(lens)
     q, k, v = (torch.randn(total, h, d, device=device, dtype=dtype, requires_grad=True) for h in (hq, hkv, hkv))
@@ -78,6 +104,8 @@ def main(argv=None) -> int:
     p.add_argument("--seg", default="20,300", help="segment length range lo,hi")
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--out", default=None, help="JSON file for the full numbers")
+    p.add_argument("--shared_prefix_only", action="store_true",
+                   help="only the shared-prompt-prefix check of each backend (data.shared_prefix), untimed")
     a = p.parse_args(argv)
     device, dtype = torch.device(a.device), getattr(torch, a.dtype)
     hq, hkv, d = (int(x) for x in a.heads.split(","))
@@ -90,14 +118,21 @@ def main(argv=None) -> int:
             rows.append({"backend": backend, "skipped": "not available here"})
             continue
         row = {"backend": backend, "checks": []}
+        if a.shared_prefix_only and backend == "flex":
+            rows.append({"backend": backend, "skipped": "takes no shared prefix"})
+            continue
         try:
-            for seed, causal in ((1, True), (2, False), (3, True)):
+            for seed, causal in () if a.shared_prefix_only else ((1, True), (2, False), (3, True)):
                 lens = random_lengths(a.check_tokens, lo, hi, gen)
                 row["checks"].append({"causal": causal, **check(backend, lens, hq, hkv, d, dtype, device, causal, seed)})
+            if backend != "flex":   # a shared prompt prefix of Qwen2-Instruct's 14 tokens
+                lens = random_lengths(a.check_tokens, lo, hi, gen)
+                row["checks"].append({"causal": True, "shared_prefix": 14,
+                                      **check_shared_prefix(backend, 14, lens, hq, hkv, d, dtype, device, 4)})
             row["worst"] = max(max(c[k] for k in ("out", "dq", "dk", "dv")) for c in row["checks"])
             row["nan"] = any(c["nan"] for c in row["checks"])
-            row["ms"] = time_backend(backend, random_lengths(a.time_tokens, lo, hi, gen), hq, hkv, d, dtype, device,
-                                     a.repeats)
+            row["ms"] = float("nan") if a.shared_prefix_only else time_backend(
+                backend, random_lengths(a.time_tokens, lo, hi, gen), hq, hkv, d, dtype, device, a.repeats)
         except Exception as e:  # report and go on: one broken kernel must not hide the others
             row["error"] = f"{type(e).__name__}: {e}"[:300]
         rows.append(row)

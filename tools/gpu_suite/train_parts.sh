@@ -154,6 +154,15 @@ part_weights() {   # train.bf16_weights: autocast's weight casts (~620 operators
   log "weights: west-train with train.bf16_weights true (bf16 working copies) against part train's autocast casts"
   train_run train_bf16_weights --train.precision bf16 --train.bf16_weights true
 }
+part_prefix() {   # data.shared_prefix: the prompt's tokens before the speech once per pack row, not once per sample
+  log "prefix: the kernels' bottom-right causal mask over a shared prefix's key rows; west-train as configured, the whole prompt in every sample, then its shared prefix once per row (data.shared_prefix)"
+  { echo; echo '### A shared prompt prefix: the kernels against flash-attn semantics in float64'; echo '```'
+    "$python" "$repo/tools/check_attention_cuda.py" --device "$device" --shared_prefix_only \
+      $([ "$device" = cuda ] || echo --dtype float32) --check_tokens "$($tiny && echo 300 || echo 2048)" \
+      --out "$out/attention_prefix.json" 2>>"$out/suite.log" | tail -n 6; echo '```'; } >>"$out/suite.md"
+  train_run train_prompt_whole --data.shared_prefix false
+  train_run train_prompt_shared --data.shared_prefix true
+}
 part_rotary() {   # model.llm.fused_rotary: q and k's rotary embedding as one autograd node (~12 launches fewer per layer)
   log "rotary: west-train with model.llm.fused_rotary true against part train's stock rotary embedding"
   train_run train_fused_rotary --model.llm.fused_rotary true

@@ -10,7 +10,7 @@ from typing import Sequence
 
 DEFAULT_MODES = ("static", "dynamic", "pack", "pack_encoder_padded")
 WHISPER_PADDED = "whisper_padded_30s"   # added for an encoder with a 30 s window: what users run today
-ALL_MODES = DEFAULT_MODES + ("pack_nf",)           # every mode any encoder runs
+ALL_MODES = DEFAULT_MODES + ("pack_nf", "pack_shared_prefix")   # every mode any encoder runs
 
 
 @dataclass(frozen=True)
@@ -26,20 +26,25 @@ def standard_modes(names: Sequence[str] = DEFAULT_MODES, batch_size: int = 32, m
                    pack_tokens: int = 8192, encoder_title: str = "Whisper") -> list[Mode]:
     """The seed table's modes plus the ablations, sized like the seed experiment by default
     (``encoder_title`` names the encoder in the padded-to-30 s row)."""
-    pack = dict(batch_type="pack", pack_tokens=pack_tokens, pack_algorithm="bfd", encoder_layout="packed")
+    pack = dict(batch_type="pack", pack_tokens=pack_tokens, pack_algorithm="bfd", encoder_layout="packed",
+                shared_prefix=False)
     table = {
         "static": Mode("static", "static batch", f"batch size {batch_size}",
-                       dict(batch_type="static", batch_size=batch_size)),
+                       dict(batch_type="static", batch_size=batch_size, shared_prefix=False)),
         "dynamic": Mode("dynamic", "dynamic batch", f"max token in batch {max_tokens}",
-                        dict(batch_type="dynamic", max_tokens_in_batch=max_tokens)),
+                        dict(batch_type="dynamic", max_tokens_in_batch=max_tokens, shared_prefix=False)),
         "pack": Mode("pack", "sequence pack", f"pack token {pack_tokens}, encoder packed", pack),
         "pack_encoder_padded": Mode("pack_encoder_padded", "pack, encoder padded (WEST)",
                                     f"pack token {pack_tokens}, encoder padded",
                                     {**pack, "encoder_layout": "padded"}),
         "pack_nf": Mode("pack_nf", "sequence pack, next-fit", f"pack token {pack_tokens}, next-fit",
                         {**pack, "pack_algorithm": "nf"}),
+        "pack_shared_prefix": Mode("pack_shared_prefix", "sequence pack, shared prompt prefix",
+                                   f"pack token {pack_tokens}, the prompt's prefix once per pack",
+                                   {**pack, "shared_prefix": True}),
         WHISPER_PADDED: Mode(WHISPER_PADDED, f"{encoder_title} padded to 30 s", f"batch size {batch_size}, every "
-                             "utterance's encoder input padded to 30 s", dict(batch_type="static", batch_size=batch_size),
+                             "utterance's encoder input padded to 30 s",
+                             dict(batch_type="static", batch_size=batch_size, shared_prefix=False),
                              {"encoder.pad_to_30s": True}),
     }
     unknown = [n for n in names if n not in table]
