@@ -113,11 +113,12 @@ def keyed_plan(host_cu_q: torch.Tensor, host_cu_k: torch.Tensor, host_index: tor
         places.append(np.flatnonzero(q_valid) + offset)
         offset += q_index.size
     inverse = np.zeros(int(cq[-1]), np.int64)
-    if rows:
-        inverse[np.concatenate(rows)] = np.concatenate(places)
-    cat = (lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64))
-    return KeyedPlan(groups, host_to_device(cat(q_rows), device), host_to_device(cat(k_rows), device),
-                     host_to_device(inverse, device))
+    if not groups:   # no row in any segment
+        empty = host_to_device(np.zeros(0, np.int64), device)
+        return KeyedPlan([], empty, empty, host_to_device(inverse, device))
+    inverse[np.concatenate(rows)] = np.concatenate(places)
+    return KeyedPlan(groups, host_to_device(np.concatenate(q_rows), device),
+                     host_to_device(np.concatenate(k_rows), device), host_to_device(inverse, device))
 
 
 def keyed_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: KeyedPlan,
