@@ -124,11 +124,12 @@ def test_the_launching_threads_time_splits_into_on_a_core_and_blocked_and_other_
         burner.join()
     res = timer.summary()
     t = _phase(res, "projector")["thread"]
-    assert t["cpu_ms"] + t["runqueue_ms"] >= 28 and t["blocked_ms"] >= 30 and t["voluntary_switches"] >= 1
-    assert t["wall_ms"] >= 70 and t["cpu_ms"] + t["runqueue_ms"] + t["blocked_ms"] == pytest.approx(t["wall_ms"], abs=1)
+    assert t["cpu_ms"] + t["runqueue_ms"] >= 28 and t["blocked_ms"] >= 30 and t["voluntary_switches"] >= 1, t
+    assert t["wall_ms"] >= 70 and t["cpu_ms"] + t["runqueue_ms"] + t["blocked_ms"] == pytest.approx(t["wall_ms"], abs=1), t
     others = {o["thread"]: o["cpu_ms_per_step"] for o in _phase(res, "projector")["others"]}
-    assert others.get("west-test-burner", 0.0) >= 20   # found by its Python name
-    assert _phase(res, "splice")["thread"]["blocked_ms"] < 20   # the splice did neither
+    assert others.get("west-test-burner", 0.0) >= 20, others   # found by its Python name
+    splice = _phase(res, "splice")["thread"]
+    assert splice["blocked_ms"] < 20, splice   # the splice did neither
     assert "the launching thread, means per step: " in table(res) and "`west-test-burner` " in table(res)
     # threads by name between two readings: one that started meanwhile counts from zero, one that ended is gone
     assert others_since({1: ("a", 5), 2: ("b", 9)}, {1: ("a", 8), 3: ("a", 4)}) == {"a": 7}
