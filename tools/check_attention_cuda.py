@@ -38,46 +38,42 @@ def usable(backend: str, device: torch.device) -> bool:
     return True
 
 
-def check(backend: str, lens: list[int], hq: int, hkv: int, d: int, dtype, device, causal: bool, seed: int) -> dict:
+def compare(run, reference, rows: int, hq: int, hkv: int, d: int, dtype, device, seed: int) -> dict:
+    """``run(q, k, v)`` on ``dtype`` inputs against ``reference(q, k, v)`` in float64: relative errors
+    of the output and of the q/k/v gradients for one random output gradient, and whether any is NaN."""
     gen = torch.Generator().manual_seed(seed)
-    total = sum(lens)
-    base = [torch.randn(total, h, d, generator=gen, dtype=torch.float64) for h in (hq, hkv, hkv)]
-    cu = cu_of(lens, device)
+    base = [torch.randn(rows, h, d, generator=gen, dtype=torch.float64) for h in (hq, hkv, hkv)]
     x = [t.to(device, dtype).requires_grad_(True) for t in base]
-    out = varlen_attention(*x, cu, max(lens), causal=causal, backend=backend)
+    out = run(*x)
     gout = torch.randn(out.shape, generator=gen, dtype=torch.float64)
     out.backward(gout.to(device, dtype))
     r = [t.to(device).requires_grad_(True) for t in base]
-    ref = reference_attention(*r, cu, causal=causal)
+    ref = reference(*r)
     ref.backward(gout.to(device))
     res = {"out": relative_error(out, ref)}
     for name, a, b in zip("qkv", x, r):
         res[f"d{name}"] = relative_error(a.grad, b.grad)
     res["nan"] = bool(torch.isnan(out).any()) or any(bool(torch.isnan(t.grad).any()) for t in x)
     return res
+
+
+def check(backend: str, lens: list[int], hq: int, hkv: int, d: int, dtype, device, causal: bool, seed: int) -> dict:
+    cu = cu_of(lens, device)
+    return compare(lambda q, k, v: varlen_attention(q, k, v, cu, max(lens), causal=causal, backend=backend),
+                   lambda q, k, v: reference_attention(q, k, v, cu, causal=causal),
+                   sum(lens), hq, hkv, d, dtype, device, seed)
 
 
 def check_shared_prefix(backend: str, prefix: int, lens: list[int], hq: int, hkv: int, d: int, dtype, device,
                         seed: int) -> dict:
     """A row [prefix | samples] whose samples attend to the prefix through key rows (data.shared_prefix):
     causal aligned bottom-right, against flash-attn's semantics in float64 on the gathered keys."""
-    gen = torch.Generator().manual_seed(seed)
     cu, keys = prefix_row(prefix, lens, device)
-    total = prefix + sum(lens)
-    base = [torch.randn(total, h, d, generator=gen, dtype=torch.float64) for h in (hq, hkv, hkv)]
-    x = [t.to(device, dtype).requires_grad_(True) for t in base]
-    out = varlen_attention(*x, cu, max(prefix, *lens), causal=True, backend=backend, keys=keys)
-    gout = torch.randn(out.shape, generator=gen, dtype=torch.float64)
-    out.backward(gout.to(device, dtype))
-    r = [t.to(device).requires_grad_(True) for t in base]
-    ref = flash_attn_varlen_reference(r[0], r[1][keys.index], r[2][keys.index], cu, keys.cu_seqlens,
-                                      max(prefix, *lens), keys.max_seqlen, causal=True)
-    ref.backward(gout.to(device))
-    res = {"out": relative_error(out, ref)}
-    for name, a, b in zip("qkv", x, r):
-        res[f"d{name}"] = relative_error(a.grad, b.grad)
-    res["nan"] = bool(torch.isnan(out).any()) or any(bool(torch.isnan(t.grad).any()) for t in x)
-    return res
+    longest = max(prefix, *lens)
+    return compare(lambda q, k, v: varlen_attention(q, k, v, cu, longest, causal=True, backend=backend, keys=keys),
+                   lambda q, k, v: flash_attn_varlen_reference(q, k[keys.index], v[keys.index], cu, keys.cu_seqlens,
+                                                               longest, keys.max_seqlen, causal=True),
+                   prefix + sum(lens), hq, hkv, d, dtype, device, seed)
 
 
 def time_backend(backend: str, lens: list[int], hq: int, hkv: int, d: int, dtype, device, repeats: int) -> float:
