@@ -298,6 +298,11 @@ def test_resume_checks_the_config(corpus, tokenizer):
     _, other = run(corpus["list"], tokenizer, batch_type="pack", plan_window=7)
     with pytest.raises(ValueError, match="batching options"):
         other.load_state_dict(state)
+    _, other = run(corpus["list"], tokenizer, batch_type="pack", shared_prefix=True)   # other rows planned
+    with pytest.raises(ValueError, match="batching options"):
+        other.load_state_dict(state)
+    _, same = run(corpus["list"], tokenizer, batch_type="pack", shared_prefix=False)
+    same.load_state_dict(state)
     _, other = run(corpus["list"], tokenizer, batch_type="pack", seed=1)
     with pytest.raises(ValueError, match="seed"):
         other.load_state_dict(state)

@@ -205,6 +205,8 @@ def _fingerprint(conf: DataConfig, shape: SpeechShape, paths: list[str]) -> str:
     if shape.frame_stages is not None:   # (an encoder with Conv2d subsampling keeps the fingerprint it had)
         geometry += [shape.encoder_type, shape.max_frames, conf.features]
     keep.update(shape=geometry, lists=[os.path.abspath(p) for p in paths])
+    if conf.shared_prefix:   # plans rows without each sample's prefix (off: the fingerprint it had)
+        keep["shared_prefix"] = True
     return hashlib.sha1(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
 
