@@ -177,7 +177,7 @@ class PromptEncoder:
 
     def _shared(self, pieces) -> int:
         """How many leading ids of a record with these pieces are the shared prompt prefix: all of it,
-        or 0 where the record starts otherwise or a label would be predicted from its last token."""
+        or 0 where the record starts otherwise, is nothing more, or would predict a label from its last token."""
         n = len(self.prefix)
         if not n:
             return 0
@@ -185,7 +185,7 @@ class PromptEncoder:
         if lead[:n] != self.prefix:
             return 0
         after = pieces[next((i for i, (k, _) in enumerate(pieces) if k != "text"), len(pieces)):]
-        if len(lead) == n and after and after[0][0] in ("label", "end"):
+        if len(lead) == n and (not after or after[0][0] in ("label", "end")):
             return 0
         return n
 
