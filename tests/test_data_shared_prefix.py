@@ -64,7 +64,7 @@ def test_a_row_holds_the_prefix_once_and_each_sample_keeps_its_positions_labels_
     p = len(pe.prefix)
     row = [sample(pe, asr("a", "hello"), 40), sample(pe, chat("bb", "another system"), 25),
            sample(pe, asr("ccc", "world today"), 64)]
-    width = 16 * (p + sum(s.length for s in row) // 16 + 1)
+    width = p + sum(s.length for s in row) + 16   # room for a tail segment
     batch = collate_packed([row], width, pe.pad_id, prefix=pe.prefix, pad_multiple=0)
     ids, labels, pos = (t[0].tolist() for t in (batch.input_ids, batch.labels, batch.position_ids))
     assert ids[:p] == pe.prefix and pos[:p] == list(range(p)) and set(labels[:p]) == {IGNORE_INDEX}
