@@ -299,10 +299,9 @@ def varlen_attention(
     if backend in ("flex", "torch_varlen") and dropout_p:
         raise NotImplementedError(f"{backend} backend: attention dropout is not supported (use auto)")
     if backend == "torch_varlen":
-        if keys is None:
-            return torch_varlen(q, k, v, cu_seqlens, max_seqlen, causal=causal, scale=scale)
+        keyed = keys is not None   # self-attention: the kernel takes the query boundaries twice
         return torch_varlen(q, k, v, cu_seqlens, max_seqlen, causal=causal, scale=scale,
-                            cu_seqlens_k=cu_k, max_seqlen_k=max_k)
+                            cu_seqlens_k=cu_k if keyed else None, max_seqlen_k=max_k if keyed else None)
     return _planned_attention(q, k, v, cu_seqlens, causal, scale, dropout_p, backend, plan, keys)
 
 
