@@ -82,6 +82,21 @@ def test_torch_varlen_equals_the_reference(kernel, causal, scale):
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)  # the stand-ins compute in float32
 
 
+def test_torch_varlen_reads_a_kernels_signature_once(monkeypatch):
+    """inspect.signature costs the host about 15 us, and the call runs once per layer and step."""
+    reads = []
+    real = K.inspect.signature
+    monkeypatch.setattr(K, "_PARAMETERS", {})
+    monkeypatch.setattr(K.inspect, "signature", lambda fn: reads.append(fn) or real(fn))
+    q, k, v = _qkv()
+    cu = _cu(LENS)
+    for kernel in (_new_kernel, _old_kernel, _new_kernel, _old_kernel):
+        out = K.torch_varlen(q, k, v, cu, max(LENS), causal=True, scale=0.2, kernel=kernel)
+        torch.testing.assert_close(out, reference_attention(q, k, v, cu, causal=True, scale=0.2),
+                                   atol=1e-5, rtol=1e-4)
+    assert reads == [_new_kernel, _old_kernel]
+
+
 def _mid_kernel(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
                 window_size=(-1, -1)):
     """torch 2.10-2.11's keyword set: no enable_gqa; fewer key/value heads go to flash attention,

@@ -96,7 +96,7 @@ def torch_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: 
     keyed = cu_seqlens_k is not None
     if keyed:
         _check_cu(cu_seqlens_k, k.shape[0], "cu_seqlens_k")
-    params = inspect.signature(fn).parameters
+    params = _parameters(fn)
     kw: dict = {}
     if causal:
         if "window_size" in params:
@@ -122,6 +122,21 @@ def torch_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: 
     if not keyed:
         cu_seqlens_k, max_seqlen_k = cu_seqlens, max_seqlen
     return fn(q, k, v, cu_seqlens, cu_seqlens_k, max_seqlen, max_seqlen_k, **kw)
+
+
+_PARAMETERS: dict = {}   # kernel -> its parameter names
+
+
+def _parameters(fn: Callable):
+    """The kernel's parameter names, read once per kernel: ``inspect.signature`` costs about 15 us
+    of host time, and :func:`torch_varlen` runs once per attention layer and step. A compiled trace
+    reads the signature itself and leaves the table alone."""
+    if torch.compiler.is_compiling():
+        return inspect.signature(fn).parameters
+    names = _PARAMETERS.get(fn)
+    if names is None:
+        names = _PARAMETERS[fn] = frozenset(inspect.signature(fn).parameters)
+    return names
 
 
 _GQA_NATIVE: dict = {}   # (kernel, device, dtype) -> whether it takes fewer key/value heads as they are
