@@ -8,7 +8,7 @@ from helpers.gpu_suite import bundled_jsons, run_toy_suite
 
 def test_gpu_suite_runs_its_benchmark_and_profiler_parts_on_the_cpu_with_toy_sizes(tmp_path):
     out, suite, log = run_toy_suite(tmp_path, "build,attention,bench,marks,pyspy,graphs,profile,hostpy,floor,queues,"
-                                              "best,swiglu,loss,roofline,optimes")
+                                              "best,best_sizes,swiglu,loss,roofline,optimes")
     assert "time on training 10,000 utts (extrapolated from" in suite   # bench: the seed's table
     assert "### pack (" in suite and "| forward/llm |" in suite          # the profile's tables
     assert "| autocast |" in suite and "[launch_floor] cpu:" in suite     # floor: host time per operator
@@ -18,6 +18,11 @@ def test_gpu_suite_runs_its_benchmark_and_profiler_parts_on_the_cpu_with_toy_siz
     assert suite.count("unprofiled, marked at phase boundaries") == 9 + spied
     assert "| train_queues |" in suite and "train_queues, phase by phase" in suite   # queues: a deeper launch queue
     assert "| train_marks |" in suite and "train_marks, phase by phase (train.phase_marks)" in suite   # west-train marked
+    for size in (2048, 3072):   # best_sizes: part best at 2x and 3x the pack, its tables in suite.md only
+        section = suite.split(f"part best at pack {size}\n\n", 1)[1].split("\n#", 1)[0]
+        assert section.startswith("| method | configuration |")
+        assert f"| sequence pack | pack token {size}, encoder packed |" in section
+        assert "host ms per step, queueing forward+backward+clip" in section
     assert "| train_fused_swiglu |" in suite and "(part best, without:) | sequence pack |" in suite   # swiglu
     assert "- dynamo recompilations in best_swiglu's benchmark (TORCH_LOGS=recompiles): " in suite
     assert "| **whole step** |" in suite and "MFU at most" in suite   # roofline (its kernels: CUDA's)

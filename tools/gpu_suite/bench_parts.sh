@@ -64,6 +64,24 @@ part_best() {   # item 6's MFU and GPU-busy targets at the fastest west-train co
   log "best: west-benchmark pack $pack with train.encoder_graphs and model.llm.gradient_checkpointing false"
   best_run best
 }
+part_best_sizes() {   # part best's configuration at 2x and 3x the pack (the seed's method: the largest size the card
+  # holds). The step's host work hardly grows with the pack (the same operators), its kernels grow with the tokens:
+  # if the host is what idles the GPU, GPU busy rises towards 100 % and MFU towards the kernels' own ceiling (about
+  # 43 %, seventh run's roofline); if GPU busy stays where part best has it, host work grows with the pack (third
+  # run, eager: about 70 % busy from 8,192 to 24,576) and its "host ms per step" line says in which part of the step
+  local k name
+  for k in 2 3; do
+    name=best_${k}x
+    log "best_sizes: part best's benchmark at pack $(( pack * k )) on $(( num_utts * k )) utterances"
+    printf '\n#### %s: part best at pack %s\n\n' "$name" $(( pack * k )) >>"$out/suite.md"
+    if num_utts=$(( num_utts * k )) best_run "$name" --pack_tokens $(( pack * k )); then
+      sed -n '4,$p' "$out/benchmark_$name.md" >>"$out/suite.md"
+    else
+      log "best_sizes: pack $(( pack * k )) failed (out of memory on this card?): see suite.log"
+    fi
+    rm -f "$out/benchmark_$name.md"   # its table is in suite.md: the device tool returns 8 files at most
+  done
+}
 part_swiglu() {   # model.llm.fused_swiglu (never on a GPU yet): the MLPs' elementwise work as one compiled kernel each
   # way, 1.2 GB less traffic per layer per step by arithmetic, gate and up kept without silu(gate) (no checkpointing)
   log "swiglu: the MLP alone (tools/bench_swiglu.py), then part best's benchmark and west-train as configured (part"\
