@@ -27,7 +27,7 @@ from west.batch import to_device
 from west.models.hf_attention import register
 from west.models.whisper_encoder import WHISPER_STAGES, WhisperPackedEncoder
 from west.schema import ConfigError, require
-from west.shapes import AUDIO_TOKENS, SpeechShape, frames_after
+from west.shapes import AUDIO_TOKENS, frames_after
 
 QWEN2_AUDIO_STAGES = (*WHISPER_STAGES, (2, 2, 0))   # + AvgPool1d(kernel 2, stride 2)
 _TOWER_KEYS = {r"^audio_tower\.": ""}
@@ -112,22 +112,16 @@ class Qwen2AudioPackedEncoder(WhisperPackedEncoder):
         super().__init__(hf_encoder, pad_to_30s, backend)
         self.path = path
 
+    encoder_type = "qwen2_audio"
+    frame_stages = QWEN2_AUDIO_STAGES
+    geometry = staticmethod(qwen2_audio_geometry)
+
     @classmethod
     def from_config(cls, cfg, attn_backend: str = "auto") -> "Qwen2AudioPackedEncoder":
         enc = cls(load_hf_qwen2_audio_tower(cfg.path), cfg.path, cfg.pad_to_30s, attn_backend)
         if cfg.gradient_checkpointing:
             enc.gradient_checkpointing = True
         return enc
-
-    @classmethod
-    def speech_shape(cls, cfg, projector_stride: int) -> SpeechShape:
-        n_mels, max_frames, _ = qwen2_audio_geometry(cfg.path)
-        return SpeechShape(projector_stride=projector_stride, encoder_type="qwen2_audio", max_frames=max_frames,
-                           num_mel_bins=n_mels, frame_stages=QWEN2_AUDIO_STAGES, features="whisper")
-
-    @classmethod
-    def num_layers(cls, cfg) -> int:
-        return qwen2_audio_geometry(cfg.path)[2]
 
     def pretrained_projector(self) -> Optional[dict[str, torch.Tensor]]:
         """``multi_modal_projector.linear`` of the released model, as west's LinearProjector names it."""

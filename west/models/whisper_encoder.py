@@ -121,15 +121,20 @@ class WhisperPackedEncoder(FlatEncoder):
             enc.gradient_checkpointing = True
         return enc
 
+    # what a Whisper-like tower's checkpoint and convolutions give (a subclass names its own)
+    encoder_type = "whisper"
+    frame_stages = WHISPER_STAGES
+    geometry = staticmethod(whisper_geometry)   # path -> (num_mel_bins, max mel frames, layers)
+
     @classmethod
     def speech_shape(cls, cfg, projector_stride: int) -> SpeechShape:
-        n_mels, max_frames, _ = whisper_geometry(cfg.path)
-        return SpeechShape(projector_stride=projector_stride, encoder_type="whisper", max_frames=max_frames,
-                           num_mel_bins=n_mels, frame_stages=WHISPER_STAGES, features="whisper")
+        n_mels, max_frames, _ = cls.geometry(cfg.path)
+        return SpeechShape(projector_stride=projector_stride, encoder_type=cls.encoder_type, max_frames=max_frames,
+                           num_mel_bins=n_mels, frame_stages=cls.frame_stages, features="whisper")
 
     @classmethod
     def num_layers(cls, cfg) -> int:
-        return whisper_geometry(cfg.path)[2]
+        return cls.geometry(cfg.path)[2]
 
     def fsdp_units(self) -> list[nn.Module]:
         return list(self.hf.layers)
