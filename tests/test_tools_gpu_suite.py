@@ -16,7 +16,7 @@ def test_gpu_suite_runs_its_west_train_parts_on_the_cpu_with_toy_sizes(tmp_path)
     workers run them side by side)."""
     out, suite, log = run_toy_suite(tmp_path, "build,train,headroom,weights,rotary,norm,cudnn,gap,ring,encoder_graphs,"
                                               "encoder_graphs_full,encoder_graphs_exact,contention,late_readback,"
-                                              "configured,encoder_time,lora,pyspy_train,syncs_train,optimes_train,gil,"
+                                              "configured,encoder_time,lora,pyspy_train,syncs_train,optimes_train,preloaded,gil,"
                                               "prefix")
     assert "| train_eager |" in suite
     assert "| train_two_workers |" in suite and "| train_one_thread |" in suite   # contention
@@ -46,8 +46,11 @@ def test_gpu_suite_runs_its_west_train_parts_on_the_cpu_with_toy_sizes(tmp_path)
     # optimes_train and gil: west-train's host time by operator in a few phases, and the launching thread's split
     assert "| train_op_times |" in suite and "| train_op_times_fixed_segments |" in suite   # expandable segments off
     assert "| train_op_times_no_nvml |" in suite                                          # no NVML sampler thread
-    assert suite.count("**projector**: ") == 4 and "the timer's own (means)" in suite
-    assert suite.count("the launching thread, means per step: ") == 4 * 4   # the thread lines, a phase each
+    assert suite.count("**projector**: ") == 5 and "the timer's own (means)" in suite
+    assert suite.count("the launching thread, means per step: ") == 5 * 4   # the thread lines, a phase each
+    # preloaded: the same loop on the loader's first batches from memory, the loader's worker process ended
+    assert "| train_op_times_preloaded |" in suite
+    assert "(the loop without its loader: preloaded 3 batches from the loader, then ended it: 0 child processes" in suite
     assert "(Python's switch interval: 0.5 ms)" in suite and "| train_op_times_gil |" in suite   # gil (runs on --tiny)
     assert "| train_static |" in suite and "| train_static_cudnn |" in suite   # cudnn: static batches, SDPA off/on
     assert "| host launch s | sync wait s | device allocs | alloc retries |" in suite
@@ -70,12 +73,13 @@ def test_gpu_suite_runs_its_west_train_parts_on_the_cpu_with_toy_sizes(tmp_path)
     assert sorted(set(jsons) - {"pyspy_train.json"}) == [   # pyspy_train's where py-spy is installed
         "attention_prefix.json", "encoder_time.json", "graphs_exact.json", "late_exact.json", "op_times_train_op_times.json",
         "op_times_train_op_times_fixed_segments.json", "op_times_train_op_times_gil.json",
-        "op_times_train_op_times_no_nvml.json"]
+        "op_times_train_op_times_no_nvml.json", "op_times_train_op_times_preloaded.json"]
     assert jsons["graphs_exact.json"]["worst"]["rel"] < 1e-5   # padded blocks run eagerly on the CPU
     assert jsons["late_exact.json"]["worst"]["rel"] == 0       # the same steps, read a step late
     assert all(jsons[f"op_times_{n}.json"]["train_rc"] == 0 and jsons[f"op_times_{n}.json"]["phases"]
                for n in ("train_op_times", "train_op_times_fixed_segments", "train_op_times_no_nvml",
-                         "train_op_times_gil"))
+                         "train_op_times_gil", "train_op_times_preloaded"))
+    assert jsons["op_times_train_op_times_preloaded.json"]["preload"].startswith("preloaded 3 batches")
     assert jsons["op_times_train_op_times_gil.json"]["switch_interval_ms"] == 0.5
     prefix_rows = {r["backend"]: r for r in jsons["attention_prefix.json"]["rows"]}   # prefix: the CPU's route
     assert [c["shared_prefix"] for c in prefix_rows["sdpa_segments"]["checks"]] == [14]

@@ -7,7 +7,9 @@ This runs west-train itself (loader, pin-memory thread and loop included) with
 :class:`west.bench.op_times.PhaseOpTimes` around every step: in the watched phases each dispatched
 operator's host time and the Python between operators, by line. An operator that blocks (a
 page-locked allocation, a wait for the GPU, a lazily loaded kernel) shows as one long call; slow
-Python shows between operators. Not a test; the timer costs microseconds per operator.
+Python shows between operators. With ``--preload N`` west-train trains on its loader's first N
+batches from memory, the loader ended (west.bench.preloaded): the same loop without the loader
+beside it. Not a test; the timer costs microseconds per operator.
 
     python tools/train_op_times.py --skip 5 --out op_times_train.json --md op_times_train.md -- \\
         --config recipes/aishell/conf/seed_gpu.yaml --max_steps 20 ...
@@ -15,12 +17,14 @@ Python shows between operators. Not a test; the timer costs microseconds per ope
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from west.bench.op_times import WATCHED, PhaseOpTimes, table
+from west.bench.preloaded import PreloadedData
 
 STEP_FUNCTIONS = ("train_step", "queue_train_step")   # what west.train.loop calls once per step
 
@@ -46,6 +50,23 @@ def timed_run(train_main: Callable[[Sequence[str]], int], train_argv: Sequence[s
             setattr(loop_module, name, step)
 
 
+@contextlib.contextmanager
+def preloading(loop_module, n: int, made: list) -> Iterator[None]:
+    """West-train's Trainer gets its loader's first ``n`` batches from memory (west.bench.preloaded):
+    its loop without the loader beside it. ``made`` collects the PreloadedData built."""
+    original = loop_module.Trainer.__init__
+
+    def init(self, train, run, model, data, *args, **kwargs):
+        made.append(PreloadedData(data, n))
+        original(self, train, run, model, made[-1], *args, **kwargs)
+
+    loop_module.Trainer.__init__ = init
+    try:
+        yield
+    finally:
+        loop_module.Trainer.__init__ = original
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 epilog="Arguments after -- (or any this tool does not take) go to west-train.")
@@ -57,6 +78,9 @@ def main(argv=None) -> int:
     p.add_argument("--switch_interval_ms", type=float, default=None,
                    help="how often Python's lock changes hands when threads want it (sys.setswitchinterval; "
                         "5 ms by default): smaller shortens each wait for it, if another thread holds it")
+    p.add_argument("--preload", type=int, default=0,
+                   help="take this many batches from west-train's loader once, end the loader, and train on them "
+                        "from memory (west.bench.preloaded: the loop without the loader beside it); 0 = the loader")
     args, rest = p.parse_known_args(argv)
     rest = [a for a in rest if a != "--"]
     if args.switch_interval_ms is not None:
@@ -67,14 +91,21 @@ def main(argv=None) -> int:
     import west.train.loop as loop
     from west.bin.train import main as train_main
 
+    if args.preload < 0:
+        p.error(f"--preload must be >= 0, got {args.preload}")
     timer = PhaseOpTimes(tuple(args.phases.split(",")))
-    rc = timed_run(train_main, rest, timer, loop)
+    made: list[PreloadedData] = []
+    with preloading(loop, args.preload, made) if args.preload else contextlib.nullcontext():
+        rc = timed_run(train_main, rest, timer, loop)
     skip = min(args.skip, max(len(timer.steps) - 1, 0))
     res = {"train_rc": rc, **timer.summary(skip, args.top)} if timer.steps else {"train_rc": rc, "steps": 0}
     res["switch_interval_ms"] = 1e3 * sys.getswitchinterval()
     text = table(res) if timer.steps else "train_op_times: west-train ran no step"
     if args.switch_interval_ms is not None:
         text += f"\n\n(Python's switch interval: {res['switch_interval_ms']:g} ms)"
+    if made:
+        res["preload"] = made[0].note
+        text += f"\n\n(the loop without its loader: {made[0].note})"
     print(text)
     if args.md:
         args.md.write_text(text + "\n", encoding="utf-8")

@@ -102,6 +102,15 @@ part_optimes_train() {   # west-train's projector and splice phases took the hos
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False op_timed_run train_op_times_fixed_segments "${replayed[@]}"
   op_timed_run train_op_times_no_nvml "${replayed[@]}" --train.nvml false
 }
+part_preloaded() {   # the two sides of west-train's 1.27x over the benchmark's step (seventh run): its loader beside the
+  # launching thread (worker processes, the pin-memory thread), or its loop. The same run as part optimes_train's first,
+  # on the loader's first batches from memory with the loader ended (west.bench.preloaded): near the benchmark's
+  # phases, it is the loader (part contention then says which of its parts); as slow as optimes_train's, the loop
+  log "preloaded: west-train as configured, op-timed as in part optimes_train, on its loader's first $steps batches"\
+    "from memory, the loader ended"
+  steps=$(( steps < 20 ? steps : 20 ))
+  op_timed_run --preload "$steps" train_op_times_preloaded "${replayed[@]}"
+}
 part_gil() {   # if part optimes_train shows the launching thread blocked in a watched phase while another Python
   # thread ran (the interpreter hands its lock over every 5 ms when both want it): the same with a 0.5 ms interval.
   # Without that pattern in optimes_train's first run it is skipped (on the CPU, --tiny, it runs anyway)
