@@ -110,17 +110,20 @@ def test_kernels_part_needs_cuda_and_more_than_eight_files_are_bundled(tmp_path)
 
 
 def test_every_part_is_defined_estimated_and_listed():
-    """A part the default order names has a function (in gpu_suite.sh or tools/gpu_suite/*_parts.sh) and a
-    time estimate (what --budget skips by); every defined part is in the default order, or is one of the
-    second call's parts (big, encoder_graphs_full); docs/benchmarks.md's table of parts has a row for each."""
+    """A part the order of `--parts open` names has a function (in gpu_suite.sh or tools/gpu_suite/*_parts.sh)
+    and a time estimate (what --budget skips by); every defined part is in that order, or is one of the
+    second call's parts (big, encoder_graphs_full); the default parts are issue 23's item 5 (the seed's
+    table, the kernels' check, a short west-train); docs/benchmarks.md's table of parts has a row for each."""
 
     tools = ROOT / "tools"
     text = "\n".join(p.read_text(encoding="utf-8") for p in [tools / "gpu_suite.sh", *sorted((tools / "gpu_suite").glob("*_parts.sh"))])
     defined = set(re.findall(r"^part_(\w+)\(\) \{", text, re.M))
-    default = re.search(r"^parts=([\w,]+)", text, re.M).group(1).split(",")
+    every = re.search(r"^open_parts=([\w,]+)", text, re.M).group(1).split(",")
     estimated = set(re.findall(r"\[(\w+)\]=\d+", re.search(r"declare -A estimate=\(([^)]*)\)", text).group(1)))
-    assert len(default) == len(set(default)) and set(default) <= defined
-    assert defined - set(default) == {"big", "encoder_graphs_full"}
+    assert len(every) == len(set(every)) and set(every) <= defined
+    assert defined - set(every) == {"big", "encoder_graphs_full"}
+    assert re.search(r"^seed_parts=([\w,]+)", text, re.M).group(1) == "build,bench,attention,train"
+    assert re.search(r"^parts=(\S+)", text, re.M).group(1) == "$seed_parts"
     assert estimated == defined
     rows = set(re.findall(r"^\| (\w+) \|", (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8"), re.M))
     assert defined <= rows, f"parts without a row in docs/benchmarks.md's table: {sorted(defined - rows)}"
@@ -136,3 +139,9 @@ def test_plan_says_what_a_call_would_run_and_runs_nothing(tmp_path):
     assert proc.stdout.splitlines() == ["build: about 50 s, ends at about 50 s", "bench: about 430 s, skipped (100 s left)",
                                         "train: about 40 s, ends at about 90 s", "about 90 s by the estimates (--budget 150)"]
     assert not (tmp_path / "work").exists() and not (tmp_path / "out" / "suite.log").exists()
+    plan = subprocess.run(["bash", str(ROOT / "tools" / "gpu_suite.sh"), str(tmp_path / "out"), "--plan"],
+                          capture_output=True, text=True, timeout=60).stdout.splitlines()
+    assert [line.split(":")[0] for line in plan[:-1]] == ["build", "bench", "attention", "train"]   # the default
+    plan = subprocess.run(["bash", str(ROOT / "tools" / "gpu_suite.sh"), str(tmp_path / "out"), "--plan", "--parts",
+                           "open"], capture_output=True, text=True, timeout=60).stdout.splitlines()
+    assert [line.split(":")[0] for line in plan[:3]] == ["build", "optimes_train", "preloaded"] and len(plan) > 40

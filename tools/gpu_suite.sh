@@ -1,20 +1,18 @@
 #!/usr/bin/env bash
-# Everything issue 23 measures on a GPU, in one call: builds the seed's shapes with random weights
-# and the built-in corpus, trains a few steps with the real loader, profiles where the GPU waits
-# for the host, runs the batch-mode benchmark with the seed's memory-budget method, counts host
-# syncs, trains with train.compile and checks the attention kernels. Tables, JSON and logs go to
-# OUT (at most 8 files, for the device tool). This script holds the options, the environment, part
-# build and the loop; the other parts are in tools/gpu_suite/{train,profile,bench}_parts.sh.
+# Everything issue 23 measures on a GPU: builds the seed's shapes with random weights and the built-in
+# corpus, then by default (issue 23, item 5; about 10 minutes on one H100) runs the seed's table with
+# the memory-budget method, the attention kernels' check and a short west-train with the real loader.
+# --parts open runs every part, the open questions first (about an hour: give --budget). Tables, JSON and
+# logs go to OUT (at most 8 files, for the device tool). This script holds the options, the environment,
+# part build and the loop; the other parts are in tools/gpu_suite/{train,profile,bench}_parts.sh.
 #
-#   bash tools/gpu_suite.sh OUT [--parts build,optimes_train,preloaded,gil,optimes,pyspy_train,syncs_train,configured,best,
-#        prefix,best_sizes,late_readback,encoder_time,encoder_graphs_compiled,contention,roofline,gap,loss,swiglu,lora,queues,pyspy,
-#        encoder_graphs_compiled_train,train,encoder_graphs_exact,compile,rotary,hostpy,compile_encoder,cudnn,kernels,
-#        profile_compiled,norm,graphs,encoder_graphs,marks,floor,ring,weights,profile,syncs,attention,ckpt,headroom,
-#        bench] [--num_utts 700]
-#        (parts run in the order given; a failed part is logged and the next one runs)
-#   bash tools/gpu_suite.sh OUT --parts build,big,encoder_graphs_full   # a second call: Whisper-large-v3 + Qwen2-7B
-#        shapes with LoRA, pack against Whisper padded to 30 s; the encoder replayed without the LLM's checkpointing
-#        [--memory_budget 24GiB] [--python python3] [--work_dir /tmp/west_gpu] [--device cuda]
+#   bash tools/gpu_suite.sh OUT [--parts build,bench,attention,train | open | a list of parts]
+#        (parts run in the order given; a failed part is logged and the next one runs; `open`: every part
+#        but big and encoder_graphs_full, in the order of open_parts below)
+#   bash tools/gpu_suite.sh OUT --parts open --budget 530   # a device call: the open questions that fit
+#   bash tools/gpu_suite.sh OUT --parts build,big,encoder_graphs_full   # Whisper-large-v3 + Qwen2-7B shapes with
+#        LoRA, pack against Whisper padded to 30 s; the encoder replayed without the LLM's checkpointing
+#        [--num_utts 700] [--memory_budget 24GiB] [--python python3] [--work_dir /tmp/west_gpu] [--device cuda]
 #        [--budget SECONDS]   # skip a part whose H100 estimate would end past SECONDS (for a call's limit)
 #        [--plan]             # print what the call would run by the estimates and --budget; run nothing
 #
@@ -24,9 +22,11 @@
 # (tests/test_tools_gpu_suite{,_bench}.py run `--device cpu --tiny`); docs/benchmarks.md says what ran where.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-[ $# -ge 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -ge 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-parts=build,optimes_train,preloaded,gil,optimes,pyspy_train,syncs_train,configured,best,prefix,best_sizes,late_readback,encoder_time,encoder_graphs_compiled,contention,roofline,gap,loss,swiglu,lora,queues,pyspy,encoder_graphs_compiled_train,train,encoder_graphs_exact,compile,rotary,hostpy,compile_encoder,cudnn,kernels,profile_compiled,norm,graphs,encoder_graphs,marks,floor,ring,weights,profile,syncs,attention,ckpt,headroom,bench   # open questions first
+seed_parts=build,bench,attention,train   # issue 23, item 5: the seed's table, the kernels' check, a short west-train
+open_parts=build,optimes_train,preloaded,gil,optimes,pyspy_train,syncs_train,configured,best,prefix,best_sizes,late_readback,encoder_time,encoder_graphs_compiled,contention,roofline,gap,loss,swiglu,lora,queues,pyspy,encoder_graphs_compiled_train,train,encoder_graphs_exact,compile,rotary,hostpy,compile_encoder,cudnn,kernels,profile_compiled,norm,graphs,encoder_graphs,marks,floor,ring,weights,profile,syncs,attention,ckpt,headroom,bench   # open questions first
+parts=$seed_parts
 num_utts=700
 num_train=3200   # ~40 packs of 8,192 per epoch: 20- and 40-step runs cross no epoch's start (800 crossed at step 10)
 memory_budget=24GiB
@@ -48,6 +48,7 @@ while [ $# -gt 0 ]; do
     *) echo "gpu_suite.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
+[ "$parts" = open ] && parts=$open_parts
 has() { [[ ",$parts," == *",$1,"* ]]; }
 declare -A estimate=([build]=50 [train]=40 [bench]=430 [profile]=65 [compile]=120 [ckpt]=50 [syncs]=50
                      [attention]=90 [headroom]=130 [big]=300 [gap]=90 [profile_compiled]=120 [graphs]=150 [kernels]=75
