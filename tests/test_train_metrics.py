@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import threading
 import time
 import types
 
@@ -191,6 +192,34 @@ def test_nvml_sm_samples_are_windowed_by_timestamp():
     assert s.read()["gpu_sm_pct"] == 40.0
     assert seen == [0, 7, 15]
     s.stop()
+
+
+def test_reading_the_window_never_waits_for_an_nvml_call_in_progress():
+    """read() runs on the launching thread once per step; the sampler's NVML queries can take
+    milliseconds in the driver, so they run before the sampler takes the lock read() needs."""
+    mod, _ = fake_pynvml()
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_proc_util(handle, last):
+        entered.set()
+        release.wait(10)
+        return [types.SimpleNamespace(timeStamp=last + 1, smUtil=50.0)]
+
+    s = G.NvmlSampler(nvml=mod)
+    s._handle = ("h", 0)
+    mod.nvmlDeviceGetProcessUtilization = slow_proc_util
+    sampler = threading.Thread(target=s.sample, daemon=True)
+    sampler.start()
+    assert entered.wait(10)                    # the sampler is inside the driver's call
+    reader = threading.Thread(target=s.read, daemon=True)
+    reader.start()
+    reader.join(2)
+    still_waiting = reader.is_alive()
+    release.set()
+    sampler.join(10)
+    assert not still_waiting
+    assert s.read() == {"gpu_busy_pct": 30.0, "gpu_mem_busy_pct": 15.0, "gpu_mem_used_mb": 100.0,
+                        "gpu_samples": 1.0, "gpu_sm_pct": 50.0}
 
 
 def test_nvml_sampler_thread_and_index_fallback():

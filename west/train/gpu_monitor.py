@@ -83,28 +83,31 @@ class NvmlSampler:
         self._mem_max = 0.0
         self._sm: list[float] = []
 
-    def _sm_samples(self) -> None:
+    def _sm_samples(self) -> list[float]:
         """NVML's per-process SM utilisation samples since the last call (the % of the driver's
-        sample period in which this GPU's SMs ran the process's kernels); skipped where the
-        driver does not provide them."""
+        sample period in which this GPU's SMs ran the process's kernels); none where the driver
+        does not provide them."""
         if self._sm_ok is False:
-            return
+            return []
         try:
             rows = self._nvml.nvmlDeviceGetProcessUtilization(self._handle, self._sm_seen)
         except Exception:
             self._sm_ok = self._sm_ok or False   # never worked: stop asking; worked once: no new samples
-            return
+            return []
         self._sm_ok = True
         for r in rows:
             self._sm_seen = max(self._sm_seen, int(r.timeStamp))
-            self._sm.append(float(r.smUtil))
+        return [float(r.smUtil) for r in rows]
 
     def sample(self) -> None:
-        """Take one sample now (the thread calls this; tests call it directly)."""
+        """Take one sample now (the thread calls this; tests call it directly). The driver is
+        queried before the lock is taken: ``read()``, once per training step on the launching
+        thread, never waits for an NVML call."""
         util = self._nvml.nvmlDeviceGetUtilizationRates(self._handle)
         mem = self._nvml.nvmlDeviceGetMemoryInfo(self._handle)
+        sm = self._sm_samples()
         with self._lock:
-            self._sm_samples()
+            self._sm.extend(sm)
             self._n += 1
             self._busy += float(util.gpu)
             self._mem_busy += float(util.memory)
