@@ -132,3 +132,38 @@ def test_seed_depth_config_is_the_seed_config_at_a_tiny_width():
     spec.loader.exec_module(tool)
     assert tool.SHAPES["seed-depth-tiny"]["num_hidden_layers"] == tool.SHAPES["qwen2-1.5b"]["num_hidden_layers"] == 28
     assert seed["model"]["encoder"]["num_blocks"] == 12
+
+
+def test_a_pack_step_dispatches_as_many_operators_whatever_the_utterances_it_holds(tmp_path, corpus, monkeypatch):
+    """On the CUDA route (one cu_seqlens kernel call per attention layer, here flash-attn's CPU
+    reference in its place) a pack step's launching operators do not grow with the utterances in a
+    pack: the host's work per step is fixed, and a bigger pack only adds GPU work (what gpu_suite's
+    part best_sizes leans on). A few operators come and go with the data (a projector group that
+    needs zero fill); one per utterance anywhere in the step would add eight or more here."""
+    import argparse
+
+    import west.models.attention as attention
+    from west.bench.tool_setup import tool_setup
+
+    from helpers.e2e import bench_setup
+
+    monkeypatch.setattr(attention, "auto_backend", lambda *args: "flash")   # the LLM's route on CUDA
+    llm, conf = bench_setup(tmp_path, corpus["texts"].values())
+    launching, utterances = [], []
+    for pack in (256, 768):
+        args = argparse.Namespace(config=str(conf), data=str(corpus["list"]), num_utts=len(corpus["texts"]),
+                                  modes="pack", batch_size=4, max_tokens_in_batch=512, pack_tokens=pack, seed=0)
+        setup = tool_setup(args, ["--model.llm.path", str(llm), "--model.encoder.pos_enc", "wenet",
+                                  "--model.encoder.attn_backend", "varlen"], tmp_path / f"subset{pack}.list")
+        runner, batches = setup.runner, setup.batches(setup.modes[0])
+        opt, sched = runner.fresh(len(batches))
+        for i, batch in enumerate(batches):
+            counter = OpCounter()
+            with step_phases(counter, runner.model, opt), counter:
+                runner.step(batch, opt, sched)
+            if i:   # the first step also creates the optimizer's state
+                totals = counter.totals()
+                launching.append(totals["total"] - totals["views"])
+                utterances.append(len(batch.keys))
+    assert max(utterances) - min(utterances) >= 8
+    assert max(launching) - min(launching) <= 4, list(zip(utterances, launching))
