@@ -106,9 +106,9 @@ part_preloaded() {   # the two sides of west-train's 1.27x over the benchmark's 
   # launching thread (worker processes, the pin-memory thread), or its loop. The same run as part optimes_train's first,
   # on the loader's first batches from memory with the loader ended (west.bench.preloaded): near the benchmark's
   # phases, it is the loader (part contention then says which of its parts); as slow as optimes_train's, the loop
+  steps=$(( steps < 20 ? steps : 20 ))
   log "preloaded: west-train as configured, op-timed as in part optimes_train, on its loader's first $steps batches"\
     "from memory, the loader ended"
-  steps=$(( steps < 20 ? steps : 20 ))
   op_timed_run --preload "$steps" train_op_times_preloaded "${replayed[@]}"
 }
 part_gil() {   # if part optimes_train shows the launching thread blocked in a watched phase while another Python
