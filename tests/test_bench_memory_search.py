@@ -243,6 +243,9 @@ def test_cli_backs_off_a_mode_whose_timed_pass_runs_out(bench, tmp_path, capsys,
         return real(self, batches, warmup_steps)
 
     monkeypatch.setattr(PassRunner, "run", run)
+    import west.bench.benchmark as benchmark
+    real_load, loads = benchmark.load_batches, []
+    monkeypatch.setattr(benchmark, "load_batches", lambda *a, **k: loads.append(a[2].batch_type) or real_load(*a, **k))
     args = ["--config", str(bench["dir"] / "conf.yaml"), "--model.llm.path", str(bench["llm"]),
             "--data", str(bench["list"]), "--num_utts", "8", "--out_dir", str(tmp_path / "out"),
             "--modes", "static,pack", "--repeats", "1", "--profile", "never", "--pack_tokens", "512",
@@ -253,6 +256,9 @@ def test_cli_backs_off_a_mode_whose_timed_pass_runs_out(bench, tmp_path, capsys,
     assert failed
     out = capsys.readouterr().out
     assert "the timed pass of pack ran out of memory: injected: the whole pass; pack again at pack_tokens" in out
+    # the retry loads and counts again only the mode whose size changed
+    assert loads == ["static", "pack", "pack"]
+    assert "static: batches, FLOP and operator counts as in the last attempt (same size)" in out
     res = json.loads((tmp_path / "out" / "benchmark.json").read_text(encoding="utf-8"))
     s = res["memory_budget"]["search"]["pack"]
     (first,) = s["backed_off"]

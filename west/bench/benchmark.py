@@ -92,6 +92,11 @@ def pairwise(results: dict, fast: str, slow: str) -> Optional[dict]:
             "ratio": measured / predicted, "measured_cpu_time": s["cpu_s"] / f["cpu_s"]}
 
 
+def _prepared_key(mode: Mode, count_ops: bool) -> str:
+    """What a mode's batches and counts depend on besides the run's fixed inputs: its sizes and overrides."""
+    return repr((mode.name, sorted(mode.data.items()), sorted(mode.model.items()), count_ops))
+
+
 class ModeOutOfMemory(RuntimeError):
     """A mode's timed pass ran out of memory (``mode`` names it); the model's weights are restored."""
 
@@ -103,12 +108,16 @@ class ModeOutOfMemory(RuntimeError):
 def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, train: TrainConfig,
                   data_list: str, modes: Sequence[Mode], repeats: int = 3,
                   warmup_steps: int = 1, seed: int = 0, device: str = "cpu",
-                  profile: str = "auto", count_ops: bool = True, log=print) -> dict:
+                  profile: str = "auto", count_ops: bool = True, log=print,
+                  prepared: Optional[dict] = None) -> dict:
     """Load each mode's batches, count FLOPs, time ``repeats`` passes per mode; returns results.
 
     ``profile``: auto = profile the two modes of a speed-up check that falls below
     ``TARGET_RATIO`` of its FLOP prediction; always / never. ``count_ops``: one more pass per
-    mode with every dispatched operator counted (and the encoder's alone)."""
+    mode with every dispatched operator counted (and the encoder's alone). ``prepared``: a dict
+    kept across calls (a budget's retries after a timed pass ran out of memory): a mode whose
+    size did not change keeps its batches, FLOP count and operator counts from the last call
+    instead of loading and counting them again (about 20 s per mode at the seed's shapes)."""
     if profile not in ("auto", "always", "never"):
         raise ValueError(f"profile must be auto, always or never, got {profile!r}")
     dev = torch.device(device)
@@ -121,7 +130,15 @@ def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, trai
     buckets, packs_padded = model.encoder.attention_buckets, model.encoder.packs_padded_input
     full_window = shape.encoder_frames(shape.max_frames) if shape.max_frames else None
     loaded, results = {}, {}
+    prepared = {} if prepared is None else prepared
+    for key in set(prepared) - {_prepared_key(m, count_ops) for m in modes}:
+        del prepared[key]   # a mode's old size: its pinned batches go
     for m in modes:
+        reuse = prepared.get(_prepared_key(m, count_ops))
+        if reuse is not None:
+            loaded[m.name], results[m.name] = reuse[0], {**reuse[1], "configuration": m.configuration}
+            log(f"[benchmark] {m.name}: batches, FLOP and operator counts as in the last attempt (same size)")
+            continue
         conf = dataclasses.replace(data_conf, **{**m.data, "num_workers": 0})
         batches, load_s, skipped = load_batches(data_list, tokenizer, conf, shape, seed)
         if dev.type == "cuda":   # as the training loader with pin_memory gives them: copied without a sync
@@ -140,6 +157,8 @@ def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, trai
             raise RuntimeError(f"mode {name} trained on other utterances than {modes[0].name} "
                                f"({len(r['keys'])} vs {len(first)}; skipped: {r['skipped']})")
     for m in modes:
+        if "flops" in results[m.name]:   # counted in the last attempt
+            continue
         t0 = time.perf_counter()
         runner.model.load_state_dict(runner.init)
         with model_overrides(model, m.model), cap_lifted(dev):
@@ -155,6 +174,7 @@ def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, trai
             ops, enc = results[m.name]["ops"]["per_step"], results[m.name]["encoder_ops"]["per_step"]
             log(f"[benchmark] {m.name}: {ops['total']:.0f} dispatched ops per step (encoder alone {enc['total']:.0f}), "
                 f"counted in {time.perf_counter() - t0:.1f} s")
+        prepared[_prepared_key(m, count_ops)] = (loaded[m.name], dict(results[m.name]))
     with compiled_regions(model, train.compile_scope) if train.compile else contextlib.nullcontext(0) as n_compiled:
         if n_compiled:
             log(f"[benchmark] train.compile: {n_compiled} blocks compiled ({train.compile_scope}) for the timed "

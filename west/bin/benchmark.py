@@ -131,9 +131,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         except NothingFits as e:
             print(f"west-benchmark: error: --memory_budget {args.memory_budget}: {e}", file=sys.stderr)
             return 1
+    prepared: dict = {}   # a retry after a timed pass ran out of memory keeps the other modes' batches and counts
+
     def run(sized: list) -> dict:
         return run_benchmark(model, tokenizer, cfg.data, cfg.train, str(subset), sized, args.repeats,
-                             args.warmup_steps, args.seed, device, args.profile, args.count_ops)
+                             args.warmup_steps, args.seed, device, args.profile, args.count_ops, prepared=prepared)
 
     try:
         res = run_within_budget(run, requested, modes, budget)
