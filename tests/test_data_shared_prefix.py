@@ -86,6 +86,23 @@ def test_a_row_holds_the_prefix_once_and_each_sample_keeps_its_positions_labels_
     assert batch.key_max_seqlen == max(b - a for a, b in zip(kcu, kcu[1:]))
 
 
+def test_key_rows_that_do_not_cover_their_index_are_refused_once_per_batch(tokenizer):
+    """The model checks the key layout on the batch's host copy, as it checks cu_seqlens: on a GPU
+    the kernels would read past the gathered keys without a word."""
+    import dataclasses
+
+    from west.models.speech_llm import SpeechLLM
+
+    pe = encoder(tokenizer, system_prompt="system")
+    row = [sample(pe, asr("a", "hello"), 40), sample(pe, asr("b", "world"), 30)]
+    batch = collate_packed([row], 512, pe.pad_id, prefix=pe.prefix)
+    keys = SpeechLLM._key_rows(batch)
+    assert keys.index is batch.key_index and keys.max_seqlen == batch.key_max_seqlen
+    broken = dataclasses.replace(batch, key_index=batch.key_index[:-1])
+    with pytest.raises(ValueError, match="key_cu_seqlens ends at"):
+        SpeechLLM._key_rows(broken)
+
+
 def test_rows_without_a_sharing_sample_have_no_prefix_and_no_key_rows(tokenizer):
     pe = encoder(tokenizer, system_prompt="system")
     row = [sample(pe, chat("c", "another system"), 30)]

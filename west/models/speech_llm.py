@@ -209,7 +209,10 @@ class SpeechLLM(nn.Module):
         """Each segment's keys where the row's samples share a prompt prefix (data.shared_prefix)."""
         if batch.key_index is None:
             return None
-        host = batch.host
+        host = batch.host   # checked on the host copy once per batch, as cu_seqlens is (_host_cu)
+        if int(host.key_cu_seqlens[-1]) != host.key_index.numel():
+            raise ValueError(f"key_cu_seqlens ends at {int(host.key_cu_seqlens[-1])}, key_index has "
+                             f"{host.key_index.numel()} rows; keys={batch.keys}")
         return KeyRows(batch.key_index, batch.key_cu_seqlens, int(batch.key_max_seqlen), host.key_index,
                        host.key_cu_seqlens)
 
