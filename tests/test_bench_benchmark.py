@@ -57,6 +57,10 @@ def test_outputs_written(result):
         assert h["launch_s"] + h["sync_wait_s"] + h["update_s"] <= r["time_s"] / len(r["batches"]) * 1.01, name
     assert "- host ms per step, queueing forward+backward+clip" in md
     assert not any("allocator_per_step" in r for r in res["modes"].values()) and "caching-allocator" not in md
+    if Path("/proc/stat").exists():   # what the hypervisor and the cgroup took, per timed step (west.machine_clock)
+        assert all(r["machine_per_step"]["steal_ms"] >= 0 for r in res["modes"].values())
+        assert "- ms per timed step the machine took from the process (west/machine_clock.py" in md
+        assert "pack steal " in md
 
 
 def test_fixed_sizes_on_a_gpu_print_the_seed_table(result):

@@ -13,6 +13,7 @@ import torch
 
 from west.bench.op_times import WATCHED, PhaseOpTimes, python_lock_suspects, table
 from west.bench.thread_clock import ThreadTimes, others_since
+from west.machine_clock import MachineTimes
 from west.train.step import plan_step, train_step
 
 from helpers.e2e import import_tool
@@ -213,3 +214,25 @@ def test_train_op_times_times_every_step_of_a_real_west_train_run(tmp_path_facto
     with pytest.raises(SystemExit):
         tool.main(["--switch_interval_ms", "0"])
     assert sys.getswitchinterval() == interval
+
+
+def test_each_phase_says_what_the_machine_took_while_it_ran():
+    """The hypervisor's steal and the cgroup's throttling between a phase's two readings, per step:
+    here a clock that advances 5 ms of steal and 2 ms of throttling per reading."""
+    class Clock:
+        n = 0
+
+        def read(self):
+            self.n += 1
+            return MachineTimes(5_000_000 * self.n, 2_000_000 * self.n, self.n)
+
+    model, batch = tiny_model(), packed_batch(samples(), 256)
+    timer = PhaseOpTimes(("projector", "splice"))
+    timer._machine = Clock()
+    for _ in range(2):
+        _step(model, batch, timer)
+    res = timer.summary()
+    for phase in ("projector", "splice"):
+        t = _phase(res, phase)["thread"]
+        assert (t["steal_ms"], t["throttled_ms"]) == (5.0, 2.0), t
+    assert "taken by the machine: the hypervisor's steal (all CPUs) 5.0 ms, the cgroup's throttling 2.0 ms" in table(res)

@@ -40,3 +40,14 @@ def test_time_outside_the_marked_phases_is_taken_step_by_step(tmp_path, capsys):
     assert abs(s["outside_ms"] - 10.0) < 1e-9   # 10, 10, 20 ms outside: median 10
     assert step_summary.main([str(log), "--skip", "0"]) == 0
     assert "outside the phases and the loader's wait: 10.0 ms per step" in capsys.readouterr().out
+
+
+def test_the_time_the_machine_took_is_a_line_of_means(tmp_path, capsys):
+    """Steal and throttling come in bursts (a throttled period is 100 ms): their mean per step, as a line."""
+    log = tmp_path / "train_log.jsonl"
+    steps = [dict(step=i + 1, status="ok", step_time_s=0.3, steal_ms=s, throttled_ms=t)
+             for i, (s, t) in enumerate([(0.0, 0.0), (3.0, 0.0), (0.0, 90.0)])]
+    log.write_text("\n".join(json.dumps(s) for s in steps) + "\n", encoding="utf-8")
+    assert step_summary.main([str(log), "--skip", "0"]) == 0
+    assert ("ms per step taken by the machine (means): the hypervisor's steal (all CPUs) 1.0, "
+            "the cgroup's CPU throttling 30.0") in capsys.readouterr().out

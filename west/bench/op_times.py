@@ -35,6 +35,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from west.bench.thread_clock import ThreadTimes, other_threads, others_since, thread_times
+from west.machine_clock import MachineClock, MachineTimes
 from west.train.phase_marks import PHASE_NAMES, phase_hooks
 
 WATCHED = ("encoder rows", "projector", "splice", "loss")   # phases of a few operators each
@@ -90,9 +91,10 @@ class PhaseOpTimes:
         self._phase: Optional[str] = None
         self._start = 0.0                 # the open phase's start
         self._since = 0.0                 # the end of the last operator (or the phase's start)
-        self._clocks: list[dict] = []     # per step: {phase: [ThreadTimes of the launching thread, {name: ns}]}
-        self._clock: dict = {}
-        self._opened: Optional[tuple[dict, ThreadTimes]] = None   # the open phase's first reading
+        self._clocks: list[dict] = []     # per step: {phase: [ThreadTimes of the launching thread, {name: ns},
+        self._clock: dict = {}            #                    MachineTimes: the hypervisor's steal, throttling]}
+        self._opened: Optional[tuple[dict, ThreadTimes, MachineTimes]] = None   # the open phase's first reading
+        self._machine = MachineClock()
 
     # ---------------------------------------------------------------- recording
     def _add(self, key: tuple, seconds: float) -> None:
@@ -124,20 +126,23 @@ class PhaseOpTimes:
             self._close()
         if self._phase is not None:   # the clocks' reads fall between phases, outside their times; where
             # one watched phase follows another, the reading that closed the first opens the second
-            self._opened = reading or ((other_threads() if self.threads else {}), thread_times())
+            self._opened = reading or ((other_threads() if self.threads else {}), thread_times(),
+                                       self._machine.read())
         self._start = self._since = time.perf_counter()
 
-    def _read_clocks(self, phase: str) -> tuple[dict, ThreadTimes]:
-        """Add the launching thread's clocks and the other threads' time on a core since the phase
-        opened; -> the reading taken now (the other threads', the launching thread's)."""
-        mine = thread_times()
-        others, start = self._opened
+    def _read_clocks(self, phase: str) -> tuple[dict, ThreadTimes, MachineTimes]:
+        """Add the launching thread's clocks, the other threads' time on a core and what the machine
+        took since the phase opened; -> the reading taken now (the other threads', the launching
+        thread's, the machine's)."""
+        mine, machine = thread_times(), self._machine.read()
+        others, start, machine_start = self._opened
         now = other_threads() if self.threads else {}
-        row = self._clock.setdefault(phase, [ThreadTimes(0, 0, 0, 0), {}])
+        row = self._clock.setdefault(phase, [ThreadTimes(0, 0, 0, 0), {}, MachineTimes(0, 0, 0)])
         row[0] = row[0].plus(mine.since(start))
         for name, ns in others_since(others, now).items():
             row[1][name] = row[1].get(name, 0) + ns
-        return now, mine
+        row[2] = row[2].plus(machine.since(machine_start))
+        return now, mine, machine
 
     def _close(self) -> None:
         mode, self._mode = self._mode, None
@@ -201,11 +206,11 @@ class PhaseOpTimes:
         involuntary context switches per step; and ``others``: other threads' ms on a core."""
         clocks, walls = self._clocks[skip:], self._totals[skip:]
         n = len(clocks)
-        total = ThreadTimes(0, 0, 0, 0)
+        total, taken = ThreadTimes(0, 0, 0, 0), MachineTimes(0, 0, 0)
         others: dict[str, float] = {}
         for clock in clocks:
-            mine, theirs = clock.get(phase, (ThreadTimes(0, 0, 0, 0), {}))
-            total = total.plus(mine)
+            mine, theirs, machine = clock.get(phase, (ThreadTimes(0, 0, 0, 0), {}, MachineTimes(0, 0, 0)))
+            total, taken = total.plus(mine), taken.plus(machine)
             for name, ns in theirs.items():
                 others[name] = others.get(name, 0.0) + ns
         wall = 1e3 * sum(w.get(phase, 0.0) for w in walls) / n
@@ -214,7 +219,9 @@ class PhaseOpTimes:
         split = {"wall_ms": wall, "cpu_ms": cpu, "runqueue_ms": wait,
                  "blocked_ms": max(wall - cpu - (wait or 0.0), 0.0),
                  "voluntary_switches": None if total.voluntary is None else total.voluntary / n,
-                 "involuntary_switches": None if total.involuntary is None else total.involuntary / n}
+                 "involuntary_switches": None if total.involuntary is None else total.involuntary / n,
+                 "steal_ms": None if taken.steal_ns is None else taken.steal_ns / 1e6 / n,
+                 "throttled_ms": None if taken.throttled_ns is None else taken.throttled_ns / 1e6 / n}
         ranked = sorted(others.items(), key=lambda kv: -kv[1])[:top]
         return {"thread": split, "others": [{"thread": name, "cpu_ms_per_step": ns / 1e6 / n} for name, ns in ranked]}
 
@@ -234,6 +241,11 @@ def thread_line(p: dict) -> str:
     if busy:
         line += "; other threads on a core meanwhile: " + ", ".join(
             f"`{o['thread']}` {o['cpu_ms_per_step']:.1f} ms" for o in busy)
+    taken = [f"{what} {t[key]:.1f} ms" for key, what in (("steal_ms", "the hypervisor's steal (all CPUs)"),
+                                                         ("throttled_ms", "the cgroup's throttling"))
+             if t.get(key) is not None]
+    if taken:   # time off a core that is neither the run queue's nor the thread's own blocking
+        line += "; taken by the machine: " + ", ".join(taken)
     return line
 
 

@@ -9,6 +9,8 @@ import os
 import platform
 from pathlib import Path
 
+from west.machine_clock import MachineClock
+
 
 def _fmt_time(s: float) -> str:
     m, sec = divmod(s, 60.0)
@@ -184,6 +186,13 @@ def notes(res: dict) -> str:
         out.append("- CUDA caching-allocator events per timed step (device allocations and frees, retries after "
                    "a cache flush: 0 in a steady state; more under a tight memory cap is the allocator's time, "
                    "not the kernels'): " + "; ".join(allocs))
+    taken = [f"{name} steal {m.get('steal_ms', math.nan):.1f}, throttled {m.get('throttled_ms', math.nan):.1f}"
+             for name, r in res["modes"].items() if (m := r.get("machine_per_step"))]
+    if taken:
+        quota = res["env"].get("cpu_quota")
+        out.append("- ms per timed step the machine took from the process (west/machine_clock.py: the hypervisor's "
+                   "steal, added up over all CPUs, and the cgroup's CPU throttling; "
+                   f"{'no CPU quota' if quota is None else f'a CPU quota of {quota:g} cores'}): " + "; ".join(taken))
     graphs = [f"{name}: {r['llm_graph']}" for name, r in res["modes"].items() if r.get("llm_graph")]
     if graphs:
         out.append("- train.cuda_graphs (the LLM decoder replayed; the rows' padding is not in the FLOP counts): "
@@ -297,7 +306,7 @@ def machine(device: str) -> dict:
     return {"cpu_model": cpu, "cpu_count": os.cpu_count(), "torch": torch.__version__, "gpu": gpu,
             "threads": torch.get_num_threads(), "device": device, "python": platform.python_version(),
             "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-            "load_before": [round(x, 2) for x in os.getloadavg()]}
+            "load_before": [round(x, 2) for x in os.getloadavg()], "cpu_quota": MachineClock().quota_cores}
 
 
 def save(res: dict, out: Path) -> str:

@@ -9,6 +9,9 @@ driver's; a wait for the GPU in blocking mode; I/O). Linux keeps the three apart
 usage its voluntary (blocked) and involuntary (preempted) context switches, and its CPU clock the
 time on a core; the rest of the wall time the thread was blocked. Other threads' time on a core
 in the same window says who ran meanwhile (a Python thread there may hold the interpreter's lock).
+On a virtual machine the time the hypervisor takes the thread's vCPU is in neither clock, so it
+counts as blocked too; :mod:`west.machine_clock` reads that steal (and a cgroup's throttling)
+beside it.
 
 Elsewhere only the thread's CPU time is known; the other figures are None.
 """

@@ -9,7 +9,9 @@ SM activity (``DCGM_FI_PROF_SM_ACTIVE``: fraction of SMs with a resident warp)
 and NOT the PyTorch profiler's estimated SM efficiency; a single tiny kernel
 keeps it at 100 %. Where the driver provides them, ``gpu_sm_pct`` is the mean of NVML's
 per-process SM utilisation samples (``nvmlDeviceGetProcessUtilization().smUtil``). On CPU, :class:`CpuSampler` reports this process's CPU use.
-pynvml (package ``nvidia-ml-py``, extra ``gpu``) is imported only when needed.
+pynvml (package ``nvidia-ml-py``, extra ``gpu``) is imported only when needed. Both samplers also
+give the ms the machine took from the process in the window (:data:`MACHINE_KEYS`, where Linux says:
+the hypervisor's steal over all CPUs and the cgroup's CPU throttling, :mod:`west.machine_clock`).
 """
 from __future__ import annotations
 
@@ -19,6 +21,10 @@ from types import ModuleType
 from typing import Optional, Protocol
 
 import psutil
+
+from west.machine_clock import MachineWindow
+
+MACHINE_KEYS = ("steal_ms", "throttled_ms")
 
 
 class Monitor(Protocol):
@@ -45,13 +51,15 @@ class CpuSampler:
 
     def __init__(self) -> None:
         self._proc = psutil.Process()
+        self._machine: Optional[MachineWindow] = None
 
     def start(self) -> None:
         self._proc.cpu_percent(None)  # first call only sets the reference point
+        self._machine = MachineWindow()
 
     def read(self) -> dict[str, float]:
         return {"cpu_util_pct": float(self._proc.cpu_percent(None)),
-                "cpu_count": float(psutil.cpu_count() or 1)}
+                "cpu_count": float(psutil.cpu_count() or 1), **(self._machine.read() if self._machine else {})}
 
     def stop(self) -> None:
         pass
@@ -74,6 +82,7 @@ class NvmlSampler:
         self._thread: Optional[threading.Thread] = None
         self._sm_ok: Optional[bool] = None
         self._sm_seen = 0
+        self._machine: Optional[MachineWindow] = None
         self._reset()
 
     def _reset(self) -> None:
@@ -133,6 +142,7 @@ class NvmlSampler:
             self._handle = self._nvml.nvmlDeviceGetHandleByIndex(self._index)
         self.sample()
         self._sm.clear()   # SM samples from before start() belong to nobody's window
+        self._machine = MachineWindow()
         if thread:
             self._thread = threading.Thread(target=self._run, name="nvml-sampler", daemon=True)
             self._thread.start()
@@ -149,7 +159,7 @@ class NvmlSampler:
                 if self._sm:
                     out["gpu_sm_pct"] = sum(self._sm) / len(self._sm)
             self._reset()
-        return out
+        return {**out, **(self._machine.read() if self._machine else {})}
 
     def stop(self) -> None:
         self._stop.set()
