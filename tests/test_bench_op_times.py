@@ -236,3 +236,33 @@ def test_each_phase_says_what_the_machine_took_while_it_ran():
         t = _phase(res, phase)["thread"]
         assert (t["steal_ms"], t["throttled_ms"]) == (5.0, 2.0), t
     assert "taken by the machine: the hypervisor's steal (all CPUs) 5.0 ms, the cgroup's throttling 2.0 ms" in table(res)
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists() or sys.platform != "linux", reason="Linux's per-thread usage")
+def test_time_in_the_kernel_and_page_faults_are_told_apart_from_the_threads_own_work():
+    """A phase that spends its time in system calls and touches fresh pages (what pinning memory or a
+    driver's ioctls do) says so in its thread line; a phase that does neither does not."""
+    import mmap
+    import os
+
+    model, batch = tiny_model(), packed_batch(samples(), 256)
+    inner_forward = model.projector.net.forward
+
+    def forward(x):
+        with open("/dev/zero", "rb", buffering=0) as f:   # 60 ms of copying in the kernel
+            stop = time.perf_counter() + 0.06
+            while time.perf_counter() < stop:
+                f.read(1 << 20)
+        fresh = mmap.mmap(-1, 32 << 20)                    # 32 MiB never touched: a fault per page (or huge page)
+        for at in range(0, len(fresh), os.sysconf("SC_PAGE_SIZE")):
+            fresh[at] = 1
+        fresh.close()
+        return inner_forward(x)
+    model.projector.net.forward = forward
+    timer = PhaseOpTimes(("projector", "splice"))
+    _step(model, batch, timer)
+    res = timer.summary()
+    proj, splice = _phase(res, "projector")["thread"], _phase(res, "splice")["thread"]
+    assert proj["system_ms"] >= 20 and proj["page_faults"] >= 16, proj
+    assert splice["system_ms"] < proj["system_ms"] and splice["page_faults"] < proj["page_faults"], splice
+    assert "ms on a core (" in table(res) and " of them in the kernel, " in table(res)

@@ -137,7 +137,7 @@ class PhaseOpTimes:
         mine, machine = thread_times(), self._machine.read()
         others, start, machine_start = self._opened
         now = other_threads() if self.threads else {}
-        row = self._clock.setdefault(phase, [ThreadTimes(0, 0, 0, 0), {}, MachineTimes(0, 0, 0)])
+        row = self._clock.setdefault(phase, [ThreadTimes.zero(), {}, MachineTimes(0, 0, 0)])
         row[0] = row[0].plus(mine.since(start))
         for name, ns in others_since(others, now).items():
             row[1][name] = row[1].get(name, 0) + ns
@@ -206,10 +206,10 @@ class PhaseOpTimes:
         involuntary context switches per step; and ``others``: other threads' ms on a core."""
         clocks, walls = self._clocks[skip:], self._totals[skip:]
         n = len(clocks)
-        total, taken = ThreadTimes(0, 0, 0, 0), MachineTimes(0, 0, 0)
+        total, taken = ThreadTimes.zero(), MachineTimes(0, 0, 0)
         others: dict[str, float] = {}
         for clock in clocks:
-            mine, theirs, machine = clock.get(phase, (ThreadTimes(0, 0, 0, 0), {}, MachineTimes(0, 0, 0)))
+            mine, theirs, machine = clock.get(phase, (ThreadTimes.zero(), {}, MachineTimes(0, 0, 0)))
             total, taken = total.plus(mine), taken.plus(machine)
             for name, ns in theirs.items():
                 others[name] = others.get(name, 0.0) + ns
@@ -220,6 +220,8 @@ class PhaseOpTimes:
                  "blocked_ms": max(wall - cpu - (wait or 0.0), 0.0),
                  "voluntary_switches": None if total.voluntary is None else total.voluntary / n,
                  "involuntary_switches": None if total.involuntary is None else total.involuntary / n,
+                 "system_ms": None if total.system_ns is None else total.system_ns / 1e6 / n,
+                 "page_faults": None if total.faults is None else total.faults / n,
                  "steal_ms": None if taken.steal_ns is None else taken.steal_ns / 1e6 / n,
                  "throttled_ms": None if taken.throttled_ns is None else taken.throttled_ns / 1e6 / n}
         ranked = sorted(others.items(), key=lambda kv: -kv[1])[:top]
@@ -235,7 +237,9 @@ def thread_line(p: dict) -> str:
     switches = ("" if t["voluntary_switches"] is None else
                 f" ({t['voluntary_switches']:.1f} voluntary and {t['involuntary_switches']:.1f} involuntary "
                 f"context switches)")
-    line = (f"the launching thread, means per step: {t['cpu_ms']:.1f} ms on a core, {wait} ms waiting for one, "
+    kernel = ("" if t.get("system_ms") is None else
+              f" ({t['system_ms']:.1f} of them in the kernel, {t['page_faults']:.0f} page faults)")
+    line = (f"the launching thread, means per step: {t['cpu_ms']:.1f} ms on a core{kernel}, {wait} ms waiting for one, "
             f"{t['blocked_ms']:.1f} ms blocked{switches}")
     busy = [o for o in p.get("others", []) if o["cpu_ms_per_step"] >= 0.05]
     if busy:

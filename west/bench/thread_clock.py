@@ -41,6 +41,12 @@ class ThreadTimes:
     wait_ns: Optional[int]          # runnable, waiting on a run queue (schedstat's run_delay)
     voluntary: Optional[int]        # switches away because it blocked
     involuntary: Optional[int]      # switches away because it was preempted
+    system_ns: Optional[int] = None   # of cpu_ns, in the kernel (system calls: the driver's ioctls, page faults)
+    faults: Optional[int] = None      # page faults, minor and major (first touches of new memory, pinning)
+
+    @staticmethod
+    def zero() -> "ThreadTimes":
+        return ThreadTimes(0, 0, 0, 0, 0, 0)
 
     def since(self, start: "ThreadTimes") -> "ThreadTimes":
         """What accrued from ``start`` to this reading (None where either side does not know)."""
@@ -54,13 +60,14 @@ class ThreadTimes:
         def both(a, b):
             return None if a is None or b is None else op(a, b)
         return ThreadTimes(op(self.cpu_ns, other.cpu_ns), both(self.wait_ns, other.wait_ns),
-                           both(self.voluntary, other.voluntary), both(self.involuntary, other.involuntary))
+                           both(self.voluntary, other.voluntary), both(self.involuntary, other.involuntary),
+                           both(self.system_ns, other.system_ns), both(self.faults, other.faults))
 
 
 def thread_times() -> ThreadTimes:
     """The calling thread's :class:`ThreadTimes` now (tens of microseconds)."""
     cpu = time.thread_time_ns()
-    wait = voluntary = involuntary = None
+    wait = voluntary = involuntary = system = faults = None
     try:
         wait = int((_SELF / "schedstat").read_text().split()[1])
     except (OSError, ValueError, IndexError):
@@ -68,7 +75,8 @@ def thread_times() -> ThreadTimes:
     if _RUSAGE_THREAD is not None:
         usage = resource.getrusage(_RUSAGE_THREAD)
         voluntary, involuntary = usage.ru_nvcsw, usage.ru_nivcsw
-    return ThreadTimes(cpu, wait, voluntary, involuntary)
+        system, faults = int(usage.ru_stime * 1e9), usage.ru_minflt + usage.ru_majflt
+    return ThreadTimes(cpu, wait, voluntary, involuntary, system, faults)
 
 
 def other_threads() -> dict[int, tuple[str, int]]:
