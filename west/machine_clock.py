@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import operator
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Optional
 
@@ -32,27 +33,30 @@ PROC = Path("/proc")
 CGROUP = Path("/sys/fs/cgroup")
 
 
+class Counters:
+    """Base of frozen dataclasses of counters, each an int or None where it is not known: a
+    difference of two readings and a sum over steps keep None wherever either side has it."""
+
+    def since(self, start):
+        """What accrued from ``start`` to this reading."""
+        return self._combine(start, operator.sub)
+
+    def plus(self, other):
+        """Both added up (per-phase figures over steps)."""
+        return self._combine(other, operator.add)
+
+    def _combine(self, other, op):
+        pairs = ((getattr(self, f.name), getattr(other, f.name)) for f in fields(self))
+        return type(self)(*(None if a is None or b is None else op(a, b) for a, b in pairs))
+
+
 @dataclass(frozen=True)
-class MachineTimes:
+class MachineTimes(Counters):
     """One reading, in ns since boot (steal, all CPUs added up) or since the cgroup was made."""
 
     steal_ns: Optional[int]
     throttled_ns: Optional[int]
     throttles: Optional[int]       # periods in which the cgroup was throttled
-
-    def since(self, start: "MachineTimes") -> "MachineTimes":
-        """What accrued from ``start`` to this reading (None where either side does not know)."""
-        return self._combine(start, lambda a, b: a - b)
-
-    def plus(self, other: "MachineTimes") -> "MachineTimes":
-        """Both added up (per-phase figures over steps)."""
-        return self._combine(other, lambda a, b: a + b)
-
-    def _combine(self, other: "MachineTimes", op) -> "MachineTimes":
-        def both(a, b):
-            return None if a is None or b is None else op(a, b)
-        return MachineTimes(both(self.steal_ns, other.steal_ns), both(self.throttled_ns, other.throttled_ns),
-                            both(self.throttles, other.throttles))
 
 
 def _steal_ns(proc: Path) -> Optional[int]:

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from west.machine_clock import Counters
+
 try:
     import resource
     _RUSAGE_THREAD = getattr(resource, "RUSAGE_THREAD", None)   # Linux
@@ -34,7 +36,7 @@ _TASKS = Path("/proc/self/task")
 
 
 @dataclass(frozen=True)
-class ThreadTimes:
+class ThreadTimes(Counters):
     """One reading of the calling thread's clocks (ns) and context switches."""
 
     cpu_ns: int                     # on a core (CLOCK_THREAD_CPUTIME_ID: exact for the running thread)
@@ -47,21 +49,6 @@ class ThreadTimes:
     @staticmethod
     def zero() -> "ThreadTimes":
         return ThreadTimes(0, 0, 0, 0, 0, 0)
-
-    def since(self, start: "ThreadTimes") -> "ThreadTimes":
-        """What accrued from ``start`` to this reading (None where either side does not know)."""
-        return self._combine(start, lambda a, b: a - b)
-
-    def plus(self, other: "ThreadTimes") -> "ThreadTimes":
-        """Both added up (per-phase times over steps)."""
-        return self._combine(other, lambda a, b: a + b)
-
-    def _combine(self, other: "ThreadTimes", op) -> "ThreadTimes":
-        def both(a, b):
-            return None if a is None or b is None else op(a, b)
-        return ThreadTimes(op(self.cpu_ns, other.cpu_ns), both(self.wait_ns, other.wait_ns),
-                           both(self.voluntary, other.voluntary), both(self.involuntary, other.involuntary),
-                           both(self.system_ns, other.system_ns), both(self.faults, other.faults))
 
 
 def thread_times() -> ThreadTimes:
