@@ -33,7 +33,7 @@ def test_gpu_suite_runs_its_benchmark_and_profiler_parts_on_the_cpu_with_toy_siz
     assert suite.count("**projector**: ") == 2 and "unprofiled, the host's time by operator)" in suite
     assert suite.count("the launching thread, means per step: ") == 2 * 4
     assert suite.count("; taken by the machine: the hypervisor's steal (all CPUs) ") == 2 * 4
-    # around every part: what the hypervisor and the cgroup took from the machine meanwhile (west.machine_clock)
+    # around every part: what the hypervisor and the cgroup took from the machine meanwhile (west.host_clock)
     assert "[gpu_suite] since boot: " in log and re.search(r"\] bench, the machine meanwhile: (no CPU quota|a CPU quota "
                                                            r"of [\d.]+ cores), \d+ CPUs; steal [\d.]+ CPU-s", log)
     assert "### the LLM's loss alone, H 32, V 1,000" in suite and "| 64 | bf16 | frozen | chunked |" in suite   # loss

@@ -43,11 +43,14 @@ def test_time_outside_the_marked_phases_is_taken_step_by_step(tmp_path, capsys):
 
 
 def test_the_time_the_machine_took_is_a_line_of_means(tmp_path, capsys):
-    """Steal and throttling come in bursts (a throttled period is 100 ms): their mean per step, as a line."""
+    """The host's figures as a line of means per step (steal and throttling come in bursts: a throttled
+    period is 100 ms, which a median would hide)."""
     log = tmp_path / "train_log.jsonl"
-    steps = [dict(step=i + 1, status="ok", step_time_s=0.3, steal_ms=s, throttled_ms=t)
-             for i, (s, t) in enumerate([(0.0, 0.0), (3.0, 0.0), (0.0, 90.0)])]
+    steps = [dict(step=i + 1, status="ok", step_time_s=0.3, steal_ms=s, throttled_ms=t, host_cpu_ms=c,
+                  host_kernel_ms=2.0, host_runqueue_ms=0.5, host_faults=10, autograd_cpu_ms=40.0)
+             for i, (s, t, c) in enumerate([(0.0, 0.0, 100.0), (3.0, 0.0, 110.0), (0.0, 90.0, 120.0)])]
     log.write_text("\n".join(json.dumps(s) for s in steps) + "\n", encoding="utf-8")
     assert step_summary.main([str(log), "--skip", "0"]) == 0
-    assert ("ms per step taken by the machine (means): the hypervisor's steal (all CPUs) 1.0, "
-            "the cgroup's CPU throttling 30.0") in capsys.readouterr().out
+    assert ("the host's ms per step (means): the launching thread 110.0 on a core (2.0 in the kernel, 10 page "
+            "faults), 0.5 waiting for one; autograd's threads 40.0 on a core; taken by the machine: the hypervisor's "
+            "steal (all CPUs) 1.0, the cgroup's throttling 30.0") in capsys.readouterr().out

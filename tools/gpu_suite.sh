@@ -75,11 +75,11 @@ part() {   # name: run part_<name> in a subshell; a failed part is logged and th
   if [ -f "$work_dir/encoder_fallback" ] && [ -z "$fallback" ]; then   # build's encoder preflight failed
     fallback=1; common+=(--model.encoder.pos_enc relative)
   fi
-  "$python" -m west.machine_clock "$work_dir/machine_clock.json" 2>/dev/null || true
+  "$python" -m west.host_clock "$work_dir/machine_clock.json" 2>/dev/null || true
   if ( set -euo pipefail; "part_$1" ); then log "$1 ok ($(( $(date +%s) - t0 )) s)"
   else log "$1 FAILED (rc $?, $(( $(date +%s) - t0 )) s): see suite.log"; failed+=("$1"); fi
   # what the hypervisor (steal) and the cgroup (throttling) took from the machine during the part
-  log "$1, the machine meanwhile: $("$python" -m west.machine_clock --since "$work_dir/machine_clock.json" 2>&1)"
+  log "$1, the machine meanwhile: $("$python" -m west.host_clock --since "$work_dir/machine_clock.json" 2>&1)"
 }
 log() { echo "[gpu_suite $(date +%H:%M:%S)] $*" | tee -a "$out/suite.log"; }
 replay_shape() {   # "ROWS SEGMENTS MAX_LEN" of the encoder's replay as west-train last printed it (or nothing)
@@ -105,7 +105,7 @@ if torch.cuda.is_available():
     p = torch.cuda.get_device_properties(0)
     print(f"[gpu_suite] {p.multi_processor_count} SMs, {total / 2**30:.1f} GiB ({free / 2**30:.1f} free), "
           f"capability {p.major}.{p.minor}, CPU cores {__import__('os').cpu_count()}")
-from west.machine_clock import MachineClock, MachineTimes, describe
+from west.host_clock import MachineClock, MachineTimes, describe
 clock = MachineClock()
 print(f"[gpu_suite] since boot: {describe(clock.quota_cores, clock.read().since(MachineTimes(0, 0, 0)))}")
 EOF

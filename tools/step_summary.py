@@ -6,8 +6,9 @@ the medians: step time, utterances and real LLM tokens per second, loader wait, 
 SM % (NVML, when sampled), peak allocated and (CUDA) reserved memory, and the host's split of the
 step (queueing forward/backward/clip, then blocked in the step's one read-back: near 0 on a GPU
 when the host paces the step), and the mean per step of the CUDA caching allocator's device allocations and
-flush-and-retry events (0 in a steady state), and a line of the time the machine took from the
-process (the hypervisor's steal over all CPUs, the cgroup's throttling: west.machine_clock). A run with ``train.phase_marks`` also gets its
+flush-and-retry events (0 in a steady state), and a line of the host's figures (the launching
+thread's time on a core, in the kernel and waiting for one, autograd's threads', the hypervisor's
+steal, the cgroup's throttling: west.host_clock). A run with ``train.phase_marks`` also gets its
 phases' table: host and GPU ms per phase and how far the host was ahead of the GPU, and the time
 each step spent outside its phases and the loader's wait. Not a test.
 
@@ -20,6 +21,7 @@ import json
 import statistics
 from pathlib import Path
 
+from west.host_clock import HOST_KEYS, host_line
 from west.train.phase_marks import lag_table
 from west.train.phase_marks import summarize as phase_summary
 
@@ -31,7 +33,6 @@ COLUMNS = (("step_time_s", "step s", "{:.3f}"), ("utts_per_s", "utts/s", "{:.0f}
            ("device_allocs", "device allocs", "{:.1f}"),
            ("alloc_retries", "alloc retries", "{:.1f}"))
 EVENTS = ("device_allocs", "alloc_retries")   # rare events: the mean per step (a median hides them)
-TAKEN = (("steal_ms", "the hypervisor's steal (all CPUs)"), ("throttled_ms", "the cgroup's CPU throttling"))
 
 
 def summarize(path: Path, skip: int) -> dict:
@@ -43,10 +44,13 @@ def summarize(path: Path, skip: int) -> dict:
     for key, _, _ in COLUMNS:
         values = [s[key] for s in steps if isinstance(s.get(key), (int, float))]
         out[key] = (statistics.fmean if key in EVENTS else statistics.median)(values) if values else None
-    for key, _ in TAKEN:   # ms per step the machine took from the process (west.machine_clock): means
+    host = {}   # the host's figures (west.host_clock): means per step
+    for key in HOST_KEYS:
         values = [s[key] for s in steps if isinstance(s.get(key), (int, float))]
         if values:
-            out[key] = statistics.fmean(values)
+            host[key] = statistics.fmean(values)
+    if host:
+        out["host"] = host
     for key in ("peak_mem_mb", "peak_reserved_mb"):   # the most over the run, in GiB
         if out[key] is not None:
             out[key] = max(s[key] for s in steps if isinstance(s.get(key), (int, float))) / 1024
@@ -76,9 +80,8 @@ def main(argv=None) -> int:
     head = "| run | steps | " + " | ".join(title for _, title, _ in COLUMNS) + " |"
     cells = [fmt.format(s[key]) if s[key] is not None else "–" for key, _, fmt in COLUMNS]
     print(f"{head}\n|{'---|' * (len(COLUMNS) + 2)}\n| {a.name} | {s['steps']} | " + " | ".join(cells) + " |")
-    taken = [f"{what} {s[key]:.1f}" for key, what in TAKEN if key in s]
-    if taken:
-        print(f"ms per step taken by the machine (means): {', '.join(taken)}")
+    if "host" in s:
+        print(f"the host's ms per step (means): {host_line(s['host'])}")
     if "phase_marks" in s:
         print(f"\n{a.name}, phase by phase (train.phase_marks):\n\n{lag_table(s['phase_marks'])}\n"
               f"outside the phases and the loader's wait: {s['outside_ms']:.1f} ms per step (median over steps)")

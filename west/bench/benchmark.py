@@ -197,7 +197,7 @@ def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, trai
         if fit is not None:
             r["step_time_fit"] = fit
         for key in ("allocator", "machine"):   # CUDA caching-allocator events (0 in a steady state); the
-            # time the machine took from the process (west.machine_clock): per timed step
+            # time the machine took from the process (west.host_clock): per timed step
             events = [x[key] for x in r["runs"] if x.get(key)]
             if events:
                 r[f"{key}_per_step"] = {k: statistics.fmean(e[k] for e in events) / len(r["batches"]) for k in events[0]}

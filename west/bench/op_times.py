@@ -15,7 +15,7 @@ the step runs unchanged elsewhere) and times, on the host's clock,
   until the phase ends.
 
 and, per phase, where the launching thread's wall time went (on a core, waiting for one, blocked:
-:mod:`west.bench.thread_clock`) and which other threads of the process ran meanwhile.
+:mod:`west.host_clock`) and which other threads of the process ran meanwhile.
 
 Not a benchmark: the mode costs some microseconds per operator, so it is kept to the few phases
 asked for. ``tools/train_op_times.py`` runs west-train under it; ``tools/profile_step.py
@@ -34,8 +34,15 @@ from typing import Iterator, Optional
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from west.bench.thread_clock import ThreadTimes, other_threads, others_since, thread_times
-from west.machine_clock import MachineClock, MachineTimes
+from west.host_clock import (
+    MachineClock,
+    MachineTimes,
+    ThreadTimes,
+    host_line,
+    other_threads,
+    others_since,
+    thread_times,
+)
 from west.train.phase_marks import PHASE_NAMES, phase_hooks
 
 WATCHED = ("encoder rows", "projector", "splice", "loss")   # phases of a few operators each
@@ -245,11 +252,9 @@ def thread_line(p: dict) -> str:
     if busy:
         line += "; other threads on a core meanwhile: " + ", ".join(
             f"`{o['thread']}` {o['cpu_ms_per_step']:.1f} ms" for o in busy)
-    taken = [f"{what} {t[key]:.1f} ms" for key, what in (("steal_ms", "the hypervisor's steal (all CPUs)"),
-                                                         ("throttled_ms", "the cgroup's throttling"))
-             if t.get(key) is not None]
+    taken = host_line({k: t[k] for k in ("steal_ms", "throttled_ms") if t.get(k) is not None})
     if taken:   # time off a core that is neither the run queue's nor the thread's own blocking
-        line += "; taken by the machine: " + ", ".join(taken)
+        line += f"; {taken} ms"
     return line
 
 

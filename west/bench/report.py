@@ -9,7 +9,7 @@ import os
 import platform
 from pathlib import Path
 
-from west.machine_clock import MachineClock
+from west.host_clock import MachineClock, host_line
 
 
 def _fmt_time(s: float) -> str:
@@ -186,13 +186,11 @@ def notes(res: dict) -> str:
         out.append("- CUDA caching-allocator events per timed step (device allocations and frees, retries after "
                    "a cache flush: 0 in a steady state; more under a tight memory cap is the allocator's time, "
                    "not the kernels'): " + "; ".join(allocs))
-    taken = [f"{name} steal {m.get('steal_ms', math.nan):.1f}, throttled {m.get('throttled_ms', math.nan):.1f}"
-             for name, r in res["modes"].items() if (m := r.get("machine_per_step"))]
-    if taken:
+    hosts = [f"{name}: {host_line(m)}" for name, r in res["modes"].items() if (m := r.get("machine_per_step"))]
+    if hosts:
         quota = res["env"].get("cpu_quota")
-        out.append("- ms per timed step the machine took from the process (west/machine_clock.py: the hypervisor's "
-                   "steal, added up over all CPUs, and the cgroup's CPU throttling; "
-                   f"{'no CPU quota' if quota is None else f'a CPU quota of {quota:g} cores'}): " + "; ".join(taken))
+        out.append("- the host's ms per timed step (west/host_clock.py; "
+                   f"{'no CPU quota' if quota is None else f'a CPU quota of {quota:g} cores'}): " + " | ".join(hosts))
     graphs = [f"{name}: {r['llm_graph']}" for name, r in res["modes"].items() if r.get("llm_graph")]
     if graphs:
         out.append("- train.cuda_graphs (the LLM decoder replayed; the rows' padding is not in the FLOP counts): "

@@ -10,11 +10,12 @@ from typing import Iterator, Optional, Sequence
 import torch
 
 from west.batch import Batch
+from west.host_clock import HOST_KEYS
 from west.models.working_weights import clear_working_grads
 from west.pinned_ring import use_pinned_ring
 from west.ranks import allow_cudnn_attention
 from west.train.config import TrainConfig
-from west.train.gpu_monitor import MACHINE_KEYS, build_monitor
+from west.train.gpu_monitor import build_monitor
 from west.train.late_readback import check_fused, queue_train_step
 from west.train.metrics import AllocatorEvents, peak_reserved_mb
 from west.train.schedule import build_optimizer, build_scheduler
@@ -126,7 +127,7 @@ class PassRunner:
                 "mean_loss": statistics.fmean(losses), "peak_mem_gib": self._peak_gib(),
                 "peak_reserved_gib": self._peak_reserved_gib(reserved),
                 "sm_pct": hw.get("gpu_sm_pct"), "allocator": allocator_events,
-                "machine": {k: hw[k] for k in MACHINE_KEYS if k in hw}, **host}
+                "machine": {k: hw[k] for k in HOST_KEYS if k in hw}, **host}
 
     def _peak_gib(self) -> float:
         """CUDA: peak allocated by this pass. CPU: the process's peak RSS so far (never reset)."""

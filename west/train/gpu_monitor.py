@@ -10,8 +10,9 @@ and NOT the PyTorch profiler's estimated SM efficiency; a single tiny kernel
 keeps it at 100 %. Where the driver provides them, ``gpu_sm_pct`` is the mean of NVML's
 per-process SM utilisation samples (``nvmlDeviceGetProcessUtilization().smUtil``). On CPU, :class:`CpuSampler` reports this process's CPU use.
 pynvml (package ``nvidia-ml-py``, extra ``gpu``) is imported only when needed. Both samplers also
-give the ms the machine took from the process in the window (:data:`MACHINE_KEYS`, where Linux says:
-the hypervisor's steal over all CPUs and the cgroup's CPU throttling, :mod:`west.machine_clock`).
+give the host's figures for the window, read on the launching thread where Linux says them
+(:data:`west.host_clock.HOST_KEYS`: that thread's time on a core, in the kernel and waiting for one;
+autograd's threads' time; the hypervisor's steal and the cgroup's CPU throttling).
 """
 from __future__ import annotations
 
@@ -22,9 +23,7 @@ from typing import Optional, Protocol
 
 import psutil
 
-from west.machine_clock import MachineWindow
-
-MACHINE_KEYS = ("steal_ms", "throttled_ms")
+from west.host_clock import HostWindow
 
 
 class Monitor(Protocol):
@@ -51,15 +50,15 @@ class CpuSampler:
 
     def __init__(self) -> None:
         self._proc = psutil.Process()
-        self._machine: Optional[MachineWindow] = None
+        self._host: Optional[HostWindow] = None
 
     def start(self) -> None:
         self._proc.cpu_percent(None)  # first call only sets the reference point
-        self._machine = MachineWindow()
+        self._host = HostWindow()
 
     def read(self) -> dict[str, float]:
         return {"cpu_util_pct": float(self._proc.cpu_percent(None)),
-                "cpu_count": float(psutil.cpu_count() or 1), **(self._machine.read() if self._machine else {})}
+                "cpu_count": float(psutil.cpu_count() or 1), **(self._host.read() if self._host else {})}
 
     def stop(self) -> None:
         pass
@@ -82,7 +81,7 @@ class NvmlSampler:
         self._thread: Optional[threading.Thread] = None
         self._sm_ok: Optional[bool] = None
         self._sm_seen = 0
-        self._machine: Optional[MachineWindow] = None
+        self._host: Optional[HostWindow] = None
         self._reset()
 
     def _reset(self) -> None:
@@ -142,7 +141,7 @@ class NvmlSampler:
             self._handle = self._nvml.nvmlDeviceGetHandleByIndex(self._index)
         self.sample()
         self._sm.clear()   # SM samples from before start() belong to nobody's window
-        self._machine = MachineWindow()
+        self._host = HostWindow()
         if thread:
             self._thread = threading.Thread(target=self._run, name="nvml-sampler", daemon=True)
             self._thread.start()
@@ -159,7 +158,7 @@ class NvmlSampler:
                 if self._sm:
                     out["gpu_sm_pct"] = sum(self._sm) / len(self._sm)
             self._reset()
-        return {**out, **(self._machine.read() if self._machine else {})}
+        return {**out, **(self._host.read() if self._host else {})}
 
     def stop(self) -> None:
         self._stop.set()

@@ -1,5 +1,6 @@
-"""west.machine_clock: the hypervisor's steal and the cgroup's throttling, read from fake /proc and
-cgroup trees (v1 and v2) and from this machine's own where Linux has them."""
+"""west.host_clock: the hypervisor's steal and the cgroup's throttling, read from fake /proc and
+cgroup trees (v1 and v2) and from this machine's own where Linux has them; the launching thread's
+figures per window."""
 import json
 import os
 import subprocess
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from west.machine_clock import MachineClock, MachineTimes, MachineWindow, cpu_cgroup, describe, main
+from west.host_clock import HOST_KEYS, HostWindow, MachineClock, MachineTimes, cpu_cgroup, describe, host_line, main
 
 TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,7 +63,7 @@ def test_nothing_to_read_gives_none_and_says_so(tmp_path):
     proc.mkdir()
     clock = MachineClock(proc, tmp_path / "none")
     assert clock.read() == MachineTimes(None, None, None)
-    assert MachineWindow(clock).read() == {}
+    assert not {"steal_ms", "throttled_ms"} & set(HostWindow(clock).read())
     line = describe(None, clock.read())
     assert "no CPU quota" in line and "steal not known" in line and "throttled not known" in line
 
@@ -75,9 +76,10 @@ def test_a_window_gives_what_accrued_since_the_last_read_in_ms():
         def read(self):
             return next(readings)
 
-    window = MachineWindow(Clock())
-    assert window.read() == {"steal_ms": 3.0, "throttled_ms": 2.5}
-    assert window.read() == {"steal_ms": 0.0, "throttled_ms": 0.0}
+    window = HostWindow(Clock())
+    machine = ("steal_ms", "throttled_ms")
+    assert {k: v for k, v in window.read().items() if k in machine} == {"steal_ms": 3.0, "throttled_ms": 2.5}
+    assert {k: v for k, v in window.read().items() if k in machine} == {"steal_ms": 0.0, "throttled_ms": 0.0}
     total = MachineTimes(1, 2, 3).plus(MachineTimes(10, None, 30))
     assert total == MachineTimes(11, None, 33)
 
@@ -97,7 +99,7 @@ def test_the_command_line_writes_a_reading_and_prints_what_accrued(tmp_path, cap
     assert set(start) == {"steal_ns", "throttled_ns", "throttles", "wall"}
     main(["--since", str(reading)])
     assert "CPUs; steal" in capsys.readouterr().out
-    out = subprocess.run([sys.executable, "-m", "west.machine_clock"], cwd=ROOT, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "west.host_clock"], cwd=ROOT, capture_output=True, text=True,
                          check=True).stdout
     assert out.strip().endswith("(since boot)")
 
@@ -110,3 +112,27 @@ def test_the_cpu_sampler_reports_the_machines_share_per_window():
     sampler.start()
     rec = sampler.read()
     assert rec["steal_ms"] >= 0.0
+
+
+@pytest.mark.skipif(not Path("/proc/thread-self/schedstat").exists(), reason="Linux's per-thread figures")
+def test_a_window_read_on_its_thread_splits_that_threads_time_and_elsewhere_gives_the_machines_only():
+    import threading
+    import time
+
+    window = HostWindow()
+    stop = time.thread_time() + 0.03
+    while time.thread_time() < stop:   # 30 ms of this thread's own clock
+        pass
+    f = window.read()
+    assert set(f) <= set(HOST_KEYS) and f["host_cpu_ms"] >= 29 and f["host_runqueue_ms"] >= 0, f
+    assert 0 <= f["host_kernel_ms"] <= f["host_cpu_ms"] and f["host_faults"] >= 0, f
+    assert f["autograd_cpu_ms"] == 0.0   # a CPU backward runs on the calling thread: no pt_autograd threads
+    line = host_line(f)
+    assert line.startswith(f"the launching thread {f['host_cpu_ms']:.1f} on a core (") and "waiting for one" in line
+    assert "taken by the machine: the hypervisor's steal (all CPUs) " in line
+    elsewhere = []
+    reader = threading.Thread(target=lambda: elsewhere.append(window.read()))
+    reader.start()
+    reader.join()
+    assert "host_cpu_ms" not in elsewhere[0] and "steal_ms" in elsewhere[0]
+    assert host_line({}) == ""
