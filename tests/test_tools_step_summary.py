@@ -53,4 +53,5 @@ def test_the_time_the_machine_took_is_a_line_of_means(tmp_path, capsys):
     assert step_summary.main([str(log), "--skip", "0"]) == 0
     assert ("the host's ms per step (means): the launching thread 110.0 on a core (2.0 in the kernel, 10 page "
             "faults), 0.5 waiting for one; autograd's threads 40.0 on a core; taken by the machine: the hypervisor's "
-            "steal (all CPUs) 1.0, the cgroup's throttling 30.0") in capsys.readouterr().out
+            "steal (all CPUs) 1.0, the cgroup's throttling 30.0; the launching thread blocked otherwise: 149.5") \
+        in capsys.readouterr().out   # 300 ms a step, 110 on a core, 0.5 waiting for one, 40 waiting for autograd

@@ -20,6 +20,7 @@ import argparse
 import json
 import statistics
 from pathlib import Path
+from typing import Optional
 
 from west.host_clock import HOST_KEYS, host_line
 from west.train.phase_marks import lag_table
@@ -49,6 +50,9 @@ def summarize(path: Path, skip: int) -> dict:
         values = [s[key] for s in steps if isinstance(s.get(key), (int, float))]
         if values:
             host[key] = statistics.fmean(values)
+    stalls = [x for x in map(stalled_ms, steps) if x is not None]
+    if stalls:
+        host["stalled_ms"] = statistics.fmean(stalls)
     if host:
         out["host"] = host
     for key in ("peak_mem_mb", "peak_reserved_mb"):   # the most over the run, in GiB
@@ -60,6 +64,17 @@ def summarize(path: Path, skip: int) -> dict:
                                            gpu=marked[0]["phase_marks"]["gpu"])
         out["outside_ms"] = statistics.median(outside_phases_ms(s) for s in marked)
     return out
+
+
+def stalled_ms(step: dict) -> Optional[float]:
+    """A step's wall time in which its launching thread was blocked, but neither on the loader's queue
+    nor on autograd's threads (their time on a core stands for its wait on them): a lock (Python's,
+    the driver's), a blocking call, the machine. A read-back on CUDA spins on a core, so it counts as
+    on a core. None without the thread's figures (west.host_clock)."""
+    if not all(isinstance(step.get(k), (int, float)) for k in ("host_cpu_ms", "host_runqueue_ms")):
+        return None
+    return (1e3 * (step["step_time_s"] - (step.get("data_wait_s") or 0.0)) - step["host_cpu_ms"]
+            - step["host_runqueue_ms"] - (step.get("autograd_cpu_ms") or 0.0))
 
 
 def outside_phases_ms(step: dict) -> float:
@@ -81,7 +96,9 @@ def main(argv=None) -> int:
     cells = [fmt.format(s[key]) if s[key] is not None else "–" for key, _, fmt in COLUMNS]
     print(f"{head}\n|{'---|' * (len(COLUMNS) + 2)}\n| {a.name} | {s['steps']} | " + " | ".join(cells) + " |")
     if "host" in s:
-        print(f"the host's ms per step (means): {host_line(s['host'])}")
+        h = s["host"]
+        stalled = f"; the launching thread blocked otherwise: {h['stalled_ms']:.1f}" if "stalled_ms" in h else ""
+        print(f"the host's ms per step (means): {host_line(h)}{stalled}")
     if "phase_marks" in s:
         print(f"\n{a.name}, phase by phase (train.phase_marks):\n\n{lag_table(s['phase_marks'])}\n"
               f"outside the phases and the loader's wait: {s['outside_ms']:.1f} ms per step (median over steps)")

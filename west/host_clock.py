@@ -103,8 +103,9 @@ def thread_times() -> ThreadTimes:
 def other_threads() -> dict[int, tuple[str, int]]:
     """Every other thread of this process: native id -> (name, ns on a core so far). Python threads
     by their ``threading`` name, the others by their kernel name and "(native)" (``pt_autograd_0
-    (native)``; torch's OpenMP workers inherit the process's, ``python (native)``). Empty where ``/proc`` is not there. A running thread's figure lags by up
-    to a scheduler tick, which averages out over steps."""
+    (native)``; torch's OpenMP workers inherit the process's, ``python (native)``). Empty where
+    ``/proc`` is not there. A running thread's figure lags by up to a scheduler tick, which averages
+    out over steps."""
     names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
     me = threading.get_native_id()
     out: dict[int, tuple[str, int]] = {}
@@ -159,10 +160,10 @@ def _steal_ns(proc: Path) -> Optional[int]:
     softirq steal ...``, in clock ticks)."""
     try:
         with open(proc / "stat", encoding="ascii") as f:
-            fields = f.readline().split()
-        if fields[0] != "cpu" or len(fields) < 9:
+            cols = f.readline().split()
+        if cols[0] != "cpu" or len(cols) < 9:
             return None
-        return int(fields[8]) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+        return int(cols[8]) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return None
 
