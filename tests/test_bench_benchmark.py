@@ -59,7 +59,7 @@ def test_outputs_written(result):
     assert not any("allocator_per_step" in r for r in res["modes"].values()) and "caching-allocator" not in md
     if Path("/proc/thread-self/schedstat").exists():   # the host's figures per timed step (west.host_clock)
         for r in res["modes"].values():
-            h = r["machine_per_step"]
+            h = r["host_clock_per_step"]
             longest = max(x["time_s"] for x in r["runs"])   # the figures are means over passes; time_s a median
             assert h["steal_ms"] >= 0 and 0 < h["host_cpu_ms"] <= 1e3 * longest / len(r["batches"]) * 1.05, h
         assert "- the host's ms per timed step (west/host_clock.py; " in md

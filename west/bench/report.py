@@ -186,7 +186,7 @@ def notes(res: dict) -> str:
         out.append("- CUDA caching-allocator events per timed step (device allocations and frees, retries after "
                    "a cache flush: 0 in a steady state; more under a tight memory cap is the allocator's time, "
                    "not the kernels'): " + "; ".join(allocs))
-    hosts = [f"{name}: {host_line(m)}" for name, r in res["modes"].items() if (m := r.get("machine_per_step"))]
+    hosts = [f"{name}: {host_line(m)}" for name, r in res["modes"].items() if (m := r.get("host_clock_per_step"))]
     if hosts:
         quota = res["env"].get("cpu_quota")
         out.append("- the host's ms per timed step (west/host_clock.py; "

@@ -127,7 +127,7 @@ class PassRunner:
                 "mean_loss": statistics.fmean(losses), "peak_mem_gib": self._peak_gib(),
                 "peak_reserved_gib": self._peak_reserved_gib(reserved),
                 "sm_pct": hw.get("gpu_sm_pct"), "allocator": allocator_events,
-                "machine": {k: hw[k] for k in HOST_KEYS if k in hw}, **host}
+                "host_clock": {k: hw[k] for k in HOST_KEYS if k in hw}, **host}
 
     def _peak_gib(self) -> float:
         """CUDA: peak allocated by this pass. CPU: the process's peak RSS so far (never reset)."""
