@@ -125,7 +125,10 @@ def test_a_window_read_on_its_thread_splits_that_threads_time_and_elsewhere_give
         pass
     f = window.read()
     assert set(f) <= set(HOST_KEYS) and f["host_cpu_ms"] >= 29 and f["host_runqueue_ms"] >= 0, f
-    assert 0 <= f["host_kernel_ms"] <= f["host_cpu_ms"] and f["host_faults"] >= 0, f
+    assert 0 <= f["host_kernel_ms"] <= f["host_cpu_ms"] and f["host_faults"] >= 0 and f["host_switches"] >= 0, f
+    for _ in range(3):   # blocking three times: three voluntary switches at least
+        time.sleep(0.002)
+    assert window.read()["host_switches"] >= 3
     assert f["autograd_cpu_ms"] == 0.0   # a CPU backward runs on the calling thread: no pt_autograd threads
     line = host_line(f)
     assert line.startswith(f"the launching thread {f['host_cpu_ms']:.1f} on a core (") and "waiting for one" in line

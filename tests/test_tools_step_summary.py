@@ -47,11 +47,11 @@ def test_the_time_the_machine_took_is_a_line_of_means(tmp_path, capsys):
     period is 100 ms, which a median would hide)."""
     log = tmp_path / "train_log.jsonl"
     steps = [dict(step=i + 1, status="ok", step_time_s=0.3, steal_ms=s, throttled_ms=t, host_cpu_ms=c,
-                  host_kernel_ms=2.0, host_runqueue_ms=0.5, host_faults=10, autograd_cpu_ms=40.0)
+                  host_kernel_ms=2.0, host_runqueue_ms=0.5, host_faults=10, host_switches=4, autograd_cpu_ms=40.0)
              for i, (s, t, c) in enumerate([(0.0, 0.0, 100.0), (3.0, 0.0, 110.0), (0.0, 90.0, 120.0)])]
     log.write_text("\n".join(json.dumps(s) for s in steps) + "\n", encoding="utf-8")
     assert step_summary.main([str(log), "--skip", "0"]) == 0
     assert ("the host's ms per step (means): the launching thread 110.0 on a core (2.0 in the kernel, 10 page "
-            "faults), 0.5 waiting for one; autograd's threads 40.0 on a core; taken by the machine: the hypervisor's "
+            "faults, 4 times blocked), 0.5 waiting for one; autograd's threads 40.0 on a core; taken by the machine: the hypervisor's "
             "steal (all CPUs) 1.0, the cgroup's throttling 30.0; the launching thread blocked otherwise: 149.5") \
         in capsys.readouterr().out   # 300 ms a step, 110 on a core, 0.5 waiting for one, 40 waiting for autograd

@@ -261,8 +261,10 @@ class HostWindow:
     """The host's figures per window (a training step, a timed pass), read on the launching thread:
     ``read()`` gives what accrued since the previous ``read()`` in ms, keys left out where Linux does
     not say (:data:`HOST_KEYS`): the launching thread on a core, of it in the kernel, waiting for a
-    core, its page faults; autograd's device threads on a core; the hypervisor's steal and the
-    cgroup's throttling. A read from another thread than the one that made the window gives the
+    core, its page faults and the times it blocked (voluntary context switches: a handful per step
+    for the loader and autograd's threads, one more per wait for Python's lock, which is handed over
+    every 5 ms); autograd's device threads on a core; the hypervisor's steal and the cgroup's
+    throttling. A read from another thread than the one that made the window gives the
     machine's figures only."""
 
     def __init__(self, clock: Optional[MachineClock] = None) -> None:
@@ -280,21 +282,20 @@ class HostWindow:
         self._last = now
         d = machine.since(machine0)
         ns = {"steal_ms": d.steal_ns, "throttled_ms": d.throttled_ns}
-        faults = None
+        counts = {}
         if mine is not None and mine0 is not None:
             t = mine.since(mine0)
             ns.update(host_cpu_ms=t.cpu_ns, host_kernel_ms=t.system_ns, host_runqueue_ms=t.wait_ns)
-            faults = t.faults
+            counts = {"host_faults": t.faults, "host_switches": t.voluntary}
         if autograd is not None and autograd0 is not None:
             ns["autograd_cpu_ms"] = autograd - autograd0
         out = {k: v / 1e6 for k, v in ns.items() if v is not None}
-        if faults is not None:
-            out["host_faults"] = float(faults)
+        out.update({k: float(v) for k, v in counts.items() if v is not None})
         return out
 
 
-HOST_KEYS = ("host_cpu_ms", "host_kernel_ms", "host_runqueue_ms", "host_faults", "autograd_cpu_ms",
-             "steal_ms", "throttled_ms")
+HOST_KEYS = ("host_cpu_ms", "host_kernel_ms", "host_runqueue_ms", "host_faults", "host_switches",
+             "autograd_cpu_ms", "steal_ms", "throttled_ms")
 
 
 def host_line(f: dict[str, float]) -> str:
@@ -302,7 +303,8 @@ def host_line(f: dict[str, float]) -> str:
     parts = []
     if "host_cpu_ms" in f:
         inner = [f"{f['host_kernel_ms']:.1f} in the kernel" if "host_kernel_ms" in f else "",
-                 f"{f['host_faults']:.0f} page faults" if "host_faults" in f else ""]
+                 f"{f['host_faults']:.0f} page faults" if "host_faults" in f else "",
+                 f"{f['host_switches']:.0f} times blocked" if "host_switches" in f else ""]
         inner_text = ", ".join(x for x in inner if x)
         waiting = f", {f['host_runqueue_ms']:.1f} waiting for one" if "host_runqueue_ms" in f else ""
         parts.append(f"the launching thread {f['host_cpu_ms']:.1f} on a core"
