@@ -82,6 +82,7 @@ def test_a_window_gives_what_accrued_since_the_last_read_in_ms():
     assert {k: v for k, v in window.read().items() if k in machine} == {"steal_ms": 0.0, "throttled_ms": 0.0}
     total = MachineTimes(1, 2, 3).plus(MachineTimes(10, None, 30))
     assert total == MachineTimes(11, None, 33)
+    assert MachineTimes.zero().plus(total) == total and MachineTimes.zero() == MachineTimes(0, 0, 0)
 
 
 def test_describe_gives_cpu_seconds_and_the_share_of_all_cpus():

@@ -64,6 +64,11 @@ class Counters:
         """Both added up (per-phase figures over steps)."""
         return self._combine(other, operator.add)
 
+    @classmethod
+    def zero(cls):
+        """Every counter at 0: the start of a sum."""
+        return cls(*(0 for _ in fields(cls)))
+
     def _combine(self, other, op):
         pairs = ((getattr(self, f.name), getattr(other, f.name)) for f in fields(self))
         return type(self)(*(None if a is None or b is None else op(a, b) for a, b in pairs))
@@ -79,10 +84,6 @@ class ThreadTimes(Counters):
     involuntary: Optional[int]      # switches away because it was preempted
     system_ns: Optional[int] = None   # of cpu_ns, in the kernel (system calls: the driver's ioctls, page faults)
     faults: Optional[int] = None      # page faults, minor and major (first touches of new memory, pinning)
-
-    @staticmethod
-    def zero() -> "ThreadTimes":
-        return ThreadTimes(0, 0, 0, 0, 0, 0)
 
 
 def thread_times() -> ThreadTimes:

@@ -144,7 +144,7 @@ class PhaseOpTimes:
         mine, machine = thread_times(), self._machine.read()
         others, start, machine_start = self._opened
         now = other_threads() if self.threads else {}
-        row = self._clock.setdefault(phase, [ThreadTimes.zero(), {}, MachineTimes(0, 0, 0)])
+        row = self._clock.setdefault(phase, [ThreadTimes.zero(), {}, MachineTimes.zero()])
         row[0] = row[0].plus(mine.since(start))
         for name, ns in others_since(others, now).items():
             row[1][name] = row[1].get(name, 0) + ns
@@ -213,10 +213,10 @@ class PhaseOpTimes:
         involuntary context switches per step; and ``others``: other threads' ms on a core."""
         clocks, walls = self._clocks[skip:], self._totals[skip:]
         n = len(clocks)
-        total, taken = ThreadTimes.zero(), MachineTimes(0, 0, 0)
+        total, taken = ThreadTimes.zero(), MachineTimes.zero()
         others: dict[str, float] = {}
         for clock in clocks:
-            mine, theirs, machine = clock.get(phase, (ThreadTimes.zero(), {}, MachineTimes(0, 0, 0)))
+            mine, theirs, machine = clock.get(phase, (ThreadTimes.zero(), {}, MachineTimes.zero()))
             total, taken = total.plus(mine), taken.plus(machine)
             for name, ns in theirs.items():
                 others[name] = others.get(name, 0.0) + ns
