@@ -80,13 +80,15 @@ def test_a_slow_operator_and_slow_python_are_told_apart():
     net.forward = slow_forward
     timer = PhaseOpTimes(("projector",))
     _step(model, batch, timer)
-    res = timer.summary(top=3)
+    res = timer.summary(top=6)
     proj = _phase(res, "projector")
-    first, second = proj["top"][:2]
-    assert first["kind"] == "operator" and first["name"] == "west_test.slow_identity" and first["longest_ms"] >= 29
+    # looked up, not ranked: on a loaded machine another operator of the step may also take 20 ms or more
+    slow = next(e for e in proj["top"] if e["kind"] == "operator" and e["name"] == "west_test.slow_identity")
+    assert slow["longest_ms"] >= 29
     # placed at the innermost line of west: the projector's call of its (here slowed) MLP
-    assert first["where"].startswith("west/models/projector.py:") and first["calls_per_step"] == 1
-    assert second["kind"] == "between" and second["longest_ms"] >= 19 and second["where"] == first["where"]
+    assert slow["where"].startswith("west/models/projector.py:") and slow["calls_per_step"] == 1
+    gap = next(e for e in proj["top"] if e["kind"] == "between" and e["where"] == slow["where"])
+    assert gap["longest_ms"] >= 19
     assert proj["host_ms"] >= 49 and [p["phase"] for p in res["phases"]] == ["projector"]
     text = table(res)
     assert "**projector**: " in text and "| `west_test.slow_identity` |" in text and "| `Python before it` |" in text
