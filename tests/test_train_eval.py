@@ -363,6 +363,8 @@ def test_epoch_and_final_lines_are_sentences():
              "best": None, "checkpoints": "D/checkpoints"}
     assert done_sentence(plain) == ("done after 3 steps (part of the first epoch, 2.0 s); "
                                     "checkpoints in D/checkpoints; 1 bad step")
+    assert done_sentence({**plain, "checkpoint": None}) == ("done after 3 steps (part of the first epoch, 2.0 s); "
+                                                            "no checkpoint saved; 1 bad step")
 
 
 def test_bf16_weights_decode_under_autocast(env):

@@ -83,6 +83,17 @@ def test_max_steps_stops_mid_epoch_and_saves(tmp_path, one_torch_thread):
     assert [r["step"] for r in read_jsonl(tmp_path / "train_log.jsonl")] == [1, 2, 3, 4, 5]
 
 
+def test_save_at_end_false_writes_no_checkpoint_for_a_run_that_ends_mid_epoch(tmp_path, one_torch_thread):
+    """A throughput run (tools/gpu_suite.sh): no periodic, epoch-end or final save, so nothing is written."""
+    t = make_trainer(tmp_path, max_steps=3, save_every=0, save_at_epoch_end=False, save_at_end=False)
+    summary = t.fit()
+    assert summary["step"] == 3 and summary["checkpoint"] is None
+    assert find_latest(tmp_path / "checkpoints") is None
+    # an epoch's end still saves when asked to: save_at_end covers only the run's last step
+    t2 = make_trainer(tmp_path / "epochs", max_steps=6, save_every=0, save_at_end=False)
+    assert t2.fit()["checkpoint"].endswith("step_00000004")
+
+
 def test_kill_9_then_resume_matches_uninterrupted(uninterrupted, tmp_path):
     full_dir, full, _ = uninterrupted
     # Killed (SIGKILL, no cleanup) while fetching step 8: steps 1..7 are logged, the

@@ -9,7 +9,7 @@ train_run() {   # name, extra args... (rows packed to $pack tokens, unless $batc
   rm -rf "$exp/$name"
   ${launcher[@]+"${launcher[@]}"} "$python" "${train_entry[@]}" --config "$conf" "${common[@]}" --train_data "$data/train/data.list" \
     --data.cmvn "$data/train/global_cmvn.json" --output_dir "$exp/$name" "${sizing[@]}" \
-    --max_steps "$steps" --train.save_every 0 --train.save_at_epoch_end false --train.warmup_steps 5 \
+    --max_steps "$steps" --train.save_every 0 --train.save_at_epoch_end false --train.save_at_end false --train.warmup_steps 5 \
     --train.log_every 5 --train.tensorboard false --train.progress_bar false --data.num_workers "$workers" \
     --data.pin_memory "$([ "$device" = cuda ] && echo true || echo false)" "$@" >>"$out/suite.log" 2>&1 || return 1
   "$python" "$repo/tools/step_summary.py" "$exp/$name/train_log.jsonl" --name "$name" --skip $(( steps > 10 ? 5 : 1 )) \

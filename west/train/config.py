@@ -66,6 +66,7 @@ class TrainConfig:
     log_every: int = setting(10, min=1)             # console/TensorBoard period (jsonl: every step)
     save_every: int = setting(1000, min=0)          # steps between checkpoints; 0 = epoch ends only
     save_at_epoch_end: bool = True
+    save_at_end: bool = True                        # a run that ends normally saves its last step
     keep_last: int = setting(3, min=1)
     preempt_signals: list[str] = setting(["SIGTERM", "SIGUSR1"], rule=(  # [] = off (west.train.preempt)
         lambda v, _: all(is_catchable(s) for s in v),

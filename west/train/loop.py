@@ -364,7 +364,7 @@ class Trainer:
             else:
                 self.preempted = None  # the run ended anyway: a normal finish
                 self.evaluate(logger)  # the last step (done already when it ended an epoch)
-                if self.last_saved != self.step:
+                if self.last_saved != self.step and self.cfg.save_at_end:
                     self.save()
         finally:
             monitor.stop()

@@ -347,8 +347,9 @@ def done_sentence(summary: dict) -> str:
             main, other = f"dev loss {_fmt(best.get('cv_loss'))}", f"CER {_pct(cer)}" if cer is not None else ""
         text += f"; best {main}{f' ({other})' if other else ''} at step {best['step']:,}"
         text += f" (checkpoint {best['checkpoint']})" if best.get("checkpoint") else " (checkpoint not kept)"
-    elif summary.get("checkpoints"):
-        text += f"; checkpoints in {summary['checkpoints']}"
+    elif summary.get("checkpoints"):   # fit's summary names its last save, None if it saved none (train.save_at_end)
+        saved = summary.get("checkpoint", summary["checkpoints"])
+        text += f"; checkpoints in {summary['checkpoints']}" if saved else "; no checkpoint saved"
     text += f"; {plural(summary.get('skipped_steps', 0), 'bad step')}"
     if summary.get("failed_saves"):
         text += f", {plural(summary['failed_saves'], 'failed checkpoint save')}"
