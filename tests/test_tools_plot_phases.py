@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from west.train.phase_marks import phases, summarize
+from west.train.phase_table import phases, summarize
 
 from helpers.e2e import import_tool
 

@@ -1,8 +1,10 @@
 """tools/step_summary.py: the steady-state row of a west-train log (medians of the steps after the
 warm-up), with rare allocator events averaged so that one step's burst is not hidden."""
 import json
+import subprocess
+import sys
 
-from helpers.e2e import import_tool
+from helpers.e2e import ROOT, import_tool, subprocess_env
 
 step_summary = import_tool("step_summary")
 
@@ -55,3 +57,21 @@ def test_the_time_the_machine_took_is_a_line_of_means(tmp_path, capsys):
             "faults, 4 times blocked), 0.5 waiting for one; autograd's threads 40.0 on a core; taken by the machine: the hypervisor's "
             "steal (all CPUs) 1.0, the cgroup's throttling 30.0; the launching thread blocked otherwise: 149.5") \
         in capsys.readouterr().out   # 300 ms a step, 110 on a core, 0.5 waiting for one, 40 waiting for autograd
+
+
+
+def test_it_runs_without_importing_torch(tmp_path):
+    """gpu_suite.sh runs it after every west-train run (about 40 a call): importing torch cost seconds each."""
+    log = tmp_path / "train_log.jsonl"
+    log.write_text("".join(json.dumps(dict(step=i, status="ok", step_time_s=0.5)) + "\n" for i in (1, 2, 3)),
+                   encoding="utf-8")
+    tool = ROOT / "tools" / "step_summary.py"
+    probe = (f"import runpy, sys; sys.argv = ['step_summary', {str(log)!r}, '--name', 'r', '--skip', '1']\n"
+             f"try:\n    runpy.run_path({str(tool)!r}, run_name='__main__')\nexcept SystemExit as e:\n"
+             "    assert not e.code, e.code\n"
+             "print('torch imported' if 'torch' in sys.modules else 'torch not imported')")
+    out = subprocess.run([sys.executable, "-c", probe], env=subprocess_env(), capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert lines[-1] == "torch not imported" and lines[-2].startswith("| r | 2 | 0.500 |")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from west.train.phase_marks import StepClock, lag_table, phases, summarize
+from west.train.phase_marks import StepClock
+from west.train.phase_table import lag_table, phases, summarize
 from west.train.step import plan_step, train_step
 
 from helpers.speech import packed_batch, padded_batch, samples, tiny_model

@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from west.train.phase_marks import summarize
+from west.train.phase_table import summarize
 
 
 def read_marks(path: Path, skip: int = 5) -> dict[str, dict]:

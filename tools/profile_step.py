@@ -54,7 +54,8 @@ from west.bench.op_times import PhaseOpTimes
 from west.bench.op_times import table as op_times_table
 from west.bench.tool_setup import add_setup_args
 from west.bench.trace_gaps import PREFIX, STEP, analyse, kernel_timeline, load_events, table, timeline_table
-from west.train.phase_marks import StepClock, lag_table, phase_hooks, summarize
+from west.train.phase_marks import StepClock, phase_hooks
+from west.train.phase_table import lag_table, summarize
 
 
 @contextlib.contextmanager

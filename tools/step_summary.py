@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Optional
 
 from west.host_clock import HOST_KEYS, host_line
-from west.train.phase_marks import lag_table
-from west.train.phase_marks import summarize as phase_summary
+from west.train.phase_table import lag_table
+from west.train.phase_table import summarize as phase_summary
 
 COLUMNS = (("step_time_s", "step s", "{:.3f}"), ("utts_per_s", "utts/s", "{:.0f}"),
            ("tokens_per_s", "LLM tokens/s", "{:,.0f}"), ("data_wait_s", "loader wait s", "{:.4f}"),
@@ -59,7 +59,7 @@ def summarize(path: Path, skip: int) -> dict:
         if out[key] is not None:
             out[key] = max(s[key] for s in steps if isinstance(s.get(key), (int, float))) / 1024
     marked = [s for s in steps if "phase_marks" in s]
-    if marked:   # train.phase_marks: the phases' medians (west.train.phase_marks)
+    if marked:   # train.phase_marks: the phases' medians (west.train.phase_table)
         out["phase_marks"] = phase_summary([s["phase_marks"]["phases"] for s in marked],
                                            gpu=marked[0]["phase_marks"]["gpu"])
         out["outside_ms"] = statistics.median(outside_phases_ms(s) for s in marked)

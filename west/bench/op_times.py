@@ -43,7 +43,8 @@ from west.host_clock import (
     others_since,
     thread_times,
 )
-from west.train.phase_marks import PHASE_NAMES, phase_hooks
+from west.train.phase_marks import phase_hooks
+from west.train.phase_table import PHASE_NAMES
 
 WATCHED = ("encoder rows", "projector", "splice", "loss")   # phases of a few operators each
 ROOT = Path(__file__).resolve().parents[2]                  # the checkout holding west/
