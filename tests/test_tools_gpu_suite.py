@@ -14,7 +14,7 @@ def test_gpu_suite_runs_its_west_train_parts_on_the_cpu_with_toy_sizes(tmp_path)
     """The parts that run west-train and those that read its runs (headroom, configured, encoder_time);
     the benchmark's and the profilers' parts are in test_tools_gpu_suite_bench.py (two files: CI's two
     workers run them side by side)."""
-    out, suite, log = run_toy_suite(tmp_path, "build,train,headroom,weights,rotary,norm,cudnn,gap,ring,encoder_graphs,"
+    out, suite, log = run_toy_suite(tmp_path, "build,train,headroom,weights,rotary,qkv,norm,cudnn,gap,ring,encoder_graphs,"
                                               "encoder_graphs_full,encoder_graphs_exact,contention,late_readback,"
                                               "configured,encoder_time,lora,pyspy_train,syncs_train,optimes_train,preloaded,gil,"
                                               "prefix")
@@ -26,6 +26,7 @@ def test_gpu_suite_runs_its_west_train_parts_on_the_cpu_with_toy_sizes(tmp_path)
     assert "| train_stock_norm |" in suite                              # norm: the stock RMSNorms
     assert "| train_bf16_weights |" in suite                            # weights: bf16 working copies
     assert "| train_fused_rotary |" in suite                            # rotary: one autograd node
+    assert "| train_fused_qkv |" in suite                               # qkv: one stacked product per attention
     assert "| train_prompt_whole |" in suite and "| train_prompt_shared |" in suite   # prefix: once per row
     assert "| train_pinned_ring |" in suite and "ring: check_pinned_ring.py skipped (needs CUDA" in log   # ring
     assert "train_pinned_ring, phase by phase (train.phase_marks)" in suite

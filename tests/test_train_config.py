@@ -142,6 +142,7 @@ BAD = [  # (command line, the key the error must start with), across all four se
     (["--model.llm.attn_implementation", "flash_attention_2", "--train.device", "cpu"],
      "model.llm.attn_implementation"),
     (["--model.lora", "[8]"], "model.lora"),
+    (["--model.llm.fused_qkv", "true", "--train.fsdp", "true"], "model.llm.fused_qkv"),
     (["--model.lora.r", "0"], "model.lora.r"),
 ]
 

@@ -106,6 +106,9 @@ def validate(cfg: Config, explicit: Collection[str] = ()) -> None:
             "west_varlen --model.llm.attn_backend auto (per-sample SDPA, exact)")
     require(kind != "flash" or importlib.util.find_spec("flash_attn"), key,
             f"{name} needs the flash-attn package: pip install 'west[gpu]'")
+    require(not (llm.fused_qkv and cfg.train.fsdp), "model.llm.fused_qkv",
+            "not with train.fsdp: every rank would keep a whole copy of the stacked projections, remade as FSDP "
+            "gathers them")
     _check_cuda_graphs(cfg)
     _check_encoder_graphs(cfg)
     _check_shared_prefix(cfg)

@@ -176,6 +176,10 @@ part_rotary() {   # model.llm.fused_rotary: q and k's rotary embedding as one au
   log "rotary: west-train with model.llm.fused_rotary true against part train's stock rotary embedding"
   train_run train_fused_rotary --model.llm.fused_rotary true
 }
+part_qkv() {   # model.llm.fused_qkv: each attention's q, k and v projections as one stacked product (5 launches fewer per layer)
+  log "qkv: west-train with model.llm.fused_qkv true against part train's three projections per attention"
+  train_run train_fused_qkv --model.llm.fused_qkv true
+}
 part_compile() {
   log "compile: the same with train.compile true"
   train_run train_compiled --train.compile true

@@ -81,6 +81,11 @@ class LLMConfig:
     # of ~28, the same values bit for bit; patches the modeling module's apply_rotary_pos_emb for
     # the process (west.models.fused_rotary)
     fused_rotary: bool = False
+    # each frozen attention's q, k and v projections as one product against their weights stacked once
+    # (a copy: 176 MB for Qwen2-1.5B in bf16): 4-5 operators fewer per layer forward + backward, the
+    # GQA's narrow key and value products inside a wider one; LoRA's base projections too; not with
+    # train.fsdp (west.models.fused_qkv)
+    fused_qkv: bool = False
     # each frozen SwiGLU MLP's elementwise work (silu(gate) * up and its gradients) as one kernel each
     # way, compiled by inductor on the first step; keeps gate and up, not silu(gate) too (with
     # checkpoint_scope mlp: the input only). Needs frozen MLPs (west.models.fused_swiglu)

@@ -29,6 +29,7 @@ from west.models.config import POSTERIOR_TYPES, ConformerConfig, SpeechLLMConfig
 from west.models.ctc import segment_ctc
 from west.models.encoders import encoder_class
 from west.models.fused_norm import fuse_rms_norms
+from west.models.fused_qkv import fuse_qkv
 from west.models.fused_rotary import fuse_rotary
 from west.models.hf_attention import ATTN_NAME, packed_kwargs
 from west.models.llm import LoraInputCasts, apply_lora, decoder_layers, llm_checkpointing, load_llm
@@ -77,6 +78,8 @@ class SpeechLLM(nn.Module):
             fuse_rms_norms(llm)
         if cfg.llm.fused_rotary:
             fuse_rotary(llm)
+        if cfg.llm.fused_qkv:
+            fuse_qkv(llm)
         if cfg.llm.gradient_checkpointing:
             llm_checkpointing(llm, cfg.llm)
         if cfg.llm.fused_swiglu:
