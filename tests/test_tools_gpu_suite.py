@@ -15,8 +15,8 @@ def test_gpu_suite_runs_its_west_train_parts_on_the_cpu_with_toy_sizes(tmp_path)
     the benchmark's and the profilers' parts are in test_tools_gpu_suite_bench.py (two files: CI's two
     workers run them side by side)."""
     out, suite, log = run_toy_suite(tmp_path, "build,train,headroom,weights,rotary,qkv,norm,cudnn,gap,ring,encoder_graphs,"
-                                              "encoder_graphs_full,encoder_graphs_exact,contention,late_readback,"
-                                              "configured,encoder_time,lora,pyspy_train,syncs_train,optimes_train,preloaded,gil,"
+                                              "encoder_graphs_full,encoder_graphs_exact,contention,configured,"
+                                              "late_readback,encoder_time,lora,pyspy_train,syncs_train,optimes_train,preloaded,gil,"
                                               "prefix")
     assert "| train_eager |" in suite
     assert "| train_two_workers |" in suite and "| train_one_thread |" in suite   # contention
@@ -64,6 +64,7 @@ def test_gpu_suite_runs_its_west_train_parts_on_the_cpu_with_toy_sizes(tmp_path)
     assert "| eager, padded to the static shape |" in suite and "operators moving" in suite
     assert "x the benchmark's" in suite                                  # headroom: west-train vs the benchmark
     assert suite.count("x the benchmark's") == 2 and "- benchmark, pack token 1024, encoder packed" in suite   # configured
+    assert "configured: west-train as configured first" in log   # before part late_readback, as `open` orders them
     assert (f"configured: the encoder replayed at west-train's {int(replay_rows[1])} rows in {shape[1]} segments of "
             f"at most {shape[2].replace(',', '')}") in log   # the same replayed shape
     headroom = (out / "benchmark_headroom.md").read_text(encoding="utf-8")

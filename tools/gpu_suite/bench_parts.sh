@@ -178,6 +178,11 @@ part_configured() {   # issue 23's "west-train within 10 % of the benchmark" for
   log "configured: west-benchmark pack $pack as west-train runs it on one GPU (encoder replayed, LLM checkpointing"\
     "as configured, each step's figures read a step late), against late_readback's train_late_readback"
   local reps=2; $tiny && reps=1
+  if [ ! -f "$exp/train_late_readback/train_log.jsonl" ]; then   # part late_readback's run, when it has not run yet
+    log "configured: west-train as configured first (part late_readback's train_late_readback run)"
+    local steps=$(( steps < 20 ? steps : 20 ))
+    train_run train_late_readback "${replayed[@]}" --train.late_readback true || log "configured: west-train FAILED"
+  fi
   # the replay at west-train's shape (its plan's fullest packs), not at the fullest of the benchmark's fewer packs
   local sizes same=()
   read -r -a sizes <<< "$(replay_shape)"
