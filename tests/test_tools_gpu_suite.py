@@ -15,7 +15,7 @@ def test_gpu_suite_runs_its_west_train_parts_on_the_cpu_with_toy_sizes(tmp_path)
     the benchmark's and the profilers' parts are in test_tools_gpu_suite_bench.py (two files: CI's two
     workers run them side by side)."""
     out, suite, log = run_toy_suite(tmp_path, "build,train,headroom,weights,rotary,qkv,norm,cudnn,gap,ring,encoder_graphs,"
-                                              "encoder_graphs_full,encoder_graphs_exact,contention,configured,"
+                                              "encoder_graphs_full,encoder_graphs_exact,contention,configured,cuts,"
                                               "late_readback,encoder_time,lora,pyspy_train,syncs_train,optimes_train,preloaded,gil,"
                                               "prefix")
     assert "| train_eager |" in suite
@@ -73,11 +73,14 @@ def test_gpu_suite_runs_its_west_train_parts_on_the_cpu_with_toy_sizes(tmp_path)
     assert sorted(p.name for p in out.iterdir()) == ["benchmark_headroom.md", "json.tar", "suite.log", "suite.md"]
     jsons = bundled_jsons(out)
     assert sorted(set(jsons) - {"pyspy_train.json"}) == [   # pyspy_train's where py-spy is installed
-        "attention_prefix.json", "encoder_time.json", "graphs_exact.json", "late_exact.json", "op_times_train_op_times.json",
+        "attention_prefix.json", "cuts_exact.json", "encoder_time.json", "graphs_exact.json", "late_exact.json",
+        "op_times_train_op_times.json",
         "op_times_train_op_times_fixed_segments.json", "op_times_train_op_times_gil.json",
         "op_times_train_op_times_no_nvml.json", "op_times_train_op_times_preloaded.json"]
     assert jsons["graphs_exact.json"]["worst"]["rel"] < 1e-5   # padded blocks run eagerly on the CPU
     assert jsons["late_exact.json"]["worst"]["rel"] == 0       # the same steps, read a step late
+    assert jsons["cuts_exact.json"]["worst"]["rel"] < 1e-2      # cuts: at most the stacked q/k/v product's rounding
+    assert "| train_llm_cuts |" in suite
     assert all(jsons[f"op_times_{n}.json"]["train_rc"] == 0 and jsons[f"op_times_{n}.json"]["phases"]
                for n in ("train_op_times", "train_op_times_fixed_segments", "train_op_times_no_nvml",
                          "train_op_times_gil", "train_op_times_preloaded"))

@@ -25,7 +25,7 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 [ $# -ge 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
 seed_parts=build,bench,attention,train   # issue 23, item 5: the seed's table, the kernels' check, a short west-train
-open_parts=build,optimes_train,preloaded,gil,optimes,pyspy_train,syncs_train,configured,best,prefix,best_sizes,late_readback,encoder_time,encoder_graphs_compiled,contention,roofline,gap,loss,swiglu,lora,queues,pyspy,encoder_graphs_compiled_train,train,encoder_graphs_exact,compile,rotary,qkv,hostpy,compile_encoder,cudnn,kernels,profile_compiled,norm,graphs,encoder_graphs,marks,floor,ring,weights,profile,syncs,attention,ckpt,headroom,bench   # open questions first
+open_parts=build,optimes_train,preloaded,gil,optimes,pyspy_train,syncs_train,configured,best,cuts,prefix,best_sizes,late_readback,encoder_time,encoder_graphs_compiled,contention,roofline,gap,loss,swiglu,lora,queues,pyspy,encoder_graphs_compiled_train,train,encoder_graphs_exact,compile,rotary,qkv,hostpy,compile_encoder,cudnn,kernels,profile_compiled,norm,graphs,encoder_graphs,marks,floor,ring,weights,profile,syncs,attention,ckpt,headroom,bench   # open questions first
 parts=$seed_parts
 num_utts=700
 num_train=3200   # ~40 packs of 8,192 per epoch: 20- and 40-step runs cross no epoch's start (800 crossed at step 10)
@@ -52,7 +52,7 @@ done
 has() { [[ ",$parts," == *",$1,"* ]]; }
 declare -A estimate=([build]=50 [train]=40 [bench]=430 [profile]=65 [compile]=120 [ckpt]=50 [syncs]=50
                      [attention]=90 [headroom]=130 [big]=300 [gap]=90 [profile_compiled]=120 [graphs]=150 [kernels]=75
-                     [norm]=45 [cudnn]=90 [hostpy]=80 [contention]=90 [weights]=45 [rotary]=45 [qkv]=45 [marks]=110 [pyspy]=45 [compile_encoder]=90 [floor]=15 [queues]=90 [ring]=55 [encoder_graphs]=50 [encoder_graphs_full]=50 [encoder_graphs_exact]=65 [best]=45 [best_sizes]=150 [encoder_graphs_compiled]=75 [encoder_graphs_compiled_train]=110 [late_readback]=65 [encoder_time]=45 [loss]=40 [configured]=80 [swiglu]=120 [lora]=45 [roofline]=50 [pyspy_train]=60 [syncs_train]=45 [optimes_train]=120 [optimes]=60 [gil]=45 [prefix]=90 [preloaded]=40)   # seconds on one H100/H200: measured, or guessed for new parts
+                     [norm]=45 [cudnn]=90 [hostpy]=80 [contention]=90 [weights]=45 [rotary]=45 [qkv]=45 [cuts]=45 [marks]=110 [pyspy]=45 [compile_encoder]=90 [floor]=15 [queues]=90 [ring]=55 [encoder_graphs]=50 [encoder_graphs_full]=50 [encoder_graphs_exact]=65 [best]=45 [best_sizes]=150 [encoder_graphs_compiled]=75 [encoder_graphs_compiled_train]=110 [late_readback]=65 [encoder_time]=45 [loss]=40 [configured]=80 [swiglu]=120 [lora]=45 [roofline]=50 [pyspy_train]=60 [syncs_train]=45 [optimes_train]=120 [optimes]=60 [gil]=45 [prefix]=90 [preloaded]=40)   # seconds on one H100/H200: measured, or guessed for new parts
 failed=(); skipped=(); fallback=
 if $plan; then   # what a call would run by the estimates, as --budget decides it; nothing is run
   t=0

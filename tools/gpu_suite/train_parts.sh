@@ -180,6 +180,17 @@ part_qkv() {   # model.llm.fused_qkv: each attention's q, k and v projections as
   log "qkv: west-train with model.llm.fused_qkv true against part train's three projections per attention"
   train_run train_fused_qkv --model.llm.fused_qkv true
 }
+part_cuts() {   # the LLM's launch cuts measured only on the CPU so far, together, on west-train as configured:
+  # fused_rotary (12 launches fewer per layer) and fused_qkv (5); parts rotary and qkv take them one at a time
+  log "cuts: west-train as configured with model.llm.fused_rotary and fused_qkv (416 dispatched operators fewer per step at the seed's depth)"\
+    "against part configured's train_late_readback"
+  local steps=$(( steps < 20 ? steps : 20 ))
+  train_run train_llm_cuts "${replayed[@]}" --train.late_readback true --model.llm.fused_rotary true \
+    --model.llm.fused_qkv true || return 1
+  [ ! -f "$exp/train_late_readback/train_log.jsonl" ] || "$python" "$repo/tools/compare_losses.py" \
+    "$exp/train_late_readback/train_log.jsonl" "$exp/train_llm_cuts/train_log.jsonl" --json "$out/cuts_exact.json" \
+    | tee -a "$out/suite.md"
+}
 part_compile() {
   log "compile: the same with train.compile true"
   train_run train_compiled --train.compile true
