@@ -129,4 +129,5 @@ def fuse_qkv(model: nn.Module) -> int:
 
 def is_fused(attn: nn.Module) -> bool:
     """Whether :func:`fuse_qkv` routed this attention's projections."""
-    return routed_to(getattr(attn, "q_proj", None) or nn.Module(), _query_forward)
+    q = getattr(attn, "q_proj", None)
+    return isinstance(q, nn.Module) and routed_to(q, _query_forward)
