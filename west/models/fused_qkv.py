@@ -51,7 +51,7 @@ class StackedProjections:
     def tensors(self) -> list[torch.Tensor]:
         return [m.weight for m in self.layers] + [m.bias for m in self.layers if m.bias is not None]
 
-    def usable(self, x: torch.Tensor) -> bool:
+    def usable(self) -> bool:
         return not torch.compiler.is_compiling() and not any(t.requires_grad for t in self.tensors())
 
     def stacked(self) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -78,7 +78,7 @@ class StackedProjections:
 
 def _query_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     stack: StackedProjections = self._west_stack
-    if not stack.usable(x):
+    if not stack.usable():
         stack.parked = [None, None, None, None]
         return F.linear(x, self.weight, self.bias)
     weight, bias = stack.stacked()
