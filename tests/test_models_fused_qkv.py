@@ -101,6 +101,17 @@ def test_other_calls_take_the_stock_product(monkeypatch):
     assert all(p is None for p in attn.q_proj._west_stack.parked)
 
 
+def test_inference_mode_runs_the_stacked_product():
+    """Inference tensors keep no version count (reading one raises): the parked columns still match."""
+    x = torch.randn(1, 7, 32, generator=torch.Generator().manual_seed(6))
+    stock, model = _llm(), _llm()
+    fuse_qkv(model)
+    with torch.inference_mode():
+        h0 = stock.model(inputs_embeds=x, use_cache=False).last_hidden_state
+        h1 = model.model(inputs_embeds=x, use_cache=False).last_hidden_state
+    torch.testing.assert_close(h1, h0, rtol=1e-5, atol=1e-6)
+
+
 def test_trainable_projections_are_refused():
     model = _llm().requires_grad_(True)
     with pytest.raises(ValueError, match="model.llm.fused_qkv: model.layers.0.self_attn's projections train"):

@@ -56,7 +56,7 @@ class StackedProjections:
 
     def stacked(self) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """(weight, bias) of the three projections stacked, made again when any of them changed."""
-        key = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in self.tensors())
+        key = tuple((t.data_ptr(), _version(t), t.dtype, t.device) for t in self.tensors())
         if key != self._key:
             with torch.no_grad():
                 self._weight = torch.cat([m.weight for m in self.layers])
@@ -68,12 +68,17 @@ class StackedProjections:
     def take(self, x: torch.Tensor, index: int) -> Optional[torch.Tensor]:
         """The parked key (1) or value (2) columns if ``x`` is the input they came from, once."""
         p = self.parked
-        if p[0] is not x or p[1] != x._version or p[index + 1] is None:
+        if p[0] is not x or p[1] != _version(x) or p[index + 1] is None:
             return None
         out, p[index + 1] = p[index + 1], None
         if p[2] is None and p[3] is None:
             self.parked = [None, None, None, None]
         return out
+
+
+def _version(t: torch.Tensor) -> Optional[int]:
+    """In-place changes so far; None for a tensor made in inference mode, which keeps no count."""
+    return None if t.is_inference() else t._version
 
 
 def _query_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -83,7 +88,7 @@ def _query_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
     weight, bias = stack.stacked()
     q, k, v = F.linear(x, weight, bias).split(stack.sizes, dim=-1)
-    stack.parked = [x, x._version, k, v]
+    stack.parked = [x, _version(x), k, v]
     return q
 
 
