@@ -147,3 +147,14 @@ def test_other_calls_and_formulas_keep_the_stock_code(stock_rotary):
         assert fake.apply_rotary_pos_emb is interleaved
     finally:
         del sys.modules[fake.__name__]
+
+
+def test_decoder_layers_run_in_inference_mode(stock_rotary):
+    """Inference tensors keep no version count (reading one raised in the signed sine's cache)."""
+    x = torch.randn(1, 7, 32, generator=torch.Generator().manual_seed(5))
+    stock, model = _llm(torch.float32), _llm(torch.float32)
+    fuse_rotary(model)
+    with torch.inference_mode():
+        h0 = stock.model(inputs_embeds=x, use_cache=False).last_hidden_state
+        h1 = model.model(inputs_embeds=x, use_cache=False).last_hidden_state
+    assert torch.equal(h1, h0)

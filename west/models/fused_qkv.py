@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from west.models.routing import route_forward, routed_to
+from west.models.routing import route_forward, routed_to, tensor_state
 
 # attention classes that call q_proj, k_proj and v_proj on the same hidden states in that order
 STOCK_ATTENTIONS = ("Qwen2Attention", "Qwen3Attention", "LlamaAttention", "MistralAttention")
@@ -46,17 +46,15 @@ class StackedProjections:
         self._key: Optional[tuple] = None
         self._weight: Optional[torch.Tensor] = None
         self._bias: Optional[torch.Tensor] = None
-        self.parked: list = [None, None, None, None]   # input, its version, key columns, value columns
+        self.parked: list = [None, None, None, None]   # input, its state, key columns, value columns
 
-    def tensors(self) -> list[torch.Tensor]:
-        return [m.weight for m in self.layers] + [m.bias for m in self.layers if m.bias is not None]
-
-    def usable(self) -> bool:
-        return not torch.compiler.is_compiling() and not any(t.requires_grad for t in self.tensors())
-
-    def stacked(self) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """(weight, bias) of the three projections stacked, made again when any of them changed."""
-        key = tuple((t.data_ptr(), _version(t), t.dtype, t.device) for t in self.tensors())
+    def stacked(self) -> Optional[tuple[torch.Tensor, Optional[torch.Tensor]]]:
+        """(weight, bias) of the three projections stacked, made again when any of them changed;
+        None where the stock products must run (a projection trains, or code is being compiled)."""
+        tensors = [m.weight for m in self.layers] + [m.bias for m in self.layers if m.bias is not None]
+        if torch.compiler.is_compiling() or any(t.requires_grad for t in tensors):
+            return None
+        key = tuple(tensor_state(t) for t in tensors)
         if key != self._key:
             with torch.no_grad():
                 self._weight = torch.cat([m.weight for m in self.layers])
@@ -68,7 +66,7 @@ class StackedProjections:
     def take(self, x: torch.Tensor, index: int) -> Optional[torch.Tensor]:
         """The parked key (1) or value (2) columns if ``x`` is the input they came from, once."""
         p = self.parked
-        if p[0] is not x or p[1] != _version(x) or p[index + 1] is None:
+        if p[0] is not x or p[1] != tensor_state(x) or p[index + 1] is None:
             return None
         out, p[index + 1] = p[index + 1], None
         if p[2] is None and p[3] is None:
@@ -76,19 +74,14 @@ class StackedProjections:
         return out
 
 
-def _version(t: torch.Tensor) -> Optional[int]:
-    """In-place changes so far; None for a tensor made in inference mode, which keeps no count."""
-    return None if t.is_inference() else t._version
-
-
 def _query_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     stack: StackedProjections = self._west_stack
-    if not stack.usable():
+    stacked = stack.stacked()
+    if stacked is None:
         stack.parked = [None, None, None, None]
         return F.linear(x, self.weight, self.bias)
-    weight, bias = stack.stacked()
-    q, k, v = F.linear(x, weight, bias).split(stack.sizes, dim=-1)
-    stack.parked = [x, _version(x), k, v]
+    q, k, v = F.linear(x, *stacked).split(stack.sizes, dim=-1)
+    stack.parked = [x, tensor_state(x), k, v]
     return q
 
 

@@ -30,6 +30,8 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
+from west.models.routing import tensor_state
+
 PATCHED = "_west_stock_rotary"   # the replacement function keeps the stock one under this name
 
 
@@ -60,14 +62,14 @@ class _SignedSin:
 
     def __init__(self):
         self.source: Optional[torch.Tensor] = None
-        self.version = -1
+        self.state: tuple = ()
         self.value: Optional[torch.Tensor] = None
 
     def __call__(self, sin: torch.Tensor) -> torch.Tensor:
-        if sin is not self.source or sin._version != self.version:
+        if sin is not self.source or tensor_state(sin) != self.state:
             half = sin.shape[-1] // 2
             self.value = torch.cat([-sin[..., :half], sin[..., half:]], -1)
-            self.source, self.version = sin, sin._version
+            self.source, self.state = sin, tensor_state(sin)
         return self.value
 
 

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from west.models.precision import autocast_dtype
-from west.models.routing import route_forward, routed_to
+from west.models.routing import route_forward, routed_to, tensor_state
 
 DTYPE = torch.bfloat16
 ATTR = "_west_working_copy"   # a registered parameter's _Copy
@@ -61,7 +61,7 @@ class _Copy:
     def state(self) -> tuple:
         """What changes when the master does: its version counter (in-place changes such as
         ``load_state_dict``) and its storage (``.data`` replaced, a move to another device)."""
-        return self.master._version, self.master.data_ptr()
+        return tensor_state(self.master)
 
     def fresh(self) -> torch.Tensor:
         """The copy, brought up to date first if the master changed since its last copy."""
