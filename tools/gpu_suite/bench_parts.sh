@@ -96,7 +96,7 @@ part_swiglu() {   # model.llm.fused_swiglu (never on a GPU yet): the MLPs' eleme
     "$(( $(grep -c "Recompiling function" "$out/suite.log" || true) - before ))" | tee -a "$out/suite.md"
   [ -f "$exp/bench_best/benchmark.md" ] && sed -n 3p "$exp/bench_best/benchmark.md" | sed 's/^/(part best, without:) /' \
     | tee -a "$out/suite.md"
-  local steps=$(( steps < 20 ? steps : 20 ))
+  steps=$(( steps < 20 ? steps : 20 ))
   train_run train_fused_swiglu "${replayed[@]}" --model.llm.fused_swiglu true
 }
 part_encoder_graphs_compiled() {   # replayed, the encoder's blocks still cost the GPU 28.9 ms of kernels per forward
@@ -147,7 +147,7 @@ part_big() {   # issue 23: fits 40 GiB at pack 8192; pack vs Whisper padded to 3
   [ -f "$qdir/config.json" ] || "$python" "$repo/tools/make_seed_llm.py" "$qdir" --tokenizer "$exp/tiny_llm" \
     --shape qwen2-7b --device "$device" >>"$out/suite.log" 2>&1
   conf=$big common=(--model.encoder.path "$wdir" --model.llm.path "$qdir" --train.device "$device")
-  local steps=$(( steps < 12 ? steps : 12 ))
+  steps=$(( steps < 12 ? steps : 12 ))
   train_run big_pack --data.cmvn null
   # sizes found under 80 GiB on one H200 (2026-11-27: pack 16,384 tokens 40.1 GiB, Whisper padded batch 128
   # 72.5 GiB, 137 the largest); searching them again took over 4 minutes of a call

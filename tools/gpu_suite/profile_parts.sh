@@ -61,7 +61,7 @@ part_queues() {   # a stream holds about 1,000 pending launches: where the GPU i
   export CUDA_SCALE_LAUNCH_QUEUES=4x
   launcher=(timeout 150)
   profile_run marks_queues pack --phase_marks --steps 6
-  local steps=$(( steps < 20 ? steps : 20 ))   # as part gap's runs
+  steps=$(( steps < 20 ? steps : 20 ))   # as part gap's runs
   train_run train_queues "${replayed[@]}" --train.phase_marks true   # as part gap's train_pin_thread
 }
 pyspy_bin() {   # py-spy's path, or nothing (tools/gpu_wheels.sh puts its wheel into .whl/, installed into /tmp/site)

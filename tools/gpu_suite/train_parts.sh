@@ -28,7 +28,7 @@ part_late_readback() {   # the step's read-back waited ~35 ms for the GPU to fin
   # With the encoder eager it bought nothing (H100, sixth run): the host, a step ahead, fills the launch queue
   # with the encoder's ~1,000 small kernels and waits there instead. Replayed, they are two launches
   log "late_readback: west-train with the encoder replayed, reading each step's figures back before the update, then one step late"
-  local steps=$(( steps < 20 ? steps : 20 ))
+  steps=$(( steps < 20 ? steps : 20 ))
   train_run train_readback "${replayed[@]}" --train.late_readback false
   train_run train_late_readback "${replayed[@]}" --train.late_readback true
   "$python" "$repo/tools/compare_losses.py" "$exp/train_readback/train_log.jsonl" \
@@ -39,7 +39,7 @@ part_gap() {   # west-train's step is 1.32x the benchmark's (H200, fifth run). W
   # and took 6 and 1 with no pin thread (H100, sixth run, encoder eager, no baseline beside it): is it the pin thread?
   log "gap: west-train as configured (the encoder replayed), marked: with the pin-memory thread, without it (each"\
     "copy pinned by the step), and without it through a 64 MiB page-locked ring (train.pinned_ring_mib)"
-  local steps=$(( steps < 20 ? steps : 20 ))   # phases 16-31 ms against about 1: 15 steps of medians tell them apart
+  steps=$(( steps < 20 ? steps : 20 ))   # phases 16-31 ms against about 1: 15 steps of medians tell them apart
   train_run train_pin_thread "${replayed[@]}" --train.phase_marks true
   train_run train_no_pin_thread "${replayed[@]}" --data.pin_memory false --train.phase_marks true
   train_run train_ring_no_pin_thread "${replayed[@]}" --data.pin_memory false --train.pinned_ring_mib 64 \
@@ -52,7 +52,7 @@ part_pyspy_train() {   # west-train's projector, splice and loss phases took the
   spy=$(pyspy_bin)
   [ -n "$spy" ] || { log "pyspy_train: skipped (no py-spy: tools/gpu_wheels.sh puts its wheel into .whl/)"; return 0; }
   log "pyspy_train: native stack samples of west-train as configured (py-spy, tools/stack_summary.py --focus)"
-  local steps=$(( steps < 20 ? steps : 20 ))
+  steps=$(( steps < 20 ? steps : 20 ))
   rm -f "$raw"
   # bounded; SIGINT, on which py-spy writes the samples it has (part pyspy)
   launcher=(timeout -s INT 150 "$spy" record --native --idle --threads --rate "$rate" --format raw -o "$raw" --)
@@ -66,7 +66,7 @@ part_syncs_train() {   # in west-train the host waited for the GPU inside the pr
   # phases (seventh run, H200), where the benchmark's runner syncs once per step: which lines sync in west-train?
   [ "$device" = cuda ] || { log "syncs_train: skipped (torch's sync debug mode needs CUDA)"; return 0; }
   log "syncs_train: west-train as configured under torch's sync debug mode, its syncs by line (tools/train_syncs.py)"
-  local steps=$(( steps < 20 ? steps : 20 ))
+  steps=$(( steps < 20 ? steps : 20 ))
   wrapped_run "$repo/tools/train_syncs.py" --steps "$steps" --out "$out/syncs_train.json" -- train_syncs "${replayed[@]}"
 }
 wrapped_run() {   # tool, its args, --, run name, train_run's args: west-train run by a tool that wraps it (its own
@@ -97,7 +97,7 @@ part_optimes_train() {   # west-train's projector and splice phases took the hos
   log "optimes_train: west-train as configured, the host's time in its encoder rows, projector, splice and loss"\
     "phases by operator and line (tools/train_op_times.py); then with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False;"\
     "then with train.nvml false"
-  local steps=$(( steps < 20 ? steps : 20 ))
+  steps=$(( steps < 20 ? steps : 20 ))
   op_timed_run train_op_times "${replayed[@]}"
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False op_timed_run train_op_times_fixed_segments "${replayed[@]}"
   op_timed_run train_op_times_no_nvml "${replayed[@]}" --train.nvml false
@@ -106,7 +106,7 @@ part_preloaded() {   # the two sides of west-train's 1.27x over the benchmark's 
   # launching thread (worker processes, the pin-memory thread), or its loop. The same run as part optimes_train's first,
   # on the loader's first batches from memory with the loader ended (west.bench.preloaded): near the benchmark's
   # phases, it is the loader (part contention then says which of its parts); as slow as optimes_train's, the loop
-  local steps=$(( steps < 20 ? steps : 20 ))
+  steps=$(( steps < 20 ? steps : 20 ))
   log "preloaded: west-train as configured, op-timed as in part optimes_train, on its loader's first $steps batches"\
     "from memory, the loader ended"
   op_timed_run --preload "$steps" train_op_times_preloaded "${replayed[@]}"
@@ -130,7 +130,7 @@ EOF
     fi
   fi
   log "gil: west-train as configured, op-timed as in part optimes_train, with Python's switch interval at 0.5 ms${why:+ ($why)}"
-  local steps=$(( steps < 20 ? steps : 20 ))
+  steps=$(( steps < 20 ? steps : 20 ))
   op_timed_run --switch_interval_ms 0.5 train_op_times_gil "${replayed[@]}"
 }
 part_lora() {   # seed_gpu_lora.yaml (rank-16 adapters on every projection of the 1.5B LLM, whole layers
@@ -139,7 +139,7 @@ part_lora() {   # seed_gpu_lora.yaml (rank-16 adapters on every projection of th
     "the encoder replayed as its train.encoder_graphs auto runs it"
   local extra=()
   if $tiny; then extra=(--model.lora "{r: 4}"); else conf=$repo/recipes/aishell/conf/seed_gpu_lora.yaml; fi
-  local steps=$(( steps < 20 ? steps : 20 ))
+  steps=$(( steps < 20 ? steps : 20 ))
   train_run train_lora "${replayed[@]}" "${extra[@]}"
 }
 part_contention() {   # west-train's step was 1.42x the benchmark's (seventh run, H200; the benchmark has no loader), its
@@ -215,7 +215,7 @@ part_encoder_graphs_exact() {   # replayed blocks must train as the eager ones: 
   log "encoder_graphs_exact: 10 steps eager, then with train.encoder_graphs, model.encoder.dropout 0: losses step by step"
   local extra=(--model.encoder.dropout 0)
   $tiny && extra+=(--model.encoder.pos_enc wenet --model.encoder.attn_backend varlen)   # the eager run's route too
-  local steps=$(( steps < 10 ? steps : 10 ))
+  steps=$(( steps < 10 ? steps : 10 ))
   train_run train_nodrop_eager "${extra[@]}"
   train_run train_nodrop_graphs "${extra[@]}" "${replayed[@]}"
   "$python" "$repo/tools/compare_losses.py" "$exp/train_nodrop_eager/train_log.jsonl" \
@@ -229,7 +229,7 @@ part_encoder_graphs_full() {   # if the encoder's graphs make the step GPU-bound
 part_encoder_graphs_compiled_train() {   # part encoder_graphs_compiled's configuration in west-train, with the
   # loader: against the fastest west-train step so far (encoder_graphs_full, 0.227 s on an H200)
   log "encoder_graphs_compiled_train: west-train with the encoder's blocks compiled (train.compile_scope encoder), then replayed, no LLM checkpointing, marked"
-  local steps=$(( steps < 30 ? steps : 30 ))   # the compilation takes the first steps; medians from step 6
+  steps=$(( steps < 30 ? steps : 30 ))   # the compilation takes the first steps; medians from step 6
   train_run train_encoder_graphs_compiled "${replayed[@]}" --train.compile true --train.compile_scope encoder \
     --model.llm.gradient_checkpointing false --train.phase_marks true
   { grep -h "(train.encoder_graphs)" "$out/suite.log" || true; } | tail -n 1 \
