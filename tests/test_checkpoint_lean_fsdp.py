@@ -56,11 +56,7 @@ def _worker(rank: int, world: int, port: int, env: dict) -> None:
 
 
 def test_fsdp_lean_lora_checkpoint_never_gathers_the_base(tmp_path):
-    import torch.distributed.checkpoint.state_dict  # noqa: F401  (fork after the slow imports)
     from safetensors.torch import load_file
-    from torch.distributed.fsdp import fully_shard  # noqa: F401
-
-    import west.checkpoint.training  # noqa: F401
 
     env = {"base": str(write_base(tmp_path / "base")), "dir": tmp_path / "ckpts"}
     run_ranks(_worker, env)

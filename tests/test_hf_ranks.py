@@ -25,7 +25,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str, pack_length: int) ->
     torch.set_num_threads(1)
     from accelerate.state import AcceleratorState, PartialState
 
-    AcceleratorState._reset_state(True)   # a forked child must not reuse the parent's one-process state
+    AcceleratorState._reset_state(True)   # a child forked from a process that made one must not reuse it
     PartialState._reset_state()
     from west.hf import PackedTrainer
 

@@ -14,7 +14,7 @@ from west.train.distributed import cleanup, wrap_model
 from west.train.loop import Trainer
 
 from helpers.fakes import ListData, SimulatedCrash, TokenModel, make_batches
-from helpers.ranks import init_gloo, preimport_distributed, rank_results, run_ranks
+from helpers.ranks import init_gloo, rank_results, run_ranks
 from helpers.steps import RANK_CUT, SAMPLES, assert_close, micro_batches, one_step, reference_params
 
 BATCHES_PER_RANK = (5, 4)  # accum 2 -> 3 steps per epoch on both ranks (rank 1's last is all dummy)
@@ -81,7 +81,6 @@ def _worker(rank: int, world: int, port: int, tmp: str) -> None:
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ddp")
-    preimport_distributed()   # fork (1 intra-op thread in the children) after the slow imports
     run_ranks(_worker, str(tmp))
     return tmp, rank_results(tmp)
 

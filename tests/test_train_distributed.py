@@ -58,7 +58,5 @@ def _timeout_worker(rank: int, world: int, port: int, out: str) -> None:
 
 def test_missing_rank_times_out_instead_of_hanging(tmp_path):
     out = tmp_path / "rank0.txt"
-    # fork: the workers only exchange a few scalars, and skipping two torch imports
-    # keeps this test short.
     run_ranks(_timeout_worker, str(out))
     assert out.read_text().startswith("raised"), out.read_text()

@@ -28,7 +28,7 @@ from west.train.distributed import DistInfo
 from helpers.corpus import write_jsonl
 from helpers.e2e import read_jsonl, tiny_llm, train_argv
 from helpers.fakes import ListData, TokenModel, dummy_batch, make_batches
-from helpers.ranks import init_gloo, preimport_distributed, rank_results, run_child, run_ranks
+from helpers.ranks import init_gloo, rank_results, run_child, run_ranks
 
 DEV = slice(12, 19)   # 7 dev utterances (odd: 2 ranks cannot split them evenly), then one bad line
 N_DECODE = 3
@@ -294,7 +294,6 @@ def _rank_worker(rank: int, world: int, port: int, env: SimpleNamespace) -> None
 
 @pytest.fixture(scope="module")
 def two_ranks(env, one_rank):
-    preimport_distributed()
     run_ranks(_rank_worker, env)
     return rank_results(env.dir, stem="eval_rank")
 

@@ -1,6 +1,6 @@
 """Per-layer FSDP2 on 2 gloo ranks (CPU) with the real SpeechLLM and the real data pipeline.
 
-One forked 2-rank run does every check that needs the same process group: the module
+One 2-rank run does every check that needs the same process group: the module
 tree (each encoder block and LLM decoder layer its own FSDP unit, every parameter a
 DTensor shard, one unit gathered at a time), optimizer steps under FSDP2 vs DDP (fp32:
 equal within float tolerance; bf16: the mixed-precision policy gathers bf16 weights,
@@ -25,7 +25,7 @@ import torch.multiprocessing as mp
 
 from helpers.e2e import tiny_cpu_model, write_lists
 from helpers.fakes import ListData
-from helpers.ranks import init_gloo, preimport_distributed, rank_results, run_ranks
+from helpers.ranks import init_gloo, rank_results, run_ranks
 
 N_UTTS = 8
 STEPS = 2           # optimizer steps per comparison (each over all of the rank's packs)
@@ -232,11 +232,6 @@ def results(tmp_path_factory, corpus):
                          num_layers=4, num_heads=4, num_kv_heads=2)
     env = {"llm": str(llm), "list": str(write_lists(corpus["rows"], d / "lists", N_UTTS).jsonl), "dir": d,
            "cfg": model_config(str(llm))}
-    # fork after the slow imports (DDP's dynamo, FSDP2, DCP, the model), like test_train_ddp.py
-    preimport_distributed()
-    import west.models.speech_llm  # noqa: F401
-    import west.train.loop  # noqa: F401
-
     with pytest.raises(mp.ProcessExitedException) as killed:
         run_ranks(_worker, env)
     notes = {p.name: p.read_text() for p in d.glob("kill_rank*.txt")}

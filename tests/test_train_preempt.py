@@ -31,7 +31,7 @@ from west.train.preempt import shield_loader_workers
 from west.train.step import TooManyBadSteps
 
 from helpers.fakes import ListData, TokenModel, make_batches
-from helpers.ranks import START_METHOD, init_gloo, preimport_distributed, rank_results, run_ranks
+from helpers.ranks import START_METHOD, init_gloo, rank_results, run_ranks
 
 N_BATCHES = 7  # accum 2 -> 4 steps per epoch (steps s = forwards 2s-1, 2s), 2 epochs
 RANK_BATCHES = (5, 4)  # two ranks, accum 2 -> 3 steps per epoch
@@ -295,7 +295,6 @@ def _worker(rank: int, world: int, port: int, tmp: str) -> None:
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("preempt2")
-    preimport_distributed()
     run_ranks(_worker, str(tmp))
     return tmp, rank_results(tmp)
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from helpers.e2e import tiny_cpu_model, tiny_llm, write_lists
-from helpers.ranks import init_gloo, preimport_distributed, rank_results, run_ranks
+from helpers.ranks import init_gloo, rank_results, run_ranks
 
 N_UTTS = 8
 RTOL = 1e-5
@@ -83,7 +83,6 @@ def _rank_worker(rank: int, world: int, port: int, env: dict) -> None:
 @pytest.fixture(scope="module")
 def results(env):
     out = {name: one_step(env["llm"], env["list"], kw) for name, (kw, w) in CASES.items() if w == 1}
-    preimport_distributed()
     run_ranks(_rank_worker, env)
     ranks = rank_results(env["dir"])
     for name in ranks[0]:

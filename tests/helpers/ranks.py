@@ -8,10 +8,16 @@ from typing import Callable
 
 import torch
 
-# Forking is fast (the child imports nothing again), but once this process has run a backward
-# pass on a machine with a GPU, autograd's device threads make a forked child fail on its first
-# backward: there children are spawned (fresh interpreters; targets must be module-level).
-START_METHOD = "spawn" if torch.cuda.is_available() else "fork"
+# Children start from a fork server: a clean process that imports torch, transformers and west's
+# trainer once, then forks each child from its single thread. A plain fork from the pytest worker
+# copied a process that had run other tests (torch's thread pool, tqdm's monitor thread) and once
+# killed a rank with SIGSEGV; spawning imports everything again in every child. On a machine with a
+# GPU children are spawned: autograd's device threads would make a forked child fail on its first
+# backward. Either way targets and their arguments must pickle (module-level functions).
+START_METHOD = "spawn" if torch.cuda.is_available() else "forkserver"
+PRELOAD = ["torch", "torch._dynamo", "torch.distributed.checkpoint.state_dict", "torch.distributed.fsdp",
+           "transformers", "west.train.loop", "west.checkpoint.training"]
+multiprocessing.set_forkserver_preload(PRELOAD)
 
 
 def run_child(target: Callable, *args) -> int:
@@ -44,14 +50,6 @@ def run_ranks(worker: Callable, *args, world: int = 2) -> None:
     import torch.multiprocessing as mp  # heavy
 
     mp.start_processes(worker, args=(world, free_port(), *args), nprocs=world, join=True, start_method=START_METHOD)
-
-
-def preimport_distributed() -> None:
-    """Import what DDP / FSDP / distributed checkpoints pull in on first use, once in this process
-    before forking, instead of once in every rank."""
-    import torch._dynamo  # noqa: F401
-    import torch.distributed.checkpoint.state_dict  # noqa: F401
-    from torch.distributed.fsdp import fully_shard  # noqa: F401
 
 
 def rank_results(out_dir, world: int = 2, stem: str = "rank") -> list:
