@@ -50,8 +50,8 @@ while [ $# -gt 0 ]; do
 done
 [ "$parts" = open ] && parts=$open_parts
 has() { [[ ",$parts," == *",$1,"* ]]; }
-declare -A estimate=([build]=50 [train]=40 [bench]=430 [profile]=65 [compile]=120 [ckpt]=50 [syncs]=50
-                     [attention]=90 [headroom]=130 [big]=300 [gap]=90 [profile_compiled]=120 [graphs]=150 [kernels]=75
+declare -A estimate=([build]=50 [train]=40 [bench]=300 [profile]=65 [compile]=120 [ckpt]=50 [syncs]=50
+                     [attention]=90 [headroom]=130 [big]=300 [big_bench]=200 [train_again]=40 [gap]=90 [profile_compiled]=120 [graphs]=150 [kernels]=75
                      [norm]=45 [cudnn]=90 [hostpy]=80 [contention]=90 [weights]=45 [rotary]=45 [qkv]=45 [cuts]=45 [marks]=110 [pyspy]=45 [compile_encoder]=90 [floor]=15 [queues]=90 [ring]=55 [encoder_graphs]=50 [encoder_graphs_full]=50 [encoder_graphs_exact]=65 [best]=45 [best_sizes]=150 [encoder_graphs_compiled]=75 [encoder_graphs_compiled_train]=110 [late_readback]=65 [encoder_time]=45 [loss]=40 [configured]=80 [swiglu]=120 [lora]=45 [roofline]=50 [pyspy_train]=60 [syncs_train]=45 [optimes_train]=120 [optimes]=60 [gil]=45 [prefix]=90 [preloaded]=40)   # seconds on one H100/H200: measured, or guessed for new parts
 failed=(); skipped=(); fallback=
 if $plan; then   # what a call would run by the estimates, as --budget decides it; nothing is run

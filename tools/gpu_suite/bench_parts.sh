@@ -8,7 +8,7 @@ part_bench() {
   "$python" -m west.bin.benchmark --config "$conf" "${common[@]}" --data "$data/train/data.list" \
     --data.cmvn "$data/train/global_cmvn.json" --num_utts "$num_utts" --out_dir "$exp/bench" \
     --batch_size "$batch" --max_tokens_in_batch "$max_tokens" --pack_tokens "$pack" --profile never \
-    "${budget[@]}" >>"$out/suite.log" 2>&1
+    --no-count_ops "${budget[@]}" >>"$out/suite.log" 2>&1
   cp "$exp/bench/benchmark.json" "$out/benchmark.json"
   cp "$exp/bench/benchmark.md" "$out/benchmark.md"
   tail -n 40 "$out/benchmark.md"
@@ -137,7 +137,7 @@ print(f"- benchmark, {r['configuration']}, train.cuda_graphs {sys.argv[2]}: {r['
 EOF2
   done
 }
-part_big() {   # issue 23: fits 40 GiB at pack 8192; pack vs Whisper padded to 30 s under 80 GB
+big_models() {   # random Whisper-large-v3 and Qwen2-7B shapes (tiny: Whisper-tiny and the seed LLM) into wdir, qdir
   big=$repo/recipes/aishell/conf/whisper_7b_lora.yaml
   wdir=$exp/whisper_large_v3; qdir=$exp/qwen2_7b
   $tiny && { wdir=$exp/whisper_tiny; qdir=$llm; }
@@ -147,18 +147,27 @@ part_big() {   # issue 23: fits 40 GiB at pack 8192; pack vs Whisper padded to 3
   [ -f "$qdir/config.json" ] || "$python" "$repo/tools/make_seed_llm.py" "$qdir" --tokenizer "$exp/tiny_llm" \
     --shape qwen2-7b --device "$device" >>"$out/suite.log" 2>&1
   conf=$big common=(--model.encoder.path "$wdir" --model.llm.path "$qdir" --train.device "$device")
-  steps=$(( steps < 12 ? steps : 12 ))
-  train_run big_pack --data.cmvn null
-  # sizes found under 80 GiB on one H200 (2026-11-27: pack 16,384 tokens 40.1 GiB, Whisper padded batch 128
-  # 72.5 GiB, 137 the largest); searching them again took over 4 minutes of a call
+}
+big_bench() {   # pack against Whisper padded to 30 s at sizes found under 80 GiB on one H200 (2026-11-27: pack
+  # 16,384 tokens 40.1 GiB, Whisper padded batch 128 72.5 GiB); searching them again takes over 4 minutes
   local big_pack=16384 big_batch=128; $tiny && { big_pack=$pack; big_batch=$batch; }
   log "big: west-benchmark pack $big_pack tokens vs whisper_padded_30s batch $big_batch (sizes that fit 80 GiB)"
   "$python" -m west.bin.benchmark --config "$big" "${common[@]}" --data "$data/train/data.list" --data.cmvn null \
-    --num_utts "$(( num_utts < 200 ? num_utts : 200 ))" --out_dir "$exp/bench_big" --repeats 1 --profile never \
+    --num_utts "$(( num_utts < 200 ? num_utts : 200 ))" --out_dir "$exp/bench_big" --repeats 2 --profile never \
     --modes pack,whisper_padded_30s --pack_tokens "$big_pack" --batch_size "$big_batch" --no-count_ops \
     >>"$out/suite.log" 2>&1
   cp "$exp/bench_big/benchmark.md" "$out/benchmark_big.md"
   tail -n 20 "$out/benchmark_big.md"
+}
+part_big() {   # fits 40 GiB at pack 8192 (west-train), then the timed pack vs Whisper padded to 30 s
+  big_models
+  steps=$(( steps < 12 ? steps : 12 ))
+  train_run big_pack --data.cmvn null
+  big_bench
+}
+part_big_bench() {   # part big's timed comparison alone (its west-train run measured 31.4 GiB twice)
+  big_models
+  big_bench
 }
 part_loss() {   # the loss phases took the H100 8.0 + 12.5 ms of each pack (sixth run's marks) for ~2 ms of products
   log "loss: the LLM's cross-entropy alone at the seed's shapes: chunked (gradients in its forward) against plain,"\

@@ -19,6 +19,11 @@ part_train() {
   log "train: west-train, pack $pack, $steps steps, the real loader ($workers workers, pinned memory on CUDA)"
   train_run train_eager
 }
+part_train_again() {   # part train once more, last: the spread between two identical runs, against which
+  # an A/B part's difference is read (a difference inside it is noise)
+  log "train_again: part train's run again, for the run-to-run spread"
+  train_run train_eager_again
+}
 part_ckpt() {   # the seed config's checkpoint_scope mlp (part train) against whole layers replayed, same call
   log "ckpt: the same with model.llm.checkpoint_scope layer (whole decoder layers replayed)"
   train_run train_scope_layer --model.llm.gradient_checkpointing true --model.llm.checkpoint_scope layer
