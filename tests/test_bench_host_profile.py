@@ -3,7 +3,11 @@ from __future__ import annotations
 
 import gc
 import time
+from pathlib import Path
 
+import pytest
+
+import west
 from west.bench.host_profile import host_table, profile_calls, short_name, top_functions
 
 
@@ -61,7 +65,12 @@ def test_west_functions_by_time_with_callees():
 def test_short_names():
     assert short_name("/x/lib/python3.12/site-packages/transformers/models/qwen2/modeling_qwen2.py", 7, "forward") \
         == "transformers/models/qwen2/modeling_qwen2.py:7(forward)"
-    assert short_name("/work/main/west/models/conformer.py", 90, "forward") == "west/models/conformer.py:90(forward)"
+    package = Path(west.__file__).resolve().parent      # where the imported package really is
+    assert short_name(str(package / "models" / "conformer.py"), 90, "forward") == "west/models/conformer.py:90(forward)"
+    assert short_name(str(package.parent / "tools" / "profile_step.py"), 5, "main") == "tools/profile_step.py:5(main)"
+    # another tree's west/ is not the imported package: its whole path, not a name that passes for west's
+    assert short_name("/elsewhere/west/models/conformer.py", 90, "forward") \
+        == "/elsewhere/west/models/conformer.py:90(forward)"
     assert short_name("~", 0, "<built-in method torch._C._nn.linear>") == "<built-in method torch._C._nn.linear>"
 
 
@@ -75,3 +84,18 @@ def test_garbage_collections_are_counted_per_step_by_generation():
     assert res["gc_per_step"][0]["count"] >= 1 and res["gc_per_step"][2]["count"] >= 1
     assert res["gc_per_step"][2]["ms"] > 0
     assert "generation 2: " in host_table(res)
+
+
+@pytest.mark.parametrize("checkout", ["west", "speech"])
+def test_a_file_in_a_checkout_named_west_is_not_wests_code(tmp_path, checkout):
+    """West's code is what lies in the imported package's directory, not any path with a ``west``
+    directory in it: a test of a checkout named ``west`` (git clone's default) is not listed as west's."""
+    src = tmp_path / checkout / "tests" / "test_mine.py"
+    src.parent.mkdir(parents=True)
+    src.write_text("def work():\n    return sorted(range(1000))\n")
+    namespace: dict = {}
+    exec(compile(src.read_text(), str(src), "exec"), namespace)
+    stats, _ = profile_calls(lambda: [namespace["work"]() for _ in range(3)])
+    res = top_functions(stats, 3, top=50)
+    assert res["west_by_total"] == []
+    assert f"{src}:1(work)" in [r["function"] for r in res["functions"]]   # named by its whole path

@@ -11,24 +11,50 @@ garbage collector's pauses are timed beside (``gc.callbacks``): cProfile does no
 from __future__ import annotations
 
 import cProfile
+import functools
 import gc
+import os
 import pstats
 import time
 from typing import Callable, Sequence
 
-_ANCHORS = ("site-packages/", "/west/", "/tools/")
+import west
+
+# West's code is what lies in the imported package's directory, found from where it really is: a
+# fragment such as "/west/" would also match every file of a checkout named west (git clone's default
+# directory), its tests and tools included.
+_PACKAGE = os.path.dirname(os.path.realpath(west.__file__))
+_CHECKOUT = os.path.dirname(_PACKAGE)   # the directory holding the package: tools/, tests/ of a checkout
+
+
+@functools.lru_cache(maxsize=None)
+def _place(filename: str) -> tuple[str, bool]:
+    """A code file's short name and whether it is west's: relative to the package's parent for a
+    file in west's package, after ``site-packages/`` for an installed library, relative to the
+    checkout for its other files (``tools/...``), else the whole path."""
+    if filename.startswith("<"):                 # <frozen ...>, <string>: no file
+        return filename, False
+    real = os.path.realpath(filename)
+    if real.startswith(_PACKAGE + os.sep):
+        return os.path.relpath(real, _CHECKOUT), True
+    at = filename.rfind("site-packages/")
+    if at >= 0:
+        return filename[at + len("site-packages/"):], False
+    if real.startswith(_CHECKOUT + os.sep):
+        return os.path.relpath(real, _CHECKOUT), False
+    return filename, False
+
+
+def is_west(filename: str) -> bool:
+    """Whether a code file is part of the imported west package (by its real location)."""
+    return filename != "~" and _place(filename)[1]
 
 
 def short_name(filename: str, line: int, name: str) -> str:
     """``west/models/conformer.py:90(forward)``, ``transformers/...``, or a builtin's own name."""
     if filename == "~":
         return name
-    for anchor in _ANCHORS:
-        at = filename.rfind(anchor)
-        if at >= 0:
-            filename = filename[at + len(anchor):] if anchor == "site-packages/" else filename[at + 1:]
-            break
-    return f"{filename}:{line}({name})"
+    return f"{_place(filename)[0]}:{line}({name})"
 
 
 def profile_calls(fn: Callable[[], None]) -> tuple[pstats.Stats, list[tuple[int, float]]]:
@@ -60,14 +86,15 @@ def top_functions(stats: pstats.Stats, steps: int, top: int = 25,
     ``top`` functions by time including callees (where in the step the host's time goes: the
     encoder, the projector's and splice's index work, copies to the device); the profiled time per
     step (the sum of all own times); the collector's pauses per step by generation."""
-    rows = [dict(function=short_name(*key), calls=nc / steps, own_ms=tt * 1e3 / steps, total_ms=ct * 1e3 / steps)
-            for key, (_, nc, tt, ct, _) in stats.stats.items()]
+    found = [(dict(function=short_name(*key), calls=nc / steps, own_ms=tt * 1e3 / steps, total_ms=ct * 1e3 / steps),
+              is_west(key[0])) for key, (_, nc, tt, ct, _) in stats.stats.items()]
+    rows = [r for r, _ in found]
     rows.sort(key=lambda r: -r["own_ms"])
     collections = {g: dict(count=sum(1 for k, _ in gc_pauses if k == g) / steps,
                            ms=sum(s for k, s in gc_pauses if k == g) * 1e3 / steps) for g in (0, 1, 2)}
-    west = sorted((r for r in rows if r["function"].startswith("west/")), key=lambda r: -r["total_ms"])
+    west_rows = sorted((r for r, ours in found if ours), key=lambda r: -r["total_ms"])
     return {"steps": steps, "profiled_ms_per_step": sum(r["own_ms"] for r in rows), "functions": rows[:top],
-            "west_by_total": west[:top], "gc_per_step": collections}
+            "west_by_total": west_rows[:top], "gc_per_step": collections}
 
 
 def host_table(res: dict) -> str:
