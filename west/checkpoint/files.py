@@ -29,6 +29,28 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+def file_mode() -> int:
+    """The mode ``open()`` gives a new file (0666 less the umask). safetensors creates its files
+    0600: every file west writes gets this one mode instead."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)  # no /proc: read the umask by setting it (and put it back)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def same_mode(root: Path) -> None:
+    """Give every file under ``root`` the mode :func:`file_mode` (one mode for a whole checkpoint)."""
+    mode = file_mode()
+    for p in root.rglob("*"):
+        if p.is_file() and (p.stat().st_mode & 0o777) != mode:
+            os.chmod(p, mode)
+
+
 def write_bytes(path: Path, data: bytes) -> None:
     """Every small file of a checkpoint goes through here (tests inject ENOSPC)."""
     with open(path, "wb") as f:
@@ -65,6 +87,7 @@ def save_tensors(state: dict[str, torch.Tensor], path: Path, metadata: Optional[
         tensors[name] = t.cpu()
         storages.add(ptr)
     save_file(tensors, str(path), metadata={**(metadata or {}), ALIASES_KEY: json.dumps(aliases)})
+    os.chmod(path, file_mode())
     fsync_path(path)
 
 

@@ -7,8 +7,8 @@ checkpoint that passes is used and each newer one is reported (``latest_usable``
 
 Read: meta.json and every ``*.json`` (parsed), every ``*.safetensors`` (header and the length
 it announces: a truncated file fails), every ``*.pt`` (its zip directory, at the end of the
-file: a truncated file fails). Not read: the tensor bytes themselves (a flipped bit inside a
-file that has its full length passes).
+file: a truncated file fails), then every byte of every file against the CRC-32 recorded in
+``checksums.json`` at the save (west.checkpoint.checksums): a flipped bit fails too.
 """
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ import sys
 import zipfile
 from pathlib import Path
 from typing import Callable, Optional
+
+from west.checkpoint.checksums import verify
 
 PREFIX = "step_"        # DIR/checkpoints/step_00001234
 SET_ASIDE = ".corrupt"  # suffix of a step dir that failed the checks: no longer a checkpoint name
@@ -71,7 +73,8 @@ def read_checked_meta(path: Path) -> tuple[Optional[str], dict]:
 
 
 def check_checkpoint(path: str | os.PathLike) -> Optional[str]:
-    """Why ``path`` cannot be resumed from (the first missing, truncated or unreadable file), or None."""
+    """Why ``path`` cannot be resumed from (the first missing, truncated, unreadable or damaged
+    file), or None."""
     path = Path(path)
     if not path.is_dir():
         return "not a directory"
@@ -92,7 +95,7 @@ def check_checkpoint(path: str | os.PathLike) -> Optional[str]:
         problem = check(f) if check else None
         if problem:
             return problem if f.parent == path else f"{f.parent.name}/{problem}"
-    return None
+    return verify(path)
 
 
 def _warn(text: str) -> None:

@@ -10,6 +10,8 @@ Layout of ``DIR/checkpoints/step_00001234/``::
     scheduler.pt          LR scheduler counters (weights_only)
     rng_rank{R}.pt        torch/cuda/numpy/python RNG states of rank R (weights_only)
     data_rank{R}.json     rank R's data-pipeline state_dict (``.pt`` if not JSON-able)
+    checksums.json        size and CRC-32 of every other file (west/checkpoint/checksums.py),
+                          verified before a resume uses the dir
     meta.json             step, epoch, world size, loop state; written last; saved at a dev
                           evaluation it has "eval": {"cv_loss": ..., ...}, and "best" (the best
                           evaluation so far) whenever there was one; "model_state" (is the LLM
@@ -20,8 +22,11 @@ Pruning keeps the newest ``keep_last`` and the ``keep_best`` lowest by a dev met
 from every checkpoint's meta.json (so kill -9 and resume cannot lose the ranking).
 
 A directory named ``step_*`` exists only after every file in it was fsynced, so
-a crash or a full disk during a save leaves the previous checkpoint as the
-latest one. Should a ``step_*`` dir still hold a truncated or unreadable file (a
+a crash or a full disk during a save (whatever the writer raises: safetensors' own
+``SafetensorError`` too) leaves the previous checkpoint as the latest one. No checkpoint is
+written while the model or optimizer state holds NaN/inf, or while meta's ``guard`` counts
+non-finite steps in a row: a bad state never takes the place of the last good one in
+``keep_last``. Every file gets the same permission mode (0666 less the umask). Should a ``step_*`` dir still hold a truncated or unreadable file (a
 filesystem that lost writes, a copy cut short), ``latest_usable`` reports it and takes
 the newest whole one (west.checkpoint.integrity). The output dir must be visible to all
 ranks (shared filesystem). Nothing here unpickles: safetensors, JSON and
@@ -34,6 +39,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 from pathlib import Path
 from typing import Any, Optional
@@ -42,7 +48,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from west.checkpoint import files, model_state
+from west.checkpoint import checksums, files, model_state
 from west.checkpoint.base_llm import BaseLLM
 from west.checkpoint.integrity import PREFIX, check_checkpoint, read_checked_meta
 from west.ranks import all_ranks, all_reduce_max, barrier, get_rank, get_world_size
@@ -59,11 +65,27 @@ class DiskFullError(CheckpointError):
     """A save ran out of space (on some rank); the previous checkpoint is intact."""
 
 
+class NotFiniteError(CheckpointError):
+    """A save refused: the state holds NaN/inf or the last steps were non-finite (previous one kept)."""
+
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def is_disk_full(error: Optional[BaseException]) -> bool:
+    """ENOSPC / EDQUOT, as an OSError or inside another writer's error (safetensors raises
+    ``SafetensorError("... I/O error: No space left on device (os error 28)")``)."""
+    if isinstance(error, OSError):
+        return error.errno in _FULL
+    match = re.search(r"os error (\d+)", str(error))
+    return bool(match) and int(match.group(1)) in _FULL
+
+
 def _failure(error: Optional[BaseException]) -> int:
     """0 no error, 1 an error, 2 the disk is full (ENOSPC, EDQUOT): ranks agree on the max."""
     if error is None:
         return 0
-    return 2 if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT) else 1
+    return 2 if is_disk_full(error) else 1
 
 
 def _agree(error: Optional[BaseException]) -> int:
@@ -170,6 +192,29 @@ def prune(root: str | os.PathLike, keep_last: int, keep_best: int = 0, metric: s
 
 # ----------------------------------------------------------------------------- save / load
 
+def _first_nonfinite(state: Any, where: str) -> Optional[str]:
+    """The name of the first floating tensor in a (nested) state dict holding NaN/inf, or None."""
+    if isinstance(state, torch.Tensor):
+        bad = state.is_floating_point() and state.numel() and not bool(torch.isfinite(state).all())
+        return where if bad else None
+    items = state.items() if isinstance(state, dict) else enumerate(state) if isinstance(state, (list, tuple)) else ()
+    for k, v in items:
+        found = _first_nonfinite(v, f"{where}.{k}" if where else str(k))
+        if found:
+            return found
+    return None
+
+
+def refuse_reason(meta: dict, model_sd: dict, optim_sd: dict) -> Optional[str]:
+    """Why this state must not become a checkpoint (it could prune the last good one), or None:
+    non-finite steps in a row (meta's ``guard``), or NaN/inf in a model or optimizer tensor."""
+    in_row = int((meta.get("guard") or {}).get("in_row", 0))
+    if in_row:
+        return f"the last {in_row} step(s) were non-finite (NaN/inf; train.max_bad_steps)"
+    bad = _first_nonfinite(model_sd, "") or _first_nonfinite(optim_sd, "optimizer")
+    return f"{bad} holds NaN/inf" if bad else None
+
+
 def save_checkpoint(root: str | os.PathLike, step: int, *, model: nn.Module,
                     optimizer: torch.optim.Optimizer, scheduler: Any, data_state: Any,
                     meta: Optional[dict] = None, keep_last: int = 3, keep_best: int = 0,
@@ -209,6 +254,14 @@ def save_checkpoint(root: str | os.PathLike, step: int, *, model: nn.Module,
     else:
         model_sd = get_model_state_dict(model, options=full)
     optim_sd = get_optimizer_state_dict(model, optimizer, options=full)
+    why = refuse_reason(meta or {}, model_sd, optim_sd) if rank == 0 else None
+    if _agree(NotFiniteError(why) if why else None):
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        barrier()
+        previous = list_checkpoints(root)
+        kept = f"previous checkpoint {previous[-1]} kept" if previous else "no earlier checkpoint"
+        raise NotFiniteError(f"no checkpoint at step {step}: {why or 'refused on rank 0'}; {kept}")
     meta = {**(meta or {}), "model_state": {"llm": "included" if base is None else "referenced"}}
     try:
         if rank == 0:
@@ -231,19 +284,21 @@ def save_checkpoint(root: str | os.PathLike, step: int, *, model: nn.Module,
             files.write_bytes(tmp / f"data_rank{rank}.json", payload)
         except TypeError:
             files.save_torch(data_state, tmp / f"data_rank{rank}.pt")
-    except OSError as e:
+    except Exception as e:  # noqa: BLE001 - any writer's failure (SafetensorError is no OSError)
         error = e
     del model_sd, optim_sd
     outcome = _agree(error)
     if not outcome and rank == 0:
         try:
             files.save_json({"step": step, "world_size": world, **meta}, tmp / "meta.json")
+            files.same_mode(tmp)  # peft's adapter files too
+            checksums.record(tmp)
             files.fsync_path(tmp)
             if final.exists():  # same step saved again (e.g. epoch end == save_every)
                 _remove(final)
             os.rename(tmp, final)
             files.fsync_path(root)
-        except OSError as e:
+        except Exception as e:  # noqa: BLE001
             error = e
     outcome = max(outcome, _agree(error))
     if outcome:
