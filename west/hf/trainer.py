@@ -18,12 +18,16 @@ from transformers import Trainer
 
 from west.hf.collator import PackedCollator
 from west.hf.sampler import PackedBatchSampler
+from west.hf.support import check_packable
 from west.models.hf_attention import register
 
 
 def use_packed_attention(model):
-    """Register west's attention with transformers and switch ``model`` to it; returns the model.
-    Unpacked batches (no ``cu_seq_lens_q``) still run transformers' own SDPA."""
+    """Check that west computes ``model``'s attention exactly on packed rows (``ValueError`` naming
+    the setting otherwise, before any data is read), register west's attention with transformers
+    and switch ``model`` to it; returns the model. Unpacked batches (no ``cu_seq_lens_q``) still
+    run transformers' own attention and mask."""
+    check_packable(model)
     name = register()
     model.set_attn_implementation(name)
     return model
