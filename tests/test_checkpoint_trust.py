@@ -5,6 +5,8 @@ becomes a checkpoint (nor prunes the last good one), and any writer's failure (s
 Uses the fake model runs of test_train_preempt (8 steps, 2 epochs, accum 2, one process)."""
 from __future__ import annotations
 
+import errno
+import os
 import stat
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from safetensors import SafetensorError
 from west.checkpoint import checksums, files
 from west.checkpoint import training as ck
 from west.checkpoint.integrity import check_checkpoint, find_latest
+from west.train.log_writes import LogWriteError
 from west.train.step import TooManyBadSteps
 
 import test_train_preempt as preempt
@@ -129,3 +132,64 @@ def test_a_full_disk_in_the_safetensors_writer_keeps_the_previous_checkpoint(ful
     monkeypatch.undo()
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_00000003", "step_00000004"]
     resume_and_compare(tmp_path, full, 4)
+
+
+class FullDiskFile:
+    """An open file whose writes fail with ENOSPC (as a log file's do when the disk fills)."""
+
+    def __init__(self, f):
+        self.f = f
+
+    def write(self, text):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+
+@pytest.mark.parametrize("target, kept", [("train_log.jsonl", 3), ("epochs.jsonl", 3), ("rank0.jsonl", 3),
+                                          ("tensorboard", 3)])
+def test_a_full_disk_in_any_log_writer_is_one_clear_error(tmp_path, monkeypatch, target, kept):
+    """Each log fails from step 4 on (train_log, audit, TensorBoard: its step line; epochs.jsonl: the
+    epoch's end at step 4); the checkpoint at step 3 is kept and named."""
+    from west.train import metrics
+
+    state = {"armed": False}
+    real_open = open
+
+    def opening(path, *a, **kw):
+        f = real_open(path, *a, **kw)
+        return FullDiskFile(f) if Path(path).name == target and state["armed"] else f
+
+    monkeypatch.setattr(metrics, "open", opening, raising=False)
+    real_log_step = metrics.MetricsLogger.log_step
+
+    def log_step(self, rec):
+        if rec["step"] == 4 and not state["armed"]:
+            state["armed"] = True
+            if target == "train_log.jsonl":
+                self._log = FullDiskFile(self._log)
+            if target == "rank0.jsonl":
+                self._audit = FullDiskFile(self._audit)
+        return real_log_step(self, rec)
+
+    monkeypatch.setattr(metrics.MetricsLogger, "log_step", log_step)
+    if target == "tensorboard":
+        from torch.utils.tensorboard import SummaryWriter
+
+        def add_scalar(self, *a, **kw):
+            if state["armed"]:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(SummaryWriter, "add_scalar", add_scalar)
+    t = make_trainer(tmp_path, tensorboard=target == "tensorboard")
+    t.run.audit = True
+    with pytest.raises(LogWriteError, match=f"^disk full: cannot write .*No space left on device.*step_{kept:08d} "
+                                            "kept: free space, then run the same command to resume"):
+        t.fit()

@@ -3,8 +3,8 @@
 Everything that can be wrong with the command line or the paths is reported
 here, before any data is read (exit code 2, message naming the key).
 
-Exit codes: 0 done; 1 a checkpoint could not be loaded or saved (disk full), or too many
-non-finite steps; 2 bad command line, config or paths; 75 (``PREEMPTED_EXIT_CODE``)
+Exit codes: 0 done; 1 a checkpoint could not be loaded or saved, a log could not be written
+(disk full), or too many non-finite steps; 2 bad command line, config or paths; 75 (``PREEMPTED_EXIT_CODE``)
 stopped by a preemption signal after a checkpoint: run the same command to resume.
 """
 from __future__ import annotations
@@ -72,6 +72,7 @@ def run(cfg: Config) -> int:
     """Build tokenizer, model and this rank's data, then train (west.train.build)."""
     from west.checkpoint.training import CheckpointError  # heavy
     from west.train.build import train  # heavy
+    from west.train.log_writes import LogWriteError  # heavy
     from west.train.metrics import done_sentence  # heavy
     from west.train.step import TooManyBadSteps  # heavy
 
@@ -80,7 +81,7 @@ def run(cfg: Config) -> int:
     except ConfigError as e:   # found while building (e.g. a dev list with no usable utterance)
         print(f"west-train: error: {e}", file=sys.stderr)
         return 2
-    except (CheckpointError, TooManyBadSteps) as e:
+    except (CheckpointError, LogWriteError, TooManyBadSteps) as e:
         print(f"west-train: error: {e}", file=sys.stderr)
         return 1
     main_rank = int(os.environ.get("RANK", "0")) == 0

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable, Optional
 import torch
 
 from west.batch import COUNTER_NAMES
+from west.train.log_writes import guarded
 
 
 def peak_memory_mb(device: torch.device, reset: bool = True) -> float:
@@ -139,8 +140,10 @@ def truncate_jsonl(path: Path, max_step: int) -> None:
 
 
 class MetricsLogger:
-    """Step/epoch logging for one rank (only rank 0 writes the global logs)."""
+    """Step/epoch logging for one rank (only rank 0 writes the global logs). A failed write
+    raises :class:`west.train.log_writes.LogWriteError` (disk full: the previous checkpoint is kept)."""
 
+    @guarded("train_log.jsonl, tensorboard/ or audit/")
     def __init__(self, output_dir: str | os.PathLike, rank: int = 0, *, start_step: int = 0,
                  total_steps: Optional[int] = None, tensorboard: bool = True,
                  progress_bar: bool = True, audit: bool = False, log_every: int = 10) -> None:
@@ -170,6 +173,7 @@ class MetricsLogger:
             self._bar = tqdm(total=total_steps or None, initial=start_step, unit="step",
                              dynamic_ncols=True, file=sys.stderr)
 
+    @guarded("train_log.jsonl or tensorboard/")
     def log_step(self, rec: dict) -> None:
         if self._log is None:
             return
@@ -190,6 +194,7 @@ class MetricsLogger:
                   f"grad_norm {rec['grad_norm']:.3g} utts/s {rec['utts_per_s']:.1f} "
                   f"tokens/s {rec['tokens_per_s']:.0f}", flush=True)
 
+    @guarded("train_log.jsonl or tensorboard/")
     def log_eval(self, rec: dict) -> None:
         """One dev evaluation: a train_log.jsonl line, eval/ scalars, the bar's postfix or a sentence."""
         if self._log is None:
@@ -208,12 +213,14 @@ class MetricsLogger:
         else:
             print(f"step {rec['step']}: {dev_sentence(rec)} ({duration(rec.get('eval_s', 0))})", flush=True)
 
+    @guarded("audit/")
     def log_audit(self, step: int, epoch: int, keys: Iterable[str]) -> None:
         if self._audit is not None:
             self._audit.write(json.dumps({"step": step, "epoch": epoch, "keys": list(keys)},
                                          ensure_ascii=False) + "\n")
             self._audit.flush()
 
+    @guarded("epochs.jsonl or tensorboard/")
     def log_epoch(self, summary: dict) -> None:
         """Append an epoch summary (totals + skipped-input counts) to DIR/epochs.jsonl."""
         if self._log is None:
@@ -227,6 +234,7 @@ class MetricsLogger:
                         and not k.startswith("cv_"):  # dev figures: eval/ scalars already
                     self._tb.add_scalar(f"epoch/{k}", v, summary["epoch"])
 
+    @guarded("train_log.jsonl, tensorboard/ or audit/")
     def close(self) -> None:
         for h in (self._log, self._audit):
             if h is not None:
