@@ -59,3 +59,53 @@ def test_two_ranks_step_equals_one_unpacked_step(tmp_path):
         g_ref = w0 - dict(ref_model.named_parameters())[name].detach()
         for r in got:
             assert torch.allclose(w0 - r["weights"][name], g_ref, rtol=1e-4, atol=1e-6), name
+
+
+class _Samples(Tokenized):
+    """Three long samples: one per row, so two ranks make two steps and one row has no sample."""
+
+    def __init__(self):
+        g = torch.Generator().manual_seed(5)
+        self.items = [{"input_ids": (ids := torch.randint(1, 64, (n,), generator=g).tolist()), "labels": ids}
+                      for n in (30, 26, 28)]
+
+
+def _odd_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+                       "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world),
+                       "OMP_NUM_THREADS": "1"})
+    torch.set_num_threads(1)
+    from accelerate.state import AcceleratorState, PartialState
+
+    AcceleratorState._reset_state(True)
+    PartialState._reset_state()
+    from west.hf import PackedTrainer
+
+    model = model_for("qwen2", packed=True)
+    trainer = PackedTrainer(model=model, args=args(Path(out_dir) / f"r{rank}", num_train_epochs=1, ddp_backend="gloo"),
+                            train_dataset=_Samples(), pack_length=32, pad_token_id=PAD)
+    trainer.train()
+    torch.save({"weights": weights(model), "rows": trainer.packed_sampler.rows(0),
+                "steps": trainer.state.global_step}, Path(out_dir) / f"rank{rank}.pt")
+    torch.distributed.barrier()
+
+
+@pytest.mark.timeout(300)
+def test_two_ranks_three_long_samples_a_row_without_samples_adds_nothing(tmp_path):
+    run_ranks(_odd_worker, str(tmp_path))
+    got = rank_results(tmp_path)
+    assert [r["steps"] for r in got] == [2, 2]
+    dummies = [row for r in got for row in r["rows"] if row[0] < 0]
+    assert len(dummies) == 1
+    groups = [[i for r in got for i in r["rows"][s] if i >= 0] for s in range(2)]   # each step's real samples
+    assert sorted(i for g in groups for i in g) == [0, 1, 2]
+
+    class StepGroups(Trainer):   # the reference: each step's real samples in one padded batch, one process
+        def get_train_dataloader(self):
+            return torch.utils.data.DataLoader(self.train_dataset, batch_sampler=groups, collate_fn=pad_collate)
+
+    ref_model = model_for("qwen2", packed=False)
+    StepGroups(model=ref_model, args=args(tmp_path / "ref", num_train_epochs=1), train_dataset=_Samples()).train()
+    for name, p in ref_model.named_parameters():
+        for r in got:
+            assert torch.allclose(r["weights"][name], p.detach(), rtol=1e-4, atol=1e-6), name

@@ -57,7 +57,21 @@ def test_resume_mid_epoch_gives_the_remaining_rows():
 
 
 def test_a_sample_longer_than_the_row_is_refused_up_front():
-    with pytest.raises(ValueError, match=r"lengths\[2\] = 300 is longer than capacity 256"):
+    with pytest.raises(ValueError, match=r"sample 2 has 300 tokens, more than pack_length=256.*drop or split"):
         PackedBatchSampler([10, 20, 300], 256)
-    with pytest.raises(ValueError, match="ranks"):
-        PackedBatchSampler([10], 256, world_size=2, rank=0)
+
+
+@pytest.mark.parametrize("lengths, empty", [([9, 9, 9], 1), ([10], 1), ([9] * 9, 7)])
+def test_a_plan_that_leaves_a_rank_without_a_row_is_refused_with_the_numbers(lengths, empty):
+    n_ranks = 2 if len(lengths) < 9 else 8
+    with pytest.raises(ValueError, match=rf"{len(lengths)} samples .* {empty} of those \d+ rows are empty"):
+        PackedBatchSampler(lengths, 10, world_size=n_ranks, rank=n_ranks - 1)
+
+
+def test_dummy_rows_give_every_rank_a_row_in_every_step():
+    ranks = [PackedBatchSampler([5, 7, 5], 8, world_size=2, rank=r, empty_rows="dummy") for r in range(2)]
+    rows = [epoch_rows(s, 0) for s in ranks]
+    assert [len(r) for r in rows] == [2, 2] and all(row for r in rows for row in r)
+    real = sorted(i for r in rows for row in r for i in row if i >= 0)
+    assert real == [0, 1, 2]                                 # every sample once, the dummy on top
+    assert [i for r in rows for row in r for i in row if i < 0] == [-1]   # sample 0 (the shortest), as a dummy

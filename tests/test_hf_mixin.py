@@ -1,0 +1,97 @@
+"""What PackingMixin and PackedCollator refuse before any data is read (TRL's own packing or
+truncation, rows already packed, a streaming dataset, token ids that are not non-negative
+integers), and what they accept that they used to refuse (numpy ids, no pad token)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from west.hf import PackedCollator, PackedTrainer
+
+from helpers.hf import PAD, Tokenized, args, model_for
+
+FEATS = [{"input_ids": [3, 4, 5], "labels": [3, 4, 5]}, {"input_ids": [7, 8], "labels": [-100, 8]}]
+
+
+def test_numpy_and_torch_ids_give_the_row_python_lists_give():
+    want = PackedCollator(PAD)(FEATS)
+    for conv in (np.array, lambda x: np.array(x, dtype=np.int32), torch.tensor):
+        got = PackedCollator(PAD)([{k: conv(v) for k, v in f.items()} for f in FEATS])
+        assert all(torch.equal(got[k], want[k]) for k in ("input_ids", "labels", "position_ids", "cu_seq_lens_q"))
+
+
+@pytest.mark.parametrize("ids, why", [([1.0, 2.0], "integer"), ([True, False], "integer"), ([3, -1], "negative"),
+                                      (["1", "2"], "integer")])
+def test_ids_that_are_not_non_negative_integers_are_refused(ids, why):
+    with pytest.raises(ValueError, match=why):
+        PackedCollator(PAD)([{"input_ids": ids}])
+
+
+def test_no_pad_token_is_needed_unless_rows_are_rounded_up():
+    row = PackedCollator()(FEATS)   # a Llama-style tokenizer has no pad token
+    assert row["input_ids"].shape == (1, 5)
+    with pytest.raises(ValueError, match="pad_to_multiple_of=8 pads rows: it needs a pad_token_id"):
+        PackedCollator(pad_to_multiple_of=8)
+
+
+def test_packed_trainer_trains_without_a_pad_token(tmp_path):
+    trainer = PackedTrainer(model=model_for("llama", packed=True), args=args(tmp_path, max_steps=1),
+                            train_dataset=Tokenized(6), pack_length=128)
+    trainer.train()
+    assert trainer.state.global_step == 1
+
+
+def _hf(items):
+    from datasets import Dataset
+
+    return Dataset.from_list(items)
+
+
+@pytest.mark.parametrize("extra, column", [("position_ids", "position_ids"), ("seq_lengths", "seq_lengths")])
+def test_a_dataset_packed_already_is_refused(tmp_path, extra, column):
+    pytest.importorskip("datasets")
+    items = [dict(x, **{extra: list(range(len(x["input_ids"])))}) for x in Tokenized(4).items]
+    with pytest.raises(ValueError, match=rf"{column}.*packed already"):
+        PackedTrainer(model=model_for("qwen2", packed=True), args=args(tmp_path, max_steps=1),
+                      train_dataset=_hf(items), pack_length=128)
+
+
+def test_a_streaming_dataset_is_refused_up_front(tmp_path):
+    pytest.importorskip("datasets")
+    stream = _hf(Tokenized(4).items).to_iterable_dataset()
+    with pytest.raises(ValueError, match="streaming"):
+        PackedTrainer(model=model_for("qwen2", packed=True), args=args(tmp_path, max_steps=1),
+                      train_dataset=stream, pack_length=128)
+
+
+def _sft_args(tmp_path, **kw):
+    from trl import SFTConfig
+
+    base = {k: v for k, v in args(tmp_path, max_steps=1).to_dict().items()
+            if k in {"output_dir", "learning_rate", "optim", "report_to", "save_strategy", "use_cpu", "seed",
+                     "remove_unused_columns", "disable_tqdm", "max_steps"}}
+    return SFTConfig(**{**base, "bf16": False, **kw})
+
+
+@pytest.mark.parametrize("kw, setting", [(dict(packing=True, max_length=None), "packing=True"),
+                                         (dict(packing=False, max_length=1024), "max_length=1024")])
+def test_trl_packing_or_truncation_is_refused_before_the_data_is_read(tmp_path, kw, setting):
+    pytest.importorskip("trl")
+    from trl import SFTTrainer
+
+    from west.hf import PackingMixin
+
+    class PackedSFTTrainer(PackingMixin, SFTTrainer):
+        pass
+
+    class Unreadable(torch.utils.data.Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            raise AssertionError("the dataset was read")
+
+    with pytest.raises(ValueError, match=setting):
+        PackedSFTTrainer(model=model_for("qwen2", packed=True), args=_sft_args(tmp_path, **kw),
+                         train_dataset=Unreadable(), pack_length=128)
