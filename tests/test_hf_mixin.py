@@ -95,3 +95,15 @@ def test_trl_packing_or_truncation_is_refused_before_the_data_is_read(tmp_path, 
     with pytest.raises(ValueError, match=setting):
         PackedSFTTrainer(model=model_for("qwen2", packed=True), args=_sft_args(tmp_path, **kw),
                          train_dataset=Unreadable(), pack_length=128)
+
+
+@pytest.mark.parametrize("call, message", [
+    (dict(inputs=[[1, 2], [3] * 9]), r"inputs\[1\] has 9 tokens, more than max_length 8"),
+    (dict(inputs=[[1, 2]], masks=[[0, 0]]), r"inputs\[0\] is empty \(after dropping"),
+    (dict(inputs=[[1, 2]], labels=[[1]]), r"labels\[0\] has 1 tokens but inputs\[0\] has 2"),
+])
+def test_concatenate_and_pack_names_its_own_arguments(call, message):
+    from west.packing import concatenate_and_pack
+
+    with pytest.raises(ValueError, match=message):
+        concatenate_and_pack(**call, max_length=8, pad_token_id=0)

@@ -68,14 +68,15 @@ def _as_list(x, what: str) -> list[int]:
     return [int(t) for t in x]
 
 
-def _check_lengths(seqs: Sequence[list[int]], max_length: int) -> None:
+def _check_lengths(seqs: Sequence[list[int]], max_length: int, name: str = "sequences") -> None:
     if not seqs:
-        raise ValueError("no sequences to pack")
+        raise ValueError(f"no {name} to pack")
     for i, s in enumerate(seqs):
         if not s:
-            raise ValueError(f"sequences[{i}] is empty")
+            raise ValueError(f"{name}[{i}] is empty" + (" (after dropping the positions its mask zeroes)"
+                                                         if name == "inputs" else ""))
         if len(s) > max_length:
-            raise ValueError(f"sequences[{i}] has {len(s)} tokens, more than max_length {max_length}: "
+            raise ValueError(f"{name}[{i}] has {len(s)} tokens, more than max_length {max_length}: "
                              "west never truncates; drop or split it first")
 
 
@@ -131,7 +132,7 @@ def concatenate_and_pack(inputs: Sequence, labels: Optional[Sequence] = None, ma
     :func:`pack_sequences`, padding labelled ``label_pad_id``."""
     pad = _token_id("pad_token_id", pad_token_id)
     seqs = [_as_list(s, f"inputs[{i}]") for i, s in enumerate(inputs)]
-    labs = _labels(labels, seqs)
+    labs = _labels(labels, seqs, "inputs")
     if masks is not None:
         if len(masks) != len(seqs):
             raise ValueError(f"got {len(masks)} masks for {len(seqs)} inputs")
@@ -141,18 +142,18 @@ def concatenate_and_pack(inputs: Sequence, labels: Optional[Sequence] = None, ma
                 raise ValueError(f"masks[{i}] has {len(k)} entries but inputs[{i}] has {len(s)} tokens")
         seqs = [[t for t, k in zip(s, ks) if k] for s, ks in zip(seqs, keep)]
         labs = [[t for t, k in zip(lb, ks) if k] for lb, ks in zip(labs, keep)]
-    _check_lengths(seqs, max_length)
+    _check_lengths(seqs, max_length, "inputs")
     rows = pack([len(s) for s in seqs], max_length, algorithm=algorithm)
     return layout(rows, seqs, labs, max_length, pad, int(label_pad_id))
 
 
-def _labels(labels: Optional[Sequence], seqs: list[list[int]]) -> list[list[int]]:
+def _labels(labels: Optional[Sequence], seqs: list[list[int]], name: str = "sequences") -> list[list[int]]:
     if labels is None:
         return seqs
     if len(labels) != len(seqs):
-        raise ValueError(f"got {len(labels)} label sequences for {len(seqs)} sequences")
+        raise ValueError(f"got {len(labels)} label sequences for {len(seqs)} {name}")
     out = [_as_list(lb, f"labels[{i}]") for i, lb in enumerate(labels)]
     for i, (s, lb) in enumerate(zip(seqs, out)):
         if len(s) != len(lb):
-            raise ValueError(f"labels[{i}] has {len(lb)} tokens but sequences[{i}] has {len(s)}")
+            raise ValueError(f"labels[{i}] has {len(lb)} tokens but {name}[{i}] has {len(s)}")
     return out
