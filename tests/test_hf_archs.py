@@ -135,3 +135,21 @@ def test_an_untested_model_type_warns():
 def test_every_architecture_tested_here_is_listed_as_exact():
     assert {tiny_model(a).config.model_type for a in ("llama", "gemma3", "gpt_oss")} <= set(EXACT)
     assert {ARCHS[a]().model_type for a in ARCHS} == set(EXACT)
+
+
+def _docs_table() -> dict[str, str]:
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "packing.md").read_text()
+    table = text.split("<!-- architectures: checked by tests/test_hf_archs.py -->")[1].split("\n\n")[0]
+    rows = [line.split("|")[1:3] for line in table.splitlines()[2:]]
+    return {first.strip(): status.strip() for first, status in rows}
+
+
+def test_the_docs_table_lists_what_is_exact_and_what_is_refused():
+    table = _docs_table()
+    assert {t.strip("`") for t, status in table.items() if status == "exact"} == set(EXACT)
+    refused = " ".join(t for t, status in table.items() if status == "refused")
+    for setting in ("attention_chunk_size", "use_bidirectional_attention", "layer_types", "alibi",
+                    "is_encoder_decoder", "_supports_attention_backend"):
+        assert setting in refused, setting

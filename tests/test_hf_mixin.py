@@ -1,15 +1,18 @@
 """What PackingMixin and PackedCollator refuse before any data is read (TRL's own packing or
 truncation, rows already packed, a streaming dataset, token ids that are not non-negative
-integers), and what they accept that they used to refuse (numpy ids, no pad token)."""
+integers), what they accept (numpy ids, no pad token), how Trainer counts a packed GPT-2's
+tokens, and evaluation on padded batches."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
+from transformers import Trainer
 
-from west.hf import PackedCollator, PackedTrainer
+from west.hf import PackedCollator, PackedTrainer, use_packed_attention
 
-from helpers.hf import PAD, Tokenized, args, model_for
+from helpers.hf import PAD, Tokenized, args, model_for, pad_collate
+from helpers.hf_archs import tiny_model
 
 FEATS = [{"input_ids": [3, 4, 5], "labels": [3, 4, 5]}, {"input_ids": [7, 8], "labels": [-100, 8]}]
 
@@ -107,3 +110,34 @@ def test_concatenate_and_pack_names_its_own_arguments(call, message):
 
     with pytest.raises(ValueError, match=message):
         concatenate_and_pack(**call, max_length=8, pad_token_id=0)
+
+
+def test_gpt2_packed_loss_is_the_true_per_token_mean(tmp_path):
+    """GPT-2 has no loss_type, so Trainer counts every label that is not -100: padded, each sample's
+    first label too (nothing predicts it); packed, those labels are -100 already."""
+    data = Tokenized(6, seed=3)
+    data.items = [dict(x, labels=x["input_ids"]) for x in data.items]   # every first label counted padded
+    total = sum(len(x["input_ids"]) for x in data.items)
+    predicted = sum(len(x["input_ids"]) - 1 for x in data.items)
+    with torch.no_grad():
+        batch = pad_collate(data.items)
+        logits = tiny_model("gpt2")(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        summed = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten(),
+                                                   ignore_index=-100, reduction="sum").item()
+    packed = PackedTrainer(model=use_packed_attention(tiny_model("gpt2")), args=args(tmp_path / "p", max_steps=1),
+                           train_dataset=data, pack_length=total)
+    packed.train()
+    padded = Trainer(model=tiny_model("gpt2"), args=args(tmp_path / "u", max_steps=1, per_device_train_batch_size=6),
+                     train_dataset=data, data_collator=pad_collate)
+    padded.train()
+    assert packed.state.log_history[0]["loss"] == pytest.approx(summed / predicted, rel=1e-5)
+    assert padded.state.log_history[0]["loss"] == pytest.approx(summed / (predicted + len(data)), rel=1e-5)
+
+
+def test_evaluation_runs_unpacked_and_equals_stock(tmp_path):
+    data = Tokenized(6, seed=4)
+    west = PackedTrainer(model=model_for("qwen2", packed=True), args=args(tmp_path / "p", per_device_eval_batch_size=3),
+                         train_dataset=data, eval_dataset=data, data_collator=pad_collate, pack_length=128)
+    stock = Trainer(model=model_for("qwen2", packed=False), args=args(tmp_path / "u", per_device_eval_batch_size=3),
+                    eval_dataset=data, data_collator=pad_collate)
+    assert west.evaluate()["eval_loss"] == pytest.approx(stock.evaluate()["eval_loss"], rel=1e-6)
