@@ -10,6 +10,9 @@ command then resumes from that checkpoint as from any other.
 """
 from __future__ import annotations
 
+import atexit
+import multiprocessing
+import os
 import signal
 import sys
 import threading
@@ -65,18 +68,30 @@ class Preemption:
 
 
 def shield_loader_workers(loader: Any, signals: Sequence[str]) -> None:
-    """Make ``loader``'s worker processes ignore ``signals``.
+    """Make ``loader``'s worker processes ignore ``signals`` until the main process exits.
 
     A scheduler signals every process of the job, DataLoader workers included, and torch's
     workers die on SIGTERM (their C handler re-raises it): the main process then failed with
-    "DataLoader worker ... is killed by signal" instead of saving. Ignoring it, a worker still
-    ends when its loader shuts down or the main process dies (torch's own watchdog)."""
-    if signals:
-        loader.worker_init_fn = partial(_ignore_signals, tuple(signals), loader.worker_init_fn)
+    "DataLoader worker ... is killed by signal" instead of saving. A worker still ends when its
+    loader shuts down or the main process dies (torch's own watchdog). But when the main process
+    exits with its loader still open (an uncaught exception, Ctrl-C), Python's exit handler
+    SIGTERMs the workers and waits for them: a worker that ignored that signal kept the run
+    alive forever. So the shield holds only until the main process starts to exit (an event set
+    by its first exit handler); after that the signal ends the worker at once."""
+    if not signals:
+        return
+    ctx = loader.multiprocessing_context or multiprocessing.get_context()
+    exiting = ctx.Event()   # in the loader's context: a spawned worker can only inherit its own
+    atexit.register(exiting.set)  # registered after multiprocessing's own handler: runs before it
+    loader.worker_init_fn = partial(_shield, tuple(signals), exiting, loader.worker_init_fn)
 
 
-def _ignore_signals(signals: tuple[str, ...], then: Optional[Callable[[int], None]], worker_id: int) -> None:
+def _shield(signals: tuple[str, ...], exiting: Any, then: Optional[Callable[[int], None]], worker_id: int) -> None:
+    def handle(signum: int, frame: Optional[FrameType]) -> None:
+        if exiting.is_set():
+            os._exit(0)  # the main process is exiting and asks its workers to end: a clean end
+
     for name in signals:
-        signal.signal(signal.Signals[name], signal.SIG_IGN)
+        signal.signal(signal.Signals[name], handle)
     if then is not None:
         then(worker_id)
