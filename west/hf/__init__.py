@@ -1,15 +1,16 @@
 """west's packing for Hugging Face training (transformers ``Trainer``; TRL's ``SFTTrainer`` through
 the same mixin): a batch sampler that plans packed rows with west's bin packer, balanced across
 ranks and resumable; a collator that lays each planned group out as one packed row; and the
-attention registration that makes any causal LM attend per sample.
+attention registration that makes a causal LM attend per sample, after checking that west computes
+its attention exactly (softcapping, sinks and sliding windows included; anything else refused,
+naming the setting, before any data is read).
 
     from west.hf import PackedTrainer, use_packed_attention
     model = use_packed_attention(AutoModelForCausalLM.from_pretrained(path))
-    trainer = PackedTrainer(model=model, args=args, train_dataset=ds, pack_length=4096,
-                            pad_token_id=tokenizer.pad_token_id)
+    trainer = PackedTrainer(model=model, args=args, train_dataset=ds, pack_length=4096)
 
 Modules: ``sampler`` (PackedBatchSampler), ``collator`` (PackedCollator), ``trainer``
-(PackingMixin, PackedTrainer, use_packed_attention).
+(PackingMixin, PackedTrainer, use_packed_attention), ``support`` (what is exact, what is refused).
 """
 from west.hf.collator import PackedCollator
 from west.hf.sampler import PackedBatchSampler
