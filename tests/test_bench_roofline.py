@@ -132,11 +132,10 @@ def test_the_tool_writes_its_table_and_json(setup, corpus, tmp_path, capsys):
                     encoding="utf-8")
     out = tmp_path / "out"
     assert step_roofline.main(["--config", str(conf), "--llm", str(setup["llm"]), "--data", str(corpus["list"]),
-                               "--batches", "2", "--out_dir", str(out), "--measured_step_s", "0.5",
-                               "--model.llm.fused_swiglu", "true"]) == 0
+                               "--batches", "2", "--out_dir", str(out), "--measured_step_s", "0.5"]) == 0
     text = capsys.readouterr().out
     res = json.loads((out / "roofline.json").read_text())
-    assert len(res["steps"]) == 2 and "silu_mul" in res["steps"][0]["ops"]    # the fused MLP: one kernel
+    assert len(res["steps"]) == 2
     whole = res["totals"]["whole"]
     assert whole["floor_s"] == pytest.approx(sum(v["floor_s"] for s in res["steps"] for v in s["ops"].values()))
     assert whole["floor_s"] == pytest.approx(sum(c["floor_s"] for c in res["totals"]["categories"].values()))

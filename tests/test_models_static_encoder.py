@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from west.models.conformer import ConformerEncoder
-from west.models.static_decoder import StaticShape, padding_positions
-from west.models.static_encoder import StaticBlocks
+from west.models.static_encoder import StaticBlocks, StaticShape, padded_cu_seqlens
 
 from helpers.e2e import tiny_encoder
 
@@ -63,9 +62,9 @@ def test_the_padding_is_what_the_blocks_see():
     pad = enc.blocks[0].conv.pad
     assert gap[:12].tolist() == list(range(10)) + [10 + pad, 11 + pad]
     assert torch.equal(pos[10], pos[40])   # each segment's first row: position 0
-    # the padding rows' positions are the decoder's padding positions (restarting every M rows)
+    # the padding rows' positions restart every M rows
     table = enc._pos_table(40, x)
-    want = table.index_select(0, 39 - padding_positions(40, static.shape))
+    want = table.index_select(0, 39 - (torch.arange(static.shape.tokens - 40) % static.shape.max_seqlen))
     assert torch.equal(pos[40:], want)
 
 
@@ -105,3 +104,20 @@ def test_sample_inputs_are_padding_at_the_shape():
     out = static.stack(x, pos, cu, gap)
     out.sum().backward()
     assert out.shape == (160, 64) and x.grad is not None
+
+
+def _cu(*bounds):
+    return torch.tensor(bounds, dtype=torch.int32)
+
+
+def test_padded_boundaries():
+    shape = StaticShape(tokens=16, segments=6, max_seqlen=5)
+    # 7 real tokens in 2 segments; 9 padding tokens in segments of at most 5; 2 empty slots
+    assert padded_cu_seqlens(_cu(0, 3, 7), shape).tolist() == [0, 3, 7, 12, 16, 16, 16]
+    assert padded_cu_seqlens(_cu(0, 5, 10, 15, 16), shape).tolist() == [0, 5, 10, 15, 16, 16, 16]   # full
+    assert padded_cu_seqlens(_cu(0), shape).tolist() == [0, 5, 10, 15, 16, 16, 16]                   # empty
+    assert padded_cu_seqlens(_cu(0, 3, 17), shape) == "tokens"
+    assert padded_cu_seqlens(_cu(0, 6, 7), shape) == "max_seqlen"
+    assert padded_cu_seqlens(_cu(0, 1, 2, 3, 4, 5, 6), shape) == "segments"   # 6 real + 2 padding
+    with pytest.raises(ValueError, match="cannot hold"):
+        StaticShape(tokens=16, segments=3, max_seqlen=5)

@@ -198,29 +198,16 @@ def test_conformer_block_with_one_attention_group_compiles_whole(pos_enc, attent
     assert seen[-1] == graphs and seen[-1] == seen[-4], f"graphs after each batch: {seen}"   # per layout, unpadded
 
 
-@pytest.mark.parametrize("scope", ["encoder", "llm"])
-def test_compile_scope_wraps_only_that_side(scope):
-    """train.compile_scope: the Conformer blocks alone, or the LLM's decoder layers alone (nothing
-    runs here: torch.compile wraps lazily, so which forwards are wrapped is the whole answer)."""
-    model = SpeechLLM(tiny_config())
-    encoder, llm = list(model.encoder.blocks), list(model.llm.model.layers)
-    assert compile_regions(model, scope) == len(encoder if scope == "encoder" else llm)
-    wrapped = [b for b in encoder + llm if "forward" in vars(b)]   # compile_regions sets the instance's forward
-    assert wrapped == (encoder if scope == "encoder" else llm)
-    with pytest.raises(ValueError, match="compile_scope"):
-        compile_regions(SpeechLLM(tiny_config()), "projector")
-
-
 def test_compiled_regions_for_a_while_then_the_blocks_own_forward():
     """The benchmark's timed passes compile the blocks only while they run: after, every block's forward is
     its class's again (operator and FLOP counters trace eager code), and compiling twice is refused."""
     from west.train.compile import compiled_regions
 
     model = SpeechLLM(tiny_config())
-    with compiled_regions(model, "encoder") as n:
-        assert n == len(model.encoder.blocks) and all("forward" in vars(b) for b in model.encoder.blocks)
-        assert not any("forward" in vars(layer) for layer in model.llm.model.layers)
+    blocks = [*model.encoder.blocks, *model.llm.model.layers]
+    with compiled_regions(model) as n:
+        assert n == len(blocks) and all("forward" in vars(b) for b in blocks)
         with pytest.raises(ValueError, match="compiled already"):
-            with compiled_regions(model, "all"):
+            with compiled_regions(model):
                 pass
     assert not any("forward" in vars(b) for b in [*model.encoder.blocks, *model.llm.model.layers])

@@ -107,7 +107,7 @@ BAD = [  # (command line, the key the error must start with), across all four se
     (["--batch_type", "static", "--data.shared_prefix", "true"], "data.shared_prefix"),   # one sample a row
     (["--batch_type", "pack", "--data.shared_prefix", "true", "--model.llm.attn_implementation", "sdpa"],
      "data.shared_prefix"),
-    (["--batch_type", "pack", "--data.shared_prefix", "true", "--train.cuda_graphs", "true"], "data.shared_prefix"),
+    (["--train.cuda_graphs", "true"], "train.cuda_graphs"),              # removed keys are unknown
     (["--batch_type", "pack", "--data.shared_prefix", "true", "--train.compile", "true"], "data.shared_prefix"),
     (["--data.data_type", "csv"], "data.data_type"),
     (["--data.pack_algorithm", "best"], "data.pack_algorithm"),
@@ -142,7 +142,7 @@ BAD = [  # (command line, the key the error must start with), across all four se
     (["--model.llm.attn_implementation", "flash_attention_2", "--train.device", "cpu"],
      "model.llm.attn_implementation"),
     (["--model.lora", "[8]"], "model.lora"),
-    (["--model.llm.fused_qkv", "true", "--train.fsdp", "true"], "model.llm.fused_qkv"),
+    (["--model.llm.fused_qkv", "true"], "model.llm.fused_qkv"),
     (["--model.lora.r", "0"], "model.lora.r"),
 ]
 

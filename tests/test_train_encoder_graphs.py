@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from west.config import load_config
-from west.models.static_decoder import StaticShape
-from west.models.static_encoder import StaticBlocks
+from west.models.static_encoder import StaticBlocks, StaticShape
 from west.schema import ConfigError
 from west.shapes import PackExtent
 
@@ -143,7 +142,6 @@ def test_capture_records_the_padded_stack_and_replays_it(monkeypatch):
     module back: bf16 autocast inside the stack, the sample at the static shape in bf16 with x
     requiring grad, and the replay refusing gradients left from an earlier backward."""
     from west.models.speech_llm import SpeechLLM
-    from west.train import cuda_graphs
     from west.train.encoder_graphs import capture
 
     from helpers.speech import tiny_config
@@ -178,7 +176,7 @@ def test_capture_records_the_padded_stack_and_replays_it(monkeypatch):
     enc.zero_grad(set_to_none=True)
     enc(feats, cu_seqlens=cu_feats)
     assert static.counts["static"] == 2
-    monkeypatch.setattr(cuda_graphs.torch.cuda, "make_graphed_callables",
+    monkeypatch.setattr(torch.cuda, "make_graphed_callables",
                         lambda *a, **k: (_ for _ in ()).throw(RuntimeError("capture broke")))
     with pytest.raises(RuntimeError, match="train.encoder_graphs: capturing the encoder's blocks at .*capture broke"):
         capture(static, "bf16")
@@ -197,14 +195,14 @@ def test_compiled_blocks_at_the_static_shape_match_eager_and_compile_once(tmp_pa
     from helpers.speech import tiny_config
 
     argv = ["--model.llm.path", str(tiny_llm(tmp_path_factory)), "--train.encoder_graphs", "true",
-            "--train.compile", "true", "--train.compile_scope", "encoder", *PACK, *WENET]
+            "--train.compile", "true", *PACK, *WENET]
     assert load_config(str(TINY_CPU), split_overrides(argv)).train.compile
     torch.manual_seed(0)
     cfg = tiny_config()
     cfg.encoder.pos_enc, cfg.encoder.attn_backend, cfg.encoder.dropout = "wenet", "varlen", 0.0
     eager = SpeechLLM(cfg).train()
     compiled = copy.deepcopy(eager)
-    assert compile_regions(compiled, "encoder") == len(eager.encoder.blocks)
+    assert compile_regions(compiled) == len(eager.encoder.blocks) + len(eager.llm.model.layers)
     shape = StaticShape(tokens=256, segments=16, max_seqlen=64)
     results, counts = [], [compilations()]
     for model in (eager, compiled):

@@ -79,7 +79,7 @@ def test_resume_without_lora_or_with_another_rank_is_refused(runs, capsys, tmp_p
     torch.backends.cuda.enable_cudnn_sdp(True)
     model, _, _ = load_for_decoding(str(run_dir), device="cpu")
     assert model.cfg.lora is not None and model.cfg.lora.r == 8
-    assert not torch.backends.cuda.cudnn_sdp_enabled()   # the run's train.cudnn_attention: false
+    assert not torch.backends.cuda.cudnn_sdp_enabled()   # decoding keeps cuDNN attention off, as training does
     typo = train_argv(runs.llm, runs.list, tmp_path / "new", *RUN, "--model.lora.target_modules", "[q_proj, vproj]")
     assert main(typo) == 2
     err = capsys.readouterr().err

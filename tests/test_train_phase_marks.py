@@ -107,7 +107,7 @@ def test_west_train_logs_each_steps_phases_and_step_summary_reads_them(tmp_path_
 
 
 def test_no_mark_while_a_cuda_graph_is_captured(monkeypatch):
-    """train.cuda_graphs captures the decoder inside a step, hooks and all: no timing event may be
+    """train.encoder_graphs captures the encoder's blocks inside a step: no timing event may be
     recorded into the graph, so the marks skip the capture (checked with the capture faked)."""
     def no_event(*args, **kwargs):
         raise AssertionError("an event was made during the capture")

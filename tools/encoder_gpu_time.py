@@ -2,7 +2,7 @@
 """The Conformer's blocks alone at train.encoder_graphs' static shape: eager, then replayed from
 CUDA graphs. Per variant: forward and backward ms (the host's in brackets), kernels per forward +
 backward and their summed time, the idle time in the span, the costliest kernels; with --compiled,
-the same for the blocks compiled in place (train.compile_scope encoder), launched and replayed; and
+the same for the blocks compiled in place (as train.compile does), launched and replayed; and
 the blocks' eager traffic and FLOPs against the device's copy bandwidth and matrix-product rate,
 measured here; and the depthwise convolution alone over the replay's buffer, as the convolution
 kernel and as shifted products (west.bench.encoder_time). Utterance lengths are drawn AIShell-like (west.data.workloads), in encoder frames,
@@ -37,8 +37,7 @@ from west.bench.peak import matmul_peak
 from west.data.workloads import aishell_like_durations
 from west.models.config import ConformerConfig
 from west.models.conformer import ConformerEncoder
-from west.models.static_decoder import StaticShape
-from west.models.static_encoder import StaticBlocks
+from west.models.static_encoder import StaticBlocks, StaticShape
 from west.shapes import PackExtent
 from west.train.compile import compile_regions
 from west.train.config import TrainConfig
@@ -148,7 +147,7 @@ def main(argv=None) -> int:
     clear()
     with FlopCounterMode(display=False) as fc:   # the products; the varlen attention is opaque to it
         eager().backward(grad)
-    if a.compiled:   # in place, as train.compile_scope encoder does; the warm-up calls compile
+    if a.compiled:   # in place, as train.compile does; the warm-up calls compile
         compile_regions(encoder)
         variants["compiled"] = time_variant(eager, grad, clear, device, a.repeats)
         if cuda:   # captured again: the graphs record inductor's kernels

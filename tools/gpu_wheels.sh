@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # What tools/gpu_suite.sh needs on a lent GPU machine that its image lacks (no network there):
-# x86-64 wheels for Python 3.12 of west's data stack, py-spy, two fused-loss libraries (in .whl/loss/,
-# for part loss only) and the top of jieba's word list (the corpus synthesizer's vocabulary source;
-# jieba itself ships no wheel). Written to REPO/.whl/, which git ignores through .git/info/exclude
+# x86-64 wheels for Python 3.12 of west's data stack and the top of jieba's word list (the corpus
+# synthesizer's vocabulary source; jieba itself ships no wheel). Written to REPO/.whl/, which git ignores through .git/info/exclude
 # and the device tool carries (`carry: [".whl"]`).
 #
 #   bash tools/gpu_wheels.sh [--python-version 3.12]
@@ -20,14 +19,7 @@ for p in manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_24_x86_64 manyli
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$pyver" --implementation cp \
   "${platforms[@]}" -d "$dest" espeakng-loader soxr soundfile cffi pycparser kaldi-native-fbank kaldiio \
   editdistance 2> >(grep -v "is ignored: it is neither" >&2)
-# Liger-Kernel and cut-cross-entropy (pure Python over Triton, which the image has) in a folder of their own:
-# only the suite's part loss installs them, since model.llm.loss auto would pick them up in every other part
-python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$pyver" --implementation cp \
-  "${platforms[@]}" --platform any -d "$dest/loss" liger-kernel==0.8.5 cut-cross-entropy==25.1.1 \
-  2> >(grep -v "is ignored: it is neither" >&2)
-# py-spy (the suite's part pyspy: native stack samples of the launching thread): one static binary
-python3 -m pip download -q --no-deps --only-binary=:all: --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 \
-  -d "$dest" py-spy 2> >(grep -v "is ignored: it is neither" >&2)
+
 dict=$("${PYTHON:-$repo/.venv/bin/python}" -c 'import importlib.resources as r; print(r.files("jieba").joinpath("dict.txt"))')
 sort -k2,2nr "$dict" | awk "NR <= 20000" >"$dest/jieba_dict.txt"   # awk reads on: no SIGPIPE
 ls -la "$dest"

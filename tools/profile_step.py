@@ -13,9 +13,8 @@ table, a JSON, and the Chrome trace if asked for.
 nearly unslowed, and the idle gaps are split into host late and queued, by length
 (west.bench.trace_gaps.kernel_timeline). ``--train.compile true`` profiles the step with the
 repeated blocks compiled (west.train.compile); give enough ``--warmup_steps`` (4) for the
-compilations to happen before the profiled steps. ``--train.cuda_graphs true`` profiles packed
-modes with the LLM decoder replayed from CUDA graphs, as west-train runs it; ``--train.encoder_graphs
-true`` likewise with the Conformer's blocks replayed.
+compilations to happen before the profiled steps. ``--train.encoder_graphs true`` profiles packed
+modes with the Conformer's blocks replayed from CUDA graphs, as west-train runs them.
 
 ``--host_python`` runs the profiled steps under cProfile instead of torch.profiler: what the
 launching thread does in Python, by function, per step (west.bench.host_profile).
@@ -179,7 +178,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from west.bench.benchmark import graphed_encoder, graphed_llm
+    from west.bench.benchmark import graphed_encoder
     from west.bench.modes import model_overrides
     from west.bench.tool_setup import tool_setup
     from west.ranks import cuda_allocator_defaults
@@ -193,8 +192,7 @@ def main(argv=None) -> int:
               "a kernels-only trace has nothing but GPU events")
         return 2
     if setup.cfg.train.compile:
-        print(f"[profile_step] train.compile: {compile_regions(setup.runner.model, setup.cfg.train.compile_scope)} blocks "
-              f"compiled in place ({setup.cfg.train.compile_scope})")
+        print(f"[profile_step] train.compile: {compile_regions(setup.runner.model)} blocks compiled in place")
     traces = Path(args.trace_dir) if args.trace_dir else work
     traces.mkdir(parents=True, exist_ok=True)
     results = {}
@@ -206,18 +204,14 @@ def main(argv=None) -> int:
             print(f"[profile_step] {m.name}: {len(batches)} batches for {need} steps, taken in turn")
             batches = [batches[i % len(batches)] for i in range(need)]
         with model_overrides(setup.runner.model, m.model), \
-                graphed_llm(setup.runner.model, m, setup.cfg.train, setup.device) as static, \
                 graphed_encoder(setup.runner.model, m, setup.cfg.train, setup.device, batches) as encoder_static:
             with torch.autograd.set_multithreading_enabled(not args.single_thread_backward):
                 res = profile_mode(setup.runner, batches, args.warmup_steps, traces / f"{m.name}.json",
                                    args.kernels_only, args.host_python, args.phase_marks, args.op_times)
-            if static is not None:   # train.cuda_graphs: the decoder replayed, as in west-train
-                res["llm_graph"] = static.summary()
             if encoder_static is not None:   # train.encoder_graphs: the encoder's blocks replayed
                 res["encoder_graph"] = encoder_static.summary()
         results[m.name] = res
         graphs = f", {compilations()} graphs compiled so far" if setup.cfg.train.compile else ""
-        graphs += f", {res['llm_graph']}" if "llm_graph" in res else ""
         graphs += f", {res['encoder_graph']}" if "encoder_graph" in res else ""
         kind = ", kernels only" if args.kernels_only else ", Python on the launching thread" if args.host_python else ""
         graphs += ", backward on the launching thread" if args.single_thread_backward else ""

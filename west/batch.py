@@ -30,8 +30,6 @@ from typing import Optional
 import numpy as np
 import torch
 
-from west.pinned_ring import ring_for
-
 IGNORE_INDEX = -100
 
 # Counter names every batch carries (ints), summed by the trainer per step.
@@ -122,16 +120,11 @@ def host_to_device(a: np.ndarray, device: torch.device | str) -> torch.Tensor:
 def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     """``t`` on ``device`` without stalling the host: a CPU tensor bound for CUDA is page-locked
     (when it is not already) and copied non-blocking, so the copy queues behind the kernels
-    already launched instead of waiting for them. With ``train.pinned_ring_mib`` the page-locked
-    bytes come from one ring allocated once (:mod:`west.pinned_ring`) instead of a pin per copy.
-    Elsewhere a plain ``.to``. Host-built index tensors reach the GPU only through here (tests
+    already launched instead of waiting for them. Elsewhere a plain ``.to``. Host-built index tensors reach the GPU only through here (tests
     count the copies)."""
     device = torch.device(device)
     if t.device == device or device.type != "cuda" or t.device.type != "cpu":
         return t.to(device)
     if t.is_pinned():
         return t.to(device, non_blocking=True)
-    ring = ring_for(device)
-    if ring is not None:
-        return ring.to_device(t)
     return t.pin_memory().to(device, non_blocking=True)

@@ -106,10 +106,6 @@ def validate(cfg: Config, explicit: Collection[str] = ()) -> None:
             "west_varlen --model.llm.attn_backend auto (per-sample SDPA, exact)")
     require(kind != "flash" or importlib.util.find_spec("flash_attn"), key,
             f"{name} needs the flash-attn package: pip install 'west[gpu]'")
-    require(not (llm.fused_qkv and cfg.train.fsdp), "model.llm.fused_qkv",
-            "not with train.fsdp: every rank would keep a whole copy of the stacked projections, remade as FSDP "
-            "gathers them")
-    _check_cuda_graphs(cfg)
     _check_encoder_graphs(cfg)
     _check_shared_prefix(cfg)
     enc, shape = model.encoder, model.speech_shape()
@@ -136,29 +132,6 @@ def split_overrides(rest: Sequence[str]) -> list[tuple[str, str]]:
     return out
 
 
-def _check_cuda_graphs(cfg: Config) -> None:
-    """train.cuda_graphs replays one captured decoder: a frozen LLM, packed rows of one size, no
-    per-layer replay framework inside the graph, and weights that FSDP does not gather."""
-    train, model = cfg.train, cfg.model
-    if not train.cuda_graphs:
-        return
-    from west.data.policies import POLICIES  # heavy
-
-    require(POLICIES[cfg.data.batch_type].packs_rows, "train.cuda_graphs",
-            f"needs data.batch_type pack (rows padded to data.pack_tokens), got {cfg.data.batch_type}")
-    require(model.freeze_llm and model.lora is None, "train.cuda_graphs",
-            "needs a frozen LLM (model.freeze_llm true, no model.lora): the graph holds the LLM's weights as constants")
-    require(not train.fsdp, "train.cuda_graphs", "not with train.fsdp (FSDP2 gathers the LLM's weights every step)")
-    layer_replay = (model.llm.gradient_checkpointing or train.grad_checkpointing) and \
-        model.llm.checkpoint_scope == "layer"
-    require(not layer_replay, "train.cuda_graphs", "not with whole-layer LLM checkpointing: use "
-            "model.llm.checkpoint_scope mlp (or no checkpointing)")
-    need = -(-cfg.data.pack_tokens // train.graph_max_seqlen)
-    require(train.graph_segments >= need, "train.graph_segments",
-            f"must be >= {need}: an empty row of data.pack_tokens={cfg.data.pack_tokens} padding tokens in "
-            f"segments of at most train.graph_max_seqlen={train.graph_max_seqlen}")
-
-
 def _check_shared_prefix(cfg: Config) -> None:
     """data.shared_prefix gives each sample keys of its own (the row's prefix, then its tokens): only
     west's attention takes them, through a kernel that aligns a causal mask bottom-right."""
@@ -169,17 +142,14 @@ def _check_shared_prefix(cfg: Config) -> None:
             f"needs model.llm.attn_implementation west_varlen, got {llm.attn_implementation}")
     require(llm.attn_backend != "flex", "data.shared_prefix",
             "not with model.llm.attn_backend flex (use auto, sdpa_segments, torch_varlen or flash)")
-    require(not cfg.train.cuda_graphs, "data.shared_prefix",
-            "not with train.cuda_graphs (the captured decoder takes one segment layout)")
-    require(not (cfg.train.compile and cfg.train.compile_scope in ("all", "llm")), "data.shared_prefix",
-            "not with train.compile of the LLM's layers (train.compile_scope encoder compiles the encoder alone)")
+    require(not cfg.train.compile, "data.shared_prefix", "not with train.compile (the LLM's compiled layers)")
 
 
 def _check_encoder_graphs(cfg: Config) -> None:
     """train.encoder_graphs replays one captured block stack that trains: packed Conformer rows on
     the cu_seqlens kernel route, its gradients used before the next replay (one micro-batch, one
     process), and nothing else rewriting the blocks (bf16 copies, checkpointing). Compiled blocks
-    (``train.compile``, scope all or encoder) are what the graph records: inductor's fused kernels
+    (``train.compile``) are what the graph records: inductor's fused kernels
     at the one static shape, compiled once. ``auto`` is decided where the run starts
     (:func:`resolve_encoder_graphs`)."""
     train = cfg.train
@@ -207,7 +177,7 @@ def encoder_graph_blockers(cfg: Config, device: torch.device | None = None, worl
          f"through a cu_seqlens kernel), got type {enc.type}, pos_enc {enc.pos_enc}, attn_backend {enc.attn_backend}"),
         (not cfg.model.freeze_encoder, "needs a trained encoder (model.freeze_encoder false)"),
         (train.accum_steps == 1, "needs train.accum_steps 1 (the next replay overwrites the gradients)"),
-        (not (train.fsdp or train.bf16_weights), "not with train.fsdp or train.bf16_weights"),
+        (not train.fsdp, "not with train.fsdp"),
         (not (enc.gradient_checkpointing or train.grad_checkpointing), "not with the encoder's gradient checkpointing"),
     ]
     blockers = [msg for ok, msg in checks if not ok]

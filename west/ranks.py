@@ -26,14 +26,13 @@ def cuda_allocator_defaults() -> None:
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
 
 
-def allow_cudnn_attention(allowed: bool) -> None:
-    """Whether torch's ``scaled_dot_product_attention`` may pick cuDNN's fused attention
-    (``train.cudnn_attention``), for the whole process. Off by default: cuDNN builds a graph for
-    every new shape, forward and backward apart (gaps of 28 ms to 1 s with the GPU idle, one
-    H200, docs/benchmarks.md), and padded batches bring new shapes nearly every step; the flash
-    and memory-efficient kernels take any shape as it comes. Packed rows on CUDA's default routes
-    run varlen kernels and never reach SDPA's chooser; segment SDPA and padded batches do."""
-    torch.backends.cuda.enable_cudnn_sdp(allowed)
+def disable_cudnn_attention() -> None:
+    """Keep torch's ``scaled_dot_product_attention`` off cuDNN's fused attention for the whole process:
+    cuDNN builds a graph for every new shape, and padded batches bring new shapes nearly every step
+    (static batches trained 1.86x slower with it on one H200, docs/benchmarks.md); the flash and
+    memory-efficient kernels take any shape as it comes. Packed rows on CUDA's default routes run
+    varlen kernels and never reach SDPA's chooser; segment SDPA and padded batches do."""
+    torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def pick_device(requested: str = "auto", local_rank: int = 0) -> torch.device:

@@ -50,13 +50,11 @@ from west.data.config import DataConfig
 from west.data.dataset import build_dataloader
 from west.data.policies import POLICIES
 from west.host_memory import keep_freed_host_memory
-from west.models.static_decoder import StaticDecoder
 from west.models.static_encoder import StaticBlocks
 from west.ranks import unwrap
 from west.shapes import PackExtent, SpeechShape
 from west.train.compile import compilations, compiled_regions
 from west.train.config import TrainConfig
-from west.train.cuda_graphs import static_decoder_for
 from west.train.encoder_graphs import encoder_shape, static_encoder_for
 
 
@@ -167,7 +165,7 @@ def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, trai
             f"{results[m.name]['flops']['total'] / 1e12:.2f} TFLOP fwd+bwd")
         if count_ops:
             t0 = time.perf_counter()
-            with model_overrides(model, m.model), cap_lifted(dev), graphed_llm(model, m, train, dev), \
+            with model_overrides(model, m.model), cap_lifted(dev), \
                     graphed_encoder(model, m, train, dev, loaded[m.name]):
                 results[m.name]["ops"] = count_step_ops(runner, loaded[m.name])
                 results[m.name]["encoder_ops"] = count_encoder_ops(model, loaded[m.name], dev, train.precision)
@@ -175,9 +173,9 @@ def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, trai
             log(f"[benchmark] {m.name}: {ops['total']:.0f} dispatched ops per step (encoder alone {enc['total']:.0f}), "
                 f"counted in {time.perf_counter() - t0:.1f} s")
         prepared[_prepared_key(m, count_ops)] = (loaded[m.name], dict(results[m.name]))
-    with compiled_regions(model, train.compile_scope) if train.compile else contextlib.nullcontext(0) as n_compiled:
+    with compiled_regions(model) if train.compile else contextlib.nullcontext(0) as n_compiled:
         if n_compiled:
-            log(f"[benchmark] train.compile: {n_compiled} blocks compiled ({train.compile_scope}) for the timed "
+            log(f"[benchmark] train.compile: {n_compiled} blocks compiled for the timed "
                 "passes; the counts above ran eagerly")
         timed_passes(runner, model, modes, loaded, results, train, dev, repeats, warmup_steps, log)
     for r in results.values():
@@ -238,11 +236,9 @@ def timed_passes(runner: PassRunner, model: torch.nn.Module, modes: Sequence[Mod
         for m in modes:
             before = compilations() if train.compile else 0   # (reading dynamo's counters imports it)
             try:
-                with model_overrides(model, m.model), graphed_llm(model, m, train, dev) as static, \
+                with model_overrides(model, m.model), \
                         graphed_encoder(model, m, train, dev, loaded[m.name]) as encoder_static:
                     r = runner.run(loaded[m.name], warmup_steps)
-                    if static is not None:
-                        results[m.name]["llm_graph"] = static.summary()
                     if encoder_static is not None:
                         results[m.name]["encoder_graph"] = encoder_static.summary()
             except torch.OutOfMemoryError as e:   # the weights back as they were: the caller may retry
@@ -254,23 +250,6 @@ def timed_passes(runner: PassRunner, model: torch.nn.Module, modes: Sequence[Mod
             results[m.name].setdefault("runs", []).append(r)
             log(f"[benchmark] repeat {rep + 1}/{repeats} {m.name}: {r['time_s']:.2f} s (CPU {r['cpu_s']:.2f} s), "
                 f"util {r['util_pct']:.0f}%, mean loss {r['mean_loss']:.3f}")
-
-
-@contextlib.contextmanager
-def graphed_llm(model: torch.nn.Module, mode: Mode, train: TrainConfig, device: torch.device
-                ) -> Iterator[Optional[StaticDecoder]]:
-    """``train.cuda_graphs`` for one packed mode's passes, as west-train runs it: rows padded to the
-    mode's pack_tokens, the decoder captured on CUDA; unpadded again after. FLOPs are counted
-    without it (the padding's are not in the counts). Other modes and configs: unchanged."""
-    if not train.cuda_graphs or not POLICIES[mode.data["batch_type"]].packs_rows:
-        yield None
-        return
-    static = static_decoder_for(model, mode.data["pack_tokens"], train.graph_segments, train.graph_max_seqlen,
-                                train.precision, device)
-    try:
-        yield static
-    finally:
-        model.static_decoder = None
 
 
 @contextlib.contextmanager

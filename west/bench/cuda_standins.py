@@ -10,7 +10,6 @@ operator of the same inputs and outputs as its kernel (``west_bench::*``, meta-o
   v, out -> dq, dk, dv); its FLOPs from the batch's host segment lengths;
 * ``torch.rms_norm`` (``model.llm.fused_norm``): CUDA's fused kernel, forward (x -> y and one float32
   scale per row) and backward (grad, x, scale -> dx);
-* ``model.llm.fused_swiglu``'s two compiled functions: one kernel each;
 * dropout: CUDA's fused ``native_dropout`` (one kernel, a bool mask), not the CPU's chain.
 
 Autocast does not run on the meta device: callers count the trainable modules in bfloat16 instead.
@@ -27,7 +26,6 @@ from torch.overrides import TorchFunctionMode
 
 import west.models.attention as attention
 import west.models.conformer as conformer
-import west.models.fused_swiglu as fused_swiglu
 from west.bench.traffic import varlen_attention_flops
 
 NAMESPACE = "west_bench"
@@ -103,28 +101,8 @@ def _rms_grad(ctx, grad, _grad_scale):
 _rms_norm.register_autograd(_rms_grad, setup_context=_rms_setup)
 
 
-@torch.library.custom_op(f"{NAMESPACE}::silu_mul", mutates_args=())
-def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    return _meta_only()
-
-
-@_silu_mul.register_fake
-def _(gate, up):
-    return torch.empty_like(gate)
-
-
-@torch.library.custom_op(f"{NAMESPACE}::swiglu_grads", mutates_args=())
-def _swiglu_grads(dh: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> list[torch.Tensor]:
-    return _meta_only()
-
-
-@_swiglu_grads.register_fake
-def _(dh, gate, up):
-    return [torch.empty_like(gate), torch.empty_like(up)]
-
-
 # the operators above, by the names the counters give them
-STAND_INS = ("attention", "attention_backward", "rms_norm", "rms_norm_backward", "silu_mul", "swiglu_grads")
+STAND_INS = ("attention", "attention_backward", "rms_norm", "rms_norm_backward")
 
 
 def _flash_stand_in(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p: float = 0.0, softmax_scale=None,
@@ -167,11 +145,8 @@ def attention_flop_formulas(segments: dict[bool, Sequence[int]]) -> dict[str, Ca
 @contextlib.contextmanager
 def cuda_kernels() -> Iterator[None]:
     """Inside: the packed attention takes the cu_seqlens kernel route and runs the stand-in, the
-    norms, dropout and the fused SwiGLU functions are one operator each (module docstring)."""
+    norms and dropout are one operator each (module docstring)."""
     flash = lambda device, dtype, dropout: "flash"   # noqa: E731  (auto's answer on CUDA with bf16)
-    runners = {"silu_mul": lambda gate, up: _silu_mul(gate, up),
-               "swiglu_grads": lambda dh, gate, up: tuple(_swiglu_grads(dh, gate, up))}
     with mock.patch.object(attention, "auto_backend", flash), mock.patch.object(conformer, "auto_backend", flash), \
-            mock.patch.object(attention, "flash_varlen", _flash_stand_in), \
-            mock.patch.dict(fused_swiglu._compiled, runners), _FusedOnCuda():
+            mock.patch.object(attention, "flash_varlen", _flash_stand_in), _FusedOnCuda():
         yield

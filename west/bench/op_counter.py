@@ -32,7 +32,6 @@ from typing import Iterator, Sequence
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from west.models.working_weights import clear_working_grads
 from west.train.phase_marks import phase_hooks
 from west.train.step import autocast
 
@@ -142,7 +141,6 @@ def count_encoder_ops(model: torch.nn.Module, batches: Sequence, device: torch.d
                 x.backward(grad)
         del x, grad
         model.zero_grad(set_to_none=True)   # as every step ends: the next backward stores, not adds
-        clear_working_grads(model)          # train.bf16_weights' copies likewise
     return summary(counter, len(with_feats))
 
 

@@ -191,10 +191,6 @@ def notes(res: dict) -> str:
         quota = res["env"].get("cpu_quota")
         out.append("- the host's ms per timed step (west/host_clock.py; "
                    f"{'no CPU quota' if quota is None else f'a CPU quota of {quota:g} cores'}): " + " | ".join(hosts))
-    graphs = [f"{name}: {r['llm_graph']}" for name, r in res["modes"].items() if r.get("llm_graph")]
-    if graphs:
-        out.append("- train.cuda_graphs (the LLM decoder replayed; the rows' padding is not in the FLOP counts): "
-                   + "; ".join(graphs))
     graphs = [f"{name}: {r['encoder_graph']}" for name, r in res["modes"].items() if r.get("encoder_graph")]
     if graphs:
         out.append("- train.encoder_graphs (the Conformer's blocks replayed; the rows' padding is not in the FLOP "

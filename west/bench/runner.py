@@ -11,15 +11,13 @@ import torch
 
 from west.batch import Batch
 from west.host_clock import HOST_KEYS
-from west.models.working_weights import clear_working_grads
-from west.pinned_ring import use_pinned_ring
-from west.ranks import allow_cudnn_attention
+from west.ranks import disable_cudnn_attention
 from west.train.config import TrainConfig
 from west.train.gpu_monitor import build_monitor
 from west.train.late_readback import check_fused, queue_train_step
 from west.train.metrics import AllocatorEvents, peak_reserved_mb
 from west.train.schedule import build_optimizer, build_scheduler
-from west.train.step import StepResult, plan_step, train_step, working_weights
+from west.train.step import StepResult, plan_step, train_step
 
 # StepResult's host seconds, summed over a pass: queueing forward/backward/clip, blocked in the
 # step's read-back, queueing the update
@@ -32,18 +30,13 @@ class PassRunner:
 
     def __init__(self, model: torch.nn.Module, train: TrainConfig, device: torch.device, seed: int):
         self.model, self.train, self.device, self.seed = model, train, device, seed
-        allow_cudnn_attention(train.cudnn_attention)   # as west-train sets them
-        use_pinned_ring(train.pinned_ring_mib, device)
-        self.weights = working_weights(model, train.bf16_weights)
+        disable_cudnn_attention()   # as west-train sets it
         self.init = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
     def fresh(self, n_steps: int):
         """The initial weights back, train mode, the seed, a new AdamW and schedule: (optimizer, scheduler)."""
         self.model.load_state_dict(self.init)
         self.model.zero_grad(set_to_none=True)   # no gradient left by work between passes
-        if self.weights is not None:
-            self.weights.refresh()   # the copies that exist, in one copy (the rest are made at first use)
-            clear_working_grads(self.model)   # a backward run outside a step (the encoder's op count) left some
         self.model.train()
         torch.manual_seed(self.seed)
         t = self.train
@@ -56,7 +49,7 @@ class PassRunner:
         """One step, its figures read back before the update (the profilers' and counters' unit);
         ``queue=queue_train_step``: queued, its figures on their way (a PendingStep)."""
         return queue(self.model, [b], plan_step([b], 1), opt, sched, device=self.device, world_size=1,
-                     grad_clip=self.train.grad_clip, precision=self.train.precision, weights=self.weights)
+                     grad_clip=self.train.grad_clip, precision=self.train.precision)
 
     def _timed_steps(self, batches: Sequence[Batch], opt, sched) -> Iterator[tuple[float, StepResult]]:
         """(seconds, result) per step of a timed pass, as west-train runs them; the seconds run from

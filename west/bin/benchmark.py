@@ -77,13 +77,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "whisper or qwen2_audio)")
         modes = standard_modes(names, args.batch_size, args.max_tokens_in_batch, args.pack_tokens,
                                encoder_type(cfg.model.encoder.type).title)
-        if cfg.train.cuda_graphs:
-            from west.models.static_decoder import StaticShape  # heavy (torch)
-
-            if args.memory_budget is not None:
-                raise ConfigError("--memory_budget with train.cuda_graphs: the size search does not capture graphs "
-                                  "(give --pack_tokens, or train.cuda_graphs false)")
-            StaticShape(args.pack_tokens, cfg.train.graph_segments, cfg.train.graph_max_seqlen)   # raises if too few
         if args.memory_budget is not None:
             from west.bench.sizing import check_budget  # heavy
 

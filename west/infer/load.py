@@ -13,7 +13,7 @@ from west.checkpoint.restore import load_trained, read_run_config, resolve_check
 from west.data.config import DataConfig
 from west.host_memory import keep_freed_host_memory
 from west.models.speech_llm import SpeechLLM
-from west.ranks import allow_cudnn_attention, pick_device
+from west.ranks import disable_cudnn_attention, pick_device
 
 
 def decode_device(requested: str = "auto") -> torch.device:
@@ -37,6 +37,6 @@ def load_for_decoding(checkpoint: str, config: Optional[str] = None, device: str
     dev = decode_device(device)
     model, tokenizer = load_trained(ckpt, raw, llm_path)
     # as the run trained: cuDNN's attention would build a graph for each new prompt and cache length
-    allow_cudnn_attention(bool((raw.get("train") or {}).get("cudnn_attention", False)))
+    disable_cudnn_attention()
     # The data section alone: the speech geometry is the model's (model.cfg.speech_shape()).
     return model.to(dev).eval(), tokenizer, DataConfig.from_dict(dict(raw.get("data") or {}))

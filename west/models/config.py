@@ -11,7 +11,7 @@ from west.shapes import SUBSAMPLING_LAYERS, SpeechShape
 
 POSTERIOR_TYPES = ("ctc_posterior", "ctc_compact")  # read the CTC head's posteriors
 BACKENDS = ("auto", "sdpa_segments", "flash", "torch_varlen", "flex")  # west_varlen's kernels (models.attention)
-LOSS_IMPLS = ("auto", "chunked", "plain", "liger", "cce")  # west.models.loss.linear_cross_entropy
+LOSS_IMPLS = ("auto", "chunked", "plain")  # west.models.loss.linear_cross_entropy
 ENCODER_BACKENDS = ("auto", "sdpa_segments", "flex", "varlen")   # the Conformer's packed attention (models.conformer)
 MLP_TARGETS = {"gate_proj", "up_proj", "down_proj", "all-linear"}   # LoRA targets that adapt a SwiGLU MLP
 
@@ -77,26 +77,10 @@ class LLMConfig:
     # forward and one backward instead of ~22 operators, without the float32 copy kept for the
     # backward; elsewhere the same operators as the stock module (west.models.fused_norm)
     fused_norm: bool = True
-    # q and k's rotary embedding as one autograd node, 8 operators forward and 8 backward instead
-    # of ~28, the same values bit for bit; patches the modeling module's apply_rotary_pos_emb for
-    # the process (west.models.fused_rotary)
-    fused_rotary: bool = False
-    # each frozen attention's q, k and v projections as one product against their weights stacked once
-    # (a copy: 176 MB for Qwen2-1.5B in bf16): 4-5 operators fewer per layer forward + backward, the
-    # GQA's narrow key and value products inside a wider one; LoRA's base projections too; not with
-    # train.fsdp (west.models.fused_qkv)
-    fused_qkv: bool = False
-    # each frozen SwiGLU MLP's elementwise work (silu(gate) * up and its gradients) as one kernel each
-    # way, compiled by inductor on the first step; keeps gate and up, not silu(gate) too (with
-    # checkpoint_scope mlp: the input only). Needs frozen MLPs (west.models.fused_swiglu)
-    fused_swiglu: bool = False
 
     def recomputes_mlps(self) -> bool:
         return self.gradient_checkpointing and self.checkpoint_scope == "mlp"
 
-    def routes_mlps(self) -> bool:
-        """Whether the MLPs run west's frozen SwiGLU (recomputed, fused, or both), which needs them frozen."""
-        return self.recomputes_mlps() or self.fused_swiglu
 
 
 @section("model.lora")
@@ -123,13 +107,11 @@ class SpeechLLMConfig:
         lambda v, m: not encoder_type(m.encoder.type).conformer_keys or v <= m.encoder.num_blocks,
         "must be <= model.encoder.num_blocks"))
     freeze_llm: bool = setting(True, rule=(
-        lambda v, m: v or m.lora is not None or not m.llm.routes_mlps(),
-        "trains the LLM's MLPs: model.llm.checkpoint_scope mlp (use layer) and model.llm.fused_swiglu take frozen "
-        "ones only"))
+        lambda v, m: v or m.lora is not None or not m.llm.recomputes_mlps(),
+        "trains the LLM's MLPs: model.llm.checkpoint_scope mlp takes frozen ones only (use layer)"))
     lora: Optional[LoraSettings] = setting(None, rule=(
-        lambda v, m: not m.llm.routes_mlps() or not set(v.target_modules) & MLP_TARGETS,
-        "target_modules adapt the LLM's MLP: model.llm.checkpoint_scope mlp (use layer) and model.llm.fused_swiglu "
-        "take frozen MLPs only"))
+        lambda v, m: not m.llm.recomputes_mlps() or not set(v.target_modules) & MLP_TARGETS,
+        "target_modules adapt the LLM's MLP: model.llm.checkpoint_scope mlp takes frozen MLPs only (use layer)"))
     ctc_weight: float = setting(0.0, min=0, rule=(  # loss = CE + ctc_weight * CTC; 0 = no CTC head
         lambda v, m: v > 0 or m.projector.type not in POSTERIOR_TYPES,
         "must be > 0 with model.projector.type ctc_posterior or ctc_compact (the CTC loss trains their head)"))

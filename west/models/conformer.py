@@ -30,7 +30,6 @@ from west.models.flex import rel_pos_attention
 from west.models.layout import FlatEncoder, FrameLayout, gather_rows
 from west.models.precision import autocast_dtype
 from west.models.subsampling import Conv2dSubsampling
-from west.models.working_weights import cast
 from west.shapes import SpeechShape
 
 
@@ -114,7 +113,7 @@ class RelPositionAttention(nn.Module):
         gather, no padding). v gets dk zeros (kernels want one head size), dropped after."""
         dt = k.dtype   # autocast's: the linear layers' output
         pk = self.linear_pos(pos).view(-1, self.h, self.dk).to(dt)
-        qa = torch.cat([q + cast(self.pos_bias_u, dt), q + cast(self.pos_bias_v, dt)], dim=-1)
+        qa = torch.cat([q + self.pos_bias_u.to(dt), q + self.pos_bias_v.to(dt)], dim=-1)
         ka = torch.cat([k, pk], dim=-1)
         va = F.pad(v, (0, self.dk))
         if route == "sdpa_segments":

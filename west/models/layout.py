@@ -25,7 +25,6 @@ from west.batch import host_to_device, to_device
 from west.models.attention import SegmentPlan
 from west.models.depthwise import depthwise_conv_op
 from west.models.flex import DocumentMask
-from west.models.working_weights import autocast_weights
 
 
 class _GatherRows(torch.autograd.Function):
@@ -55,7 +54,7 @@ def same_conv1d(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
     (west.models.depthwise: symbolic sizes, torch's kernels both ways)."""
     if torch.compiler.is_compiling():
         return depthwise_conv_op(x, conv)
-    return F.conv1d(x, *autocast_weights(x, conv.weight, conv.bias), padding=(conv.kernel_size[0] - 1) // 2,
+    return F.conv1d(x, conv.weight, conv.bias, padding=(conv.kernel_size[0] - 1) // 2,
                     groups=conv.groups)
 
 

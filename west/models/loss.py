@@ -4,14 +4,10 @@ SpeechLLM's loss is CE(h @ W.T (+ b), target) summed over the label rows, plus t
 rows whose argmax is the target. With Qwen2's 151,936 tokens, 1,500 label rows give 0.9 GB of
 float32 logits, their bf16 copy and their gradient. :func:`linear_cross_entropy` computes the
 same two numbers chunk by chunk (``impl="chunked"``), so at most one chunk of logits exists at
-a time; on CUDA it can hand the work to Liger-Kernel or Apple's cut-cross-entropy instead.
+a time.
 """
 from __future__ import annotations
 
-import functools
-import importlib
-import inspect
-from collections.abc import Callable
 from contextlib import nullcontext
 
 import torch
@@ -21,13 +17,6 @@ from west.models.config import LOSS_IMPLS
 from west.models.precision import accumulation_dtype, autocast_dtype, autocast_on
 
 W_GRAD_ROWS = 16384   # vocabulary rows per product of W's gradient (a 50 MB bf16 temporary at H 1,536)
-CCE_IMPL = "cce"   # cut-cross-entropy's own default (gradient filtering below bf16 precision)
-
-# impl -> (module, function, pip package)
-_LIBRARIES = {
-    "liger": ("liger_kernel.transformers.functional", "liger_fused_linear_cross_entropy", "liger-kernel"),
-    "cce": ("cut_cross_entropy", "linear_cross_entropy", "cut-cross-entropy"),
-}
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, *,
@@ -52,14 +41,9 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
       before ``grad_loss`` scales it (plain rounds after), a difference within bf16 rounding.
       The default 512 x 151,936 is a 0.3 GB float32 chunk.
     * ``"plain"``: the reference, all N x V logits at once.
-    * ``"liger"`` / ``"cce"``: Liger-Kernel's fused linear cross entropy / cut-cross-entropy's
-      ``linear_cross_entropy`` (impl :data:`CCE_IMPL`), CUDA tensors only. Where the library
-      does not return each row's argmax (cut-cross-entropy, older Liger releases), ``n_correct``
-      costs one extra no-grad forward matmul, in chunks.
     * ``"auto"``: chunked. On one H200 at the seed's shapes (frozen 151,936 x 1,536 head, bf16,
-      1,500 label rows) its forward + backward took 5.2 ms, as plain's 5.1, against cut-cross-
-      entropy's 9.8 and Liger's 25.4 (docs/benchmarks.md, § Seventh run): the libraries stay
-      opt-in by name.
+      1,500 label rows) its forward + backward took 5.2 ms, as plain's 5.1 (Liger-Kernel's fused
+      loss took 25.4 and cut-cross-entropy's 9.8: docs/benchmarks.md).
 
     N == 0 gives zeros whose graph still reaches ``hidden``, ``weight`` and ``bias`` (zero
     gradients), so DDP sees every parameter used on a batch without labels.
@@ -69,16 +53,13 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     target = _checked_target(hidden, weight, target, bias, chunk_rows)
     if impl == "auto":
         impl = "chunked"
-    fn = _library_or_error(impl, hidden) if impl in _LIBRARIES else None   # even for N == 0
     if hidden.shape[0] == 0:
         return _empty(hidden, weight, bias)
     if impl == "chunked":
         want_grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (hidden, weight, bias))
         return _ChunkedLinearCE.apply(hidden, weight, bias, target, chunk_rows, _compute_dtype(hidden, weight),
                                       want_grad)
-    if impl == "plain":
-        return _plain(hidden, weight, target, bias)
-    return _library(impl, fn, hidden, weight, target, bias, chunk_rows)
+    return _plain(hidden, weight, target, bias)
 
 
 # ---------------------------------------------------------------- checks and dtypes
@@ -204,70 +185,3 @@ class _ChunkedLinearCE(torch.autograd.Function):
         grads = [None if g is None else (g * grad_loss.to(g.dtype)).to(dtype)
                  for g, dtype in zip(ctx.saved_tensors, ctx.dtypes)]
         return (*grads, None, None, None, None)
-
-
-# ---------------------------------------------------------------- optional CUDA libraries
-def _on_cuda(t: torch.Tensor) -> bool:
-    return t.is_cuda
-
-
-def _library_fn(impl: str) -> Callable | None:
-    """The library's loss function, or None when the package is not importable."""
-    module, name, package = _LIBRARIES[impl]
-    try:
-        mod = importlib.import_module(module)
-    except ImportError:
-        return None
-    fn = getattr(mod, name, None)
-    if fn is None:
-        raise RuntimeError(f"impl={impl!r}: the installed {package} has no {module}.{name}")
-    return fn
-
-
-def _library_or_error(impl: str, hidden: torch.Tensor) -> Callable:
-    fn = _library_fn(impl)
-    if fn is None:
-        raise RuntimeError(f"impl={impl!r} needs the {_LIBRARIES[impl][2]} package, which is not importable "
-                           "here; use impl='chunked' (or 'auto')")
-    if not _on_cuda(hidden):
-        raise ValueError(f"impl={impl!r} runs on CUDA tensors only; hidden is on {hidden.device} "
-                         "(use impl='chunked' or 'auto')")
-    return fn
-
-
-def _library(impl: str, fn: Callable, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
-             bias: torch.Tensor | None, chunk_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    if impl == "liger":
-        # Liger's forward runs under the caller's autocast and keeps float32 gradient
-        # buffers for float32 weights, so the tensors go in as they are. Releases that can also
-        # return each row's argmax (0.8.5 can) save the count's extra matmul.
-        if _takes(fn, "return_predicted_tokens"):
-            out = fn(hidden, weight, target, bias=bias, reduction="sum", return_predicted_tokens=True)
-            return out.loss.float(), (out.predicted_tokens == target).sum()
-        loss = fn(hidden, weight, target, bias=bias, reduction="sum")
-    else:
-        # cut-cross-entropy before 25.6 ignores autocast: cast as F.linear would.
-        cd = _compute_dtype(hidden, weight)
-        extra = {} if bias is None else {"bias": bias.to(cd)}   # bias= exists from 25.1.2 on
-        loss = fn(hidden.to(cd), weight.to(cd), target, reduction="sum", impl=CCE_IMPL, **extra)
-    return loss.float(), _count_correct(hidden, weight, target, bias, chunk_rows)
-
-
-@functools.lru_cache(maxsize=None)
-def _takes(fn: Callable, name: str) -> bool:
-    """Whether ``fn`` has a parameter ``name`` (looked up once per function, not every step)."""
-    return name in inspect.signature(fn).parameters
-
-
-@torch.no_grad()
-def _count_correct(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
-                   bias: torch.Tensor | None, chunk_rows: int) -> torch.Tensor:
-    """Rows whose argmax is the target, chunk by chunk (one extra forward matmul)."""
-    cd = _compute_dtype(hidden, weight)
-    correct = torch.zeros((), dtype=torch.int64, device=hidden.device)
-    with _no_autocast(hidden):
-        w, b = weight.to(cd), (None if bias is None else bias.to(cd))
-        for s in range(0, hidden.shape[0], chunk_rows):
-            logits = F.linear(hidden[s:s + chunk_rows].to(cd), w, b)
-            correct += (logits.argmax(-1) == target[s:s + chunk_rows]).sum()
-    return correct

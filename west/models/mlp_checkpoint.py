@@ -14,9 +14,6 @@ instead: traced, this Function's recomputation is merged with the forward's (the
 the same products twice) and gate and up are kept after all. The compiler recomputes what a
 checkpoint region holds, and there the host's launches are the compiled graph's anyway.
 
-With ``model.llm.fused_swiglu`` the same Function runs the elementwise work between the products
-as one fused kernel each way (west.models.fused_swiglu), recomputing or keeping gate and up.
-
 Only for frozen projections (``freeze_llm``, or LoRA outside the MLP): the input gradient is all
 the backward computes. A projection that trains, or one LoRA has wrapped, runs the model's own
 forward instead (the config refuses such setups up front; this check keeps a hand-built model
@@ -25,14 +22,13 @@ exact).
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from west.models.fused_swiglu import fused as fused_swiglu
 from west.models.precision import autocast_on
 from west.models.routing import route_forward, routed_to
 
@@ -42,18 +38,17 @@ RECOMPUTED_SHARE = (2, 3)   # of the MLP's forward FLOPs: gate and up, two of it
 
 class FrozenSwiGLU(torch.autograd.Function):
     """``down(silu(gate(x)) * up(x))`` with frozen weights, saving only ``x`` (``recompute``: gate and
-    up run again in the backward) or gate and up (the stock path also keeps silu(gate)); with
-    ``fused``, the elementwise work between the products is one kernel each way (west.models.fused_swiglu)."""
+    up run again in the backward) or gate and up (the stock path also keeps silu(gate))."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, gate_w: torch.Tensor, up_w: torch.Tensor, down_w: torch.Tensor,
-                recompute: bool = True, fused: bool = False) -> torch.Tensor:
+                recompute: bool = True) -> torch.Tensor:
         kind = x.device.type
         ctx.autocast = torch.get_autocast_dtype(kind) if autocast_on(kind) else None
-        ctx.recompute, ctx.fused, ctx.x_shape, ctx.x_dtype = recompute, fused, x.shape, x.dtype
+        ctx.recompute, ctx.x_shape, ctx.x_dtype = recompute, x.shape, x.dtype
         g, u = F.linear(x, gate_w), F.linear(x, up_w)
         ctx.save_for_backward(*((x,) if recompute else (g, u)), gate_w, up_w, down_w)
-        return F.linear(fused_swiglu("silu_mul")(g, u) if fused else F.silu(g) * u, down_w)
+        return F.linear(F.silu(g) * u, down_w)
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
@@ -68,14 +63,11 @@ class FrozenSwiGLU(torch.autograd.Function):
             g, u, gate_w, up_w, down_w = ctx.saved_tensors
         wg, wu, wd = (w.to(g.dtype) for w in (gate_w, up_w, down_w))        # as autocast cast them
         dh = _input_grad(dy, wd, g.shape)
-        if ctx.fused:
-            dg, du = fused_swiglu("swiglu_grads")(dh, g, u)
-        else:
-            dg = torch.ops.aten.silu_backward(dh * u, g)                   # mul's and silu's gradients
-            du = dh * F.silu(g)
+        dg = torch.ops.aten.silu_backward(dh * u, g)                       # mul's and silu's gradients
+        du = dh * F.silu(g)
         shape, dtype = ctx.x_shape, ctx.x_dtype
         dx = _input_grad(dg, wg, shape).to(dtype) + _input_grad(du, wu, shape).to(dtype)
-        return dx, None, None, None, None, None
+        return dx, None, None, None, None
 
 
 def _swiglu(x: torch.Tensor, gate_w: torch.Tensor, up_w: torch.Tensor, down_w: torch.Tensor) -> torch.Tensor:
@@ -95,43 +87,26 @@ def is_swiglu(mlp: nn.Module) -> bool:
                         for n in PROJECTIONS)
 
 
-def _routed_forward(recompute: bool, fused: bool) -> Callable:
+def _routed_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """An MLP's forward through :class:`FrozenSwiGLU` while it trains (its projections frozen, its
     input requiring grad); the model's own forward otherwise (decoding, a projection that trains)."""
-    def forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        weights = [getattr(self, n).weight for n in PROJECTIONS] if is_swiglu(self) else []
-        if weights and x.requires_grad and torch.is_grad_enabled() and not any(w.requires_grad for w in weights):
-            if torch.compiler.is_compiling():   # traced, the Function's recomputation is merged with the forward's
-                # products and they are kept after all; torch's checkpoint is a region the compiler recomputes.
-                # Compiled, the layer's elementwise work is fused anyway
-                return checkpoint(_swiglu, x, *weights, use_reentrant=False) if recompute else type(self).forward(self, x)
-            return FrozenSwiGLU.apply(x, *weights, recompute, fused)
-        return type(self).forward(self, x)   # a projection trains or was wrapped: the model's own forward
-    return forward
-
-
-# (recompute, fused) -> the routed forward: checkpoint_scope mlp, model.llm.fused_swiglu, or both
-ROUTES = {(True, False): _routed_forward(True, False), (True, True): _routed_forward(True, True),
-          (False, True): _routed_forward(False, True)}
-
-
-def _route(mlp: nn.Module) -> tuple[bool, bool]:
-    """(recompute, fused) of the route this MLP takes; (False, False): its own forward."""
-    return next((key for key, fn in ROUTES.items() if routed_to(mlp, fn)), (False, False))
+    weights = [getattr(self, n).weight for n in PROJECTIONS] if is_swiglu(self) else []
+    if weights and x.requires_grad and torch.is_grad_enabled() and not any(w.requires_grad for w in weights):
+        if torch.compiler.is_compiling():   # traced, the Function's recomputation is merged with the forward's
+            # products and they are kept after all; torch's checkpoint is a region the compiler recomputes
+            return checkpoint(_swiglu, x, *weights, use_reentrant=False)
+        return FrozenSwiGLU.apply(x, *weights)
+    return type(self).forward(self, x)   # a projection trains or was wrapped: the model's own forward
 
 
 def recomputes(mlp: nn.Module) -> bool:
     """Whether :func:`checkpoint_mlps` routed this MLP (its products run again in the backward)."""
-    return _route(mlp)[0]
+    return routed_to(mlp, _routed_forward)
 
 
-def fuses(mlp: nn.Module) -> bool:
-    """Whether :func:`fuse_swiglus` routed this MLP (its elementwise work fused)."""
-    return _route(mlp)[1]
-
-
-def _frozen_swiglu(block: nn.Module, i: int, key: str, fallback: str) -> nn.Module:
-    """Block ``i``'s MLP, refused (naming ``key``) unless it is a frozen SwiGLU."""
+def _frozen_swiglu(block: nn.Module, i: int) -> nn.Module:
+    """Block ``i``'s MLP, refused (naming the config key) unless it is a frozen SwiGLU."""
+    key, fallback = "model.llm.checkpoint_scope mlp", "use checkpoint_scope layer"
     mlp = getattr(block, "mlp", None)
     if mlp is not None and any(p.requires_grad for p in mlp.parameters()):
         raise ValueError(f"{key}: decoder layer {i}'s MLP trains (model.freeze_llm false, or model.lora on its "
@@ -144,21 +119,11 @@ def _frozen_swiglu(block: nn.Module, i: int, key: str, fallback: str) -> nn.Modu
 
 def checkpoint_mlps(blocks: list[nn.Module], layers: Optional[int] = None) -> int:
     """Route the MLP of the first ``layers`` decoder blocks (None: all) through :class:`FrozenSwiGLU`,
-    recomputing (fused where :func:`fuse_swiglus` fused it); returns how many. A block without a
-    SwiGLU ``mlp``, or whose MLP trains, is refused, naming the config key."""
+    recomputing; returns how many. A block without a SwiGLU ``mlp``, or whose MLP trains, is refused,
+    naming the config key."""
     layers = len(blocks) if layers is None else layers
     if layers > len(blocks):
         raise ValueError(f"model.llm.checkpoint_layers {layers} > the LLM's {len(blocks)} decoder layers")
     for i, block in enumerate(blocks[:layers]):
-        mlp = _frozen_swiglu(block, i, "model.llm.checkpoint_scope mlp", "use checkpoint_scope layer")
-        route_forward(mlp, ROUTES[(True, fuses(mlp))])
+        route_forward(_frozen_swiglu(block, i), _routed_forward)
     return layers
-
-
-def fuse_swiglus(blocks: list[nn.Module]) -> int:
-    """``model.llm.fused_swiglu``: every decoder block's MLP through :class:`FrozenSwiGLU` with its
-    elementwise work fused (recomputing where :func:`checkpoint_mlps` routed it); returns how many."""
-    for i, block in enumerate(blocks):
-        mlp = _frozen_swiglu(block, i, "model.llm.fused_swiglu", "set it false")
-        route_forward(mlp, ROUTES[(recomputes(mlp), True)])
-    return len(blocks)

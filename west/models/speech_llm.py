@@ -29,15 +29,11 @@ from west.models.config import POSTERIOR_TYPES, ConformerConfig, SpeechLLMConfig
 from west.models.ctc import segment_ctc
 from west.models.encoders import encoder_class
 from west.models.fused_norm import fuse_rms_norms
-from west.models.fused_qkv import fuse_qkv
-from west.models.fused_rotary import fuse_rotary
 from west.models.hf_attention import ATTN_NAME, packed_kwargs
 from west.models.llm import LoraInputCasts, apply_lora, decoder_layers, llm_checkpointing, load_llm
 from west.models.loss import linear_cross_entropy
-from west.models.mlp_checkpoint import fuse_swiglus
 from west.models.projector import CompactPosteriorProjector, LinearProjector, PosteriorProjector, Projector
 from west.models.shared_prefix import KeyRows
-from west.models.static_decoder import StaticDecoder, StaticShape
 
 
 def build_encoder(cfg: ConformerConfig, attn_backend: str = "auto") -> nn.Module:
@@ -76,17 +72,10 @@ class SpeechLLM(nn.Module):
             llm.requires_grad_(False)
         if cfg.llm.fused_norm:
             fuse_rms_norms(llm)
-        if cfg.llm.fused_rotary:
-            fuse_rotary(llm)
-        if cfg.llm.fused_qkv:
-            fuse_qkv(llm)
         if cfg.llm.gradient_checkpointing:
             llm_checkpointing(llm, cfg.llm)
-        if cfg.llm.fused_swiglu:
-            fuse_swiglus(decoder_layers(llm))
         self.llm = apply_lora(llm, cfg.lora) if cfg.lora is not None else llm
         self.lora_casts = LoraInputCasts(self.llm) if cfg.lora is not None else None   # matched to autocast per call
-        self.static_decoder: Optional[StaticDecoder] = None   # use_static_decoder(): train.cuda_graphs
         self.ctc_head: Optional[nn.Linear] = None
         self.blank_embedding: Optional[nn.Parameter] = None
         if cfg.ctc_weight > 0:   # classes: the LLM vocabulary [, then an extra blank]
@@ -177,8 +166,7 @@ class SpeechLLM(nn.Module):
         return embeds.index_put((rows, cols), speech.to(embeds.dtype)), encoded
 
     def _decode(self, embeds: torch.Tensor, batch: Batch) -> torch.Tensor:
-        """The LLM decoder's last hidden state. Packed rows attend per segment (:meth:`decode_packed`;
-        in training with a static decoder set, ``train.cuda_graphs``, through it). Padded rows get
+        """The LLM decoder's last hidden state. Packed rows attend per segment (:meth:`decode_packed`). Padded rows get
         plain causal attention where it is exact (right padding: a real token never sees a pad)
         instead of a padding mask. Models whose masks come as a per-layer-type mapping (Qwen2/3,
         Gemma2 …) get that mapping with no mask in it, so transformers does not build one, nor
@@ -187,13 +175,7 @@ class SpeechLLM(nn.Module):
             self.lora_casts.match(embeds.device.type)
         if batch.is_packed:
             args = (embeds, batch.position_ids, batch.cu_seqlens, self._host_cu(batch), batch.max_seqlen)
-            keys = self._key_rows(batch)
-            if self.static_decoder is not None and self.training and torch.is_grad_enabled():
-                if keys is not None:
-                    raise ValueError("a static-shape decoder (train.cuda_graphs) cannot take a shared prefix's "
-                                     "key rows (data.shared_prefix)")
-                return self.static_decoder(*args)
-            return self.decode_packed(*args, keys=keys)
+            return self.decode_packed(*args, keys=self._key_rows(batch))
         no_mask = self._no_mask()
         return self._base_llm().get_decoder()(
             inputs_embeds=embeds, position_ids=batch.position_ids, use_cache=False,
@@ -235,17 +217,9 @@ class SpeechLLM(nn.Module):
     def decode_packed(self, embeds: torch.Tensor, position_ids: torch.Tensor, cu: torch.Tensor,
                       host_cu: Optional[torch.Tensor], max_seqlen: Optional[int],
                       keys: Optional[KeyRows] = None) -> torch.Tensor:
-        """The LLM decoder's last hidden state on one packed row (1, L, d): what a StaticDecoder pads for."""
+        """The LLM decoder's last hidden state on one packed row (1, L, d)."""
         return self._base_llm().get_decoder()(inputs_embeds=embeds, position_ids=position_ids, use_cache=False,
                                               **self._packed_kwargs(cu, host_cu, max_seqlen, keys)).last_hidden_state
-
-    def use_static_decoder(self, shape: StaticShape) -> StaticDecoder:
-        """Packed training rows go through the decoder padded to ``shape`` from now on (the frozen LLM
-        only: a trainable one would need its weights in the captured graph)."""
-        if self.cfg.lora is not None or not self.cfg.freeze_llm:
-            raise ValueError("a static-shape decoder needs a frozen LLM (model.freeze_llm true, no LoRA)")
-        self.static_decoder = StaticDecoder(self.decode_packed, shape)
-        return self.static_decoder
 
     def _base_llm(self) -> nn.Module:
         return self.llm.get_base_model() if hasattr(self.llm, "get_base_model") else self.llm

@@ -6,9 +6,9 @@ The encoder is where a packed step's host is slowest to feed the GPU: twelve tra
 small kernels (d_model 256 at the seed's shapes), each shorter on the GPU than its launch on the
 host. Replayed from a graph, the blocks cost the host two launches per step.
 
-A pack's R encoder rows in n utterances are padded to exactly P rows and S segment boundaries, as
-the LLM decoder's rows are (west.models.static_decoder, whose padding rules this reuses): padding
-rows are zeros in segments of their own, each at most M long, and unused slots are empty segments.
+A pack's R encoder rows in n utterances are padded to exactly P rows and S segment boundaries
+(:class:`StaticShape`, :func:`padded_cu_seqlens`): padding rows are zeros in segments of their own,
+each at most M long, and unused slots are empty segments.
 Every block keeps utterances apart (attention per segment, the convolution's zero gaps, everything
 else row by row), so the real rows compute what they computed unpadded, and the padding rows get
 no gradient. Only the cu_seqlens kernel route (``pos_enc: wenet``, packed rows) runs here; a
@@ -18,8 +18,10 @@ segments), runs its blocks eagerly and is counted by reason.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections import Counter
-from typing import Callable, Optional
+from dataclasses import dataclass
+from typing import Callable, Optional, Union
 
 import numpy as np
 import torch
@@ -27,7 +29,50 @@ from torch import nn
 
 from west.batch import host_to_device, to_device
 from west.models.layout import FrameLayout
-from west.models.static_decoder import StaticShape, graph_summary, padded_cu_seqlens
+
+
+@dataclass(frozen=True)
+class StaticShape:
+    """One packed row's shape for a whole run: real rows padded to it replay one captured graph."""
+    tokens: int       # P: every packed row is padded to this many LLM positions
+    segments: int     # S: cu_seqlens always has S + 1 entries
+    max_seqlen: int   # M: the kernels' longest-segment bound, the same every step
+
+    def __post_init__(self) -> None:
+        if min(self.tokens, self.segments, self.max_seqlen) < 1:
+            raise ValueError(f"static shape needs positive sizes, got {self}")
+        if self.segments < math.ceil(self.tokens / self.max_seqlen):
+            raise ValueError(f"{self.segments} segments cannot hold {self.tokens} padding tokens in segments "
+                             f"of at most {self.max_seqlen}")
+
+
+def padded_cu_seqlens(host_cu: torch.Tensor, shape: StaticShape) -> Union[torch.Tensor, str]:
+    """int32 (S + 1,) boundaries of the row padded to ``shape``, or why it does not fit
+    ("tokens", "max_seqlen" or "segments")."""
+    total, n = int(host_cu[-1]), host_cu.numel() - 1
+    if total > shape.tokens:
+        return "tokens"
+    if n and int(torch.diff(host_cu).max()) > shape.max_seqlen:
+        return "max_seqlen"
+    pad = shape.tokens - total
+    ends = list(range(total + shape.max_seqlen, shape.tokens, shape.max_seqlen)) + ([shape.tokens] if pad else [])
+    if n + len(ends) > shape.segments:
+        return "segments"
+    fill = [shape.tokens] * (shape.segments - n - len(ends))
+    return torch.cat([host_cu.to(torch.int32), torch.tensor(ends + fill, dtype=torch.int32)])
+
+
+def graph_summary(counts: Counter, replayed: bool, what: str, size: str, real_pct: Optional[float] = None) -> str:
+    """"N <what> replayed at <size>, M unpadded (reason k, ...)" from counts of "static" and
+    "eager: <reason>" (or "padded (eager)" where nothing was captured); with ``real_pct``, the
+    percentage of the padded rows that were real after the size ("(85 % of them real)"): what the
+    padding costs, since a padding row costs the replay what a real one does."""
+    eager = {k.split(": ", 1)[1]: v for k, v in counts.items() if k.startswith("eager")}
+    why = f" ({', '.join(f'{k} {v}' for k, v in sorted(eager.items()))})" if eager else ""
+    how = "replayed" if replayed else "padded (eager)"
+    real = f" ({real_pct:.0f} % of them real)" if real_pct is not None else ""
+    return f"{counts['static']} {what} {how} at {size}{real}, {sum(eager.values())} unpadded{why}"
+
 
 KERNEL_ROUTES = ("flash", "torch_varlen")
 

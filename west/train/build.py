@@ -100,8 +100,6 @@ def build_trainer(cfg: Config, info: DistInfo) -> Trainer:
         print(checkpoint_line(model, trainer.base, cfg.train.save_frozen_llm), flush=True)
         if trainer.encoder_static is not None:
             print(describe_shape(trainer.encoder_static.shape, trainer.encoder_shape_note), flush=True)
-        if trainer.weights is not None:
-            print(trainer.weights.describe(), flush=True)
     return trainer
 
 

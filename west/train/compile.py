@@ -20,31 +20,27 @@ from typing import Iterator
 
 from torch import nn
 
-SCOPES = ("all", "encoder", "llm")
 
-
-def compile_regions(model: nn.Module, scope: str = "all") -> int:
+def compile_regions(model: nn.Module) -> int:
     """Compile the repeated blocks of ``model`` (``model.fsdp_units()``: the units FSDP shards one
-    by one) in place: all of them, or only the speech encoder's or only the LLM's (``scope``,
-    ``train.compile_scope``: the encoder's many small kernels and the LLM's few large ones gain
-    differently); returns how many were wrapped."""
+    by one) in place; returns how many were wrapped."""
     import torch  # heavy
 
-    blocks = regions(model, scope)
+    blocks = regions(model)
     for block in blocks:
         block.forward = torch.compile(block.forward)
     return len(blocks)
 
 
 @contextlib.contextmanager
-def compiled_regions(model: nn.Module, scope: str = "all") -> Iterator[int]:
+def compiled_regions(model: nn.Module) -> Iterator[int]:
     """:func:`compile_regions` for a while (the benchmark's timed passes), then the blocks' own
     ``forward`` again, so that operator and FLOP counters, which trace eager code, see the same
     model before and after. Yields how many blocks were compiled."""
-    blocks = regions(model, scope)
+    blocks = regions(model)
     if any("forward" in vars(b) for b in blocks):
         raise ValueError("train.compile: the blocks are compiled already")
-    n = compile_regions(model, scope)
+    n = compile_regions(model)
     try:
         yield n
     finally:
@@ -52,21 +48,12 @@ def compiled_regions(model: nn.Module, scope: str = "all") -> Iterator[int]:
             del block.forward   # the instance's compiled wrapper: the class's forward again
 
 
-def regions(model: nn.Module, scope: str) -> list[nn.Module]:
-    """The blocks ``train.compile`` compiles for ``scope``."""
-    if scope not in SCOPES:
-        raise ValueError(f"train.compile_scope: {scope!r} is not one of {SCOPES}")
+def regions(model: nn.Module) -> list[nn.Module]:
+    """The blocks ``train.compile`` compiles."""
     units = getattr(model, "fsdp_units", None)
     if units is None:
         raise ValueError(f"train.compile: {type(model).__name__} lists no repeated blocks (fsdp_units())")
-    blocks = list(units())
-    if scope != "all":
-        encoder = getattr(model, "encoder", None)
-        if encoder is None or not hasattr(encoder, "fsdp_units"):
-            raise ValueError(f"train.compile_scope {scope}: {type(model).__name__} has no speech encoder to tell apart")
-        own = {id(b) for b in encoder.fsdp_units()}
-        blocks = [b for b in blocks if (id(b) in own) == (scope == "encoder")]
-    return blocks
+    return list(units())
 
 
 def compilations() -> int:

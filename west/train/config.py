@@ -39,17 +39,8 @@ class TrainConfig:
                                                      "must be two numbers in [0, 1)"))
     eps: float = 1e-8
     precision: str = setting("fp32", choices=("fp32", "bf16"))  # bf16: autocast, master weights stay fp32
-    bf16_weights: bool = setting(False, rule=(      # trainable weights enter bf16 products as bf16 copies
-        lambda v, t: not v or t.precision == "bf16", "needs train.precision bf16"))
     grad_checkpointing: bool = False
     compile: bool = False                           # regional torch.compile of the repeated blocks
-    compile_scope: str = setting("all", choices=("all", "encoder", "llm"))   # which blocks train.compile compiles
-    cudnn_attention: bool = False                   # let SDPA pick cuDNN attention (a graph built per new shape)
-    pinned_ring_mib: float = setting(0, min=0)      # CUDA: host-built index copies staged in one page-locked
-    #   ring of this size, allocated once (west.pinned_ring); 0 = each copy pins its own memory
-    cuda_graphs: bool = False                       # the frozen LLM decoder as CUDA graphs, rows padded to pack_tokens
-    graph_segments: int = setting(256, min=1)       # cuda_graphs: segment slots per row (utterances + padding)
-    graph_max_seqlen: int = setting(512, min=1)     # cuda_graphs: the longest segment the kernels are sized for
     encoder_graphs: str = setting("false", choices=("false", "true", "auto"))  # the Conformer's blocks as CUDA
     #   graphs, fwd + bwd, rows padded; auto: true where that runs (one CUDA process, bf16; the start says why not)
     encoder_graph_rows: int = setting(0, min=0)     # encoder_graphs: rows per pack; 0 = the planned packs' most

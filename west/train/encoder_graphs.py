@@ -6,7 +6,7 @@ Unlike the LLM decoder of ``train.cuda_graphs`` these blocks train: the graph re
 where the optimizer updates them in place, and its backward hands the weight gradients to autograd.
 Those gradients live in the graph's own memory, which the next replay overwrites, so the run takes
 one micro-batch per step (``train.accum_steps 1``) on one process; the config refuses the rest.
-With ``train.compile`` (scope all or encoder) the blocks were compiled in place before this runs,
+With ``train.compile`` the blocks were compiled in place before this runs,
 so the capture's warm-up compiles them once at the static shape and the graph records inductor's
 fused kernels: fewer and shorter kernels on the GPU, still two launches on the host. On a CPU there
 is nothing to capture: the padded blocks run eagerly (or compiled), which the tests compare against
@@ -14,17 +14,17 @@ the unpadded (or uncompiled) encoder.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
 from west.models.conformer import encoder_backend
-from west.models.static_decoder import StaticShape
-from west.models.static_encoder import KERNEL_ROUTES, StaticBlocks
+from west.models.static_encoder import KERNEL_ROUTES, StaticBlocks, StaticShape
 from west.ranks import unwrap
 from west.schema import ConfigError
 from west.shapes import PackExtent
 from west.train.config import TrainConfig
-from west.train.cuda_graphs import graphed
 
 ROWS_STEP = 512       # planned rows are rounded up to a multiple of this: room for a later epoch's packs
 SEGMENTS_STEP = 32    # planned segment slots likewise
@@ -150,3 +150,16 @@ def capture(static: StaticBlocks, precision: str, warmup_iters: int = 3) -> None
     sample = static.sample_inputs(_activation_dtype(precision), device)
     static.replay = graphed(static.stack, sample, warmup_iters, "train.encoder_graphs",
                             f"the encoder's blocks at {static.shape}")
+
+
+def graphed(fn, sample: tuple, warmup_iters: int, key: str, what: str):
+    """``torch.cuda.make_graphed_callables(fn, sample)``; a failure names the config key that asked
+    for it and what was being captured, not only where inside torch it failed."""
+    try:
+        return torch.cuda.make_graphed_callables(fn, sample, num_warmup_iters=warmup_iters)
+    except Exception as e:
+        alloc = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+        hint = (f" or with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False (now {alloc!r}: some torch builds "
+                "capture badly with expandable segments)" if "expandable_segments:True" in alloc else "")
+        raise RuntimeError(f"{key}: capturing {what} failed ({type(e).__name__}: {e}); train without it "
+                           f"({key} false){hint}") from e

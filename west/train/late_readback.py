@@ -24,7 +24,6 @@ import torch
 from torch import nn
 
 from west.batch import Batch
-from west.models.working_weights import WorkingWeights
 from west.schema import ConfigError
 from west.train.step import StepPlan, StepResult, nonfinite_on_device, queue_step, read_result, train_step, update
 
@@ -63,7 +62,7 @@ def check_fused(optimizer: torch.optim.Optimizer) -> None:
 def queue_train_step(model: nn.Module, micro_batches: Sequence[Batch], plan: StepPlan,
                      optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
                      *, device: torch.device, world_size: int, grad_clip: float = 0.0,
-                     precision: str = "fp32", weights: Optional[WorkingWeights] = None) -> PendingStep:
+                     precision: str = "fp32") -> PendingStep:
     """:func:`west.train.step.train_step` without its read-back: forward, backward, clipping and the
     optimizer step all queued, the update skipped on the device where the loss or the gradient norm
     is not finite; the figures copied to the host behind them."""
@@ -74,9 +73,9 @@ def queue_train_step(model: nn.Module, micro_batches: Sequence[Batch], plan: Ste
     params = [p for group in optimizer.param_groups for p in group["params"]]
     t0 = time.perf_counter()
     queued = queue_step(model, micro_batches, plan, device=device, world_size=world_size, grad_clip=grad_clip,
-                        precision=precision, params=params, weights=weights)
+                        precision=precision, params=params)
     t1 = time.perf_counter()
-    update(optimizer, scheduler, weights, found_inf=nonfinite_on_device(queued))
+    update(optimizer, scheduler, found_inf=nonfinite_on_device(queued))
     optimizer.zero_grad(set_to_none=True)
     figures = queued.to("cpu", non_blocking=True) if queued.device.type == "cuda" else queued
     return PendingStep(figures, plan, lr, t1 - t0, time.perf_counter() - t1)

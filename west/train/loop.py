@@ -39,12 +39,10 @@ from west.batch import Batch
 from west.checkpoint import training as ckpt
 from west.checkpoint.base_llm import base_llm_of
 from west.checkpoint.integrity import PREFIX, check_checkpoint, latest_usable, set_aside
-from west.pinned_ring import use_pinned_ring
-from west.ranks import all_reduce_max, allow_cudnn_attention, barrier, sum_counts_over_ranks, unwrap
+from west.ranks import all_reduce_max, barrier, disable_cudnn_attention, sum_counts_over_ranks, unwrap
 from west.shapes import PackExtent
 from west.train.compile import compilations, compile_regions
 from west.train.config import RunConfig, TrainConfig
-from west.train.cuda_graphs import static_decoder_for
 from west.train.data_interface import TrainData
 from west.train.distributed import DistInfo, wrap_model
 from west.train.encoder_graphs import encoder_shape, static_encoder_for
@@ -60,10 +58,10 @@ from west.train.metrics import (
     step_record,
 )
 from west.train.phase_marks import StepClock
-from west.train.preempt import Preemption
+from west.train.preempt import Preemption, agreed_signal
 from west.train.profiling import build_profiler
 from west.train.schedule import optimizer_from_config, scheduler_from_config
-from west.train.step import BadStepGuard, StepResult, plan_step, train_step, working_weights
+from west.train.step import BadStepGuard, StepResult, plan_step, train_step
 
 
 def seed_everything(seed: int) -> None:
@@ -86,17 +84,13 @@ class Trainer:
                  info: DistInfo, evaluator: Optional[Evaluator] = None, pack_tokens: int = 0) -> None:
         self.cfg, self.run, self.info = train, run, info
         self.data, self.evaluator = data, evaluator
-        allow_cudnn_attention(train.cudnn_attention)
-        self.ring = use_pinned_ring(train.pinned_ring_mib, info.device)
+        disable_cudnn_attention()
         if train.grad_checkpointing:
             enable_grad_checkpointing(model)
         if train.compile:
-            compile_regions(model, train.compile_scope)
+            compile_regions(model)
         self.model = wrap_model(model, info, fsdp=train.fsdp, precision=train.precision,
                                 find_unused_parameters=train.find_unused_parameters)
-        self.weights = working_weights(self.model, train.bf16_weights, info.world_size)
-        self.static = static_decoder_for(self.model, pack_tokens, train.graph_segments, train.graph_max_seqlen,
-                                         train.precision, info.device) if train.cuda_graphs else None
         self.encoder_static, self.encoder_shape_note = None, ""
         if train.encoder_graphs == "true":   # sized by the epoch's fullest packs (TrainData.pack_extent)
             extent = getattr(data, "pack_extent", PackExtent)()
@@ -264,7 +258,7 @@ class Trainer:
             with marks:
                 outcome = queue(self.model, batches, plan, self.optimizer, self.scheduler, device=self.info.device,
                                 world_size=self.info.world_size, grad_clip=self.cfg.grad_clip,
-                                precision=self.cfg.precision, weights=self.weights)
+                                precision=self.cfg.precision)
             self.step += 1
             wall = time.perf_counter() - t0
             marked = {"phase_marks": {"gpu": self.clock.cuda, "phases": self.clock.last}} if self.clock else {}
@@ -308,7 +302,7 @@ class Trainer:
         self.guard.update(result.status == "nonfinite", step)
 
     def _agree_to_stop(self, n_ranks: int) -> None:
-        self.preempted = self.preemption.requested or "a signal to another rank"
+        self.preempted = agreed_signal(self.preemption.requested)  # collective: named on every rank
         if self.info.is_main:
             print(f"preemption: {self.preempted} ({n_ranks} of {self.info.world_size} rank(s) signalled): "
                   "stopping at the end of this step with a checkpoint", flush=True)
@@ -373,8 +367,6 @@ class Trainer:
                               "checkpoint": _existing(ckpt.step_dir(self.ckpt_root, self.best["step"]))}
         return {"step": self.step, "epoch": self.epoch, "skipped_steps": self.guard.total,
                 "compilations": compilations() if self.cfg.compile else 0,
-                "llm_graph": self.static.summary() if self.static is not None else None,
-                "pinned_ring": self.ring.summary() if self.ring is not None else None,
                 "encoder_graph": self.encoder_static.summary() if self.encoder_static is not None else None,
                 "failed_saves": self.failed_saves, "partial_epoch_steps": self.totals.steps,
                 "wall_s": time.perf_counter() - t_start, "best": best, "checkpoints": self.ckpt_root,

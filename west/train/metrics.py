@@ -363,10 +363,6 @@ def done_sentence(summary: dict) -> str:
         text += f", {plural(summary['failed_saves'], 'failed checkpoint save')}"
     if summary.get("compilations"):
         text += f"; {plural(summary['compilations'], 'compiled graph')} (train.compile)"
-    if summary.get("llm_graph"):
-        text += f"; {summary['llm_graph']} (train.cuda_graphs)"
     if summary.get("encoder_graph"):
         text += f"; {summary['encoder_graph']} (train.encoder_graphs)"
-    if summary.get("pinned_ring"):
-        text += f"; {summary['pinned_ring']} (train.pinned_ring_mib)"
     return text

@@ -95,7 +95,7 @@ class StepClock:
         self.last: list[dict] = []   # the phases of the step :meth:`around_step` marked last
 
     def mark(self, name: str) -> None:
-        """A mark now. None while a CUDA graph is being captured (``train.cuda_graphs``' first step): a
+        """A mark now. None while a CUDA graph is being captured (``train.encoder_graphs``' first step): a
         timing event has no place in a graph, and that step is not a steady one anyway."""
         event = None
         if self.cuda and torch.cuda.is_current_stream_capturing():

@@ -26,22 +26,8 @@ import torch
 from torch import nn
 
 from west.batch import COUNTER_NAMES, IGNORE_INDEX, Batch, to_device
-from west.models.working_weights import WorkingWeights
 from west.ranks import all_reduce_sum, all_reduce_sum_device
-from west.schema import ConfigError
 from west.train.distributed import grad_sync
-
-
-def working_weights(model: nn.Module, enabled: bool, world_size: int = 1) -> Optional[WorkingWeights]:
-    """``train.bf16_weights``: the model's trainable float32 weights enter bf16 products as working
-    copies (None when off). One process only: DDP reduces the gradients autograd gives the parameters,
-    while the masters get theirs from the copies; FSDP2 already gathers bf16 copies itself."""
-    if not enabled:
-        return None
-    if world_size > 1:
-        raise ConfigError("train.bf16_weights: one process only (DDP would not reduce the copies' gradients; "
-                          "with train.fsdp the mixed-precision policy already computes with bf16 copies)")
-    return WorkingWeights(model)
 
 
 def count_label_tokens(batch: Batch) -> int:
@@ -156,13 +142,11 @@ _SUMS = ("loss_sum", "n_correct", *AUX_KEYS)
 
 def queue_step(model: nn.Module, micro_batches: Sequence[Batch], plan: StepPlan, *, device: torch.device,
                world_size: int, grad_clip: float = 0.0, precision: str = "fp32",
-               params: Optional[Sequence[torch.Tensor]] = None,
-               weights: Optional[WorkingWeights] = None) -> torch.Tensor:
+               params: Optional[Sequence[torch.Tensor]] = None) -> torch.Tensor:
     """Forward and backward of every micro-batch, clipping, and the step's figures summed over ranks,
     all queued on the device without reading anything back: -> one float64 vector (``_SUMS``, the
     label-count mismatch flag, COUNTER_NAMES, then the gradient norm before clipping). ``params``:
-    what is clipped (the optimizer's parameters; default the model's trainable ones). ``weights``:
-    bf16 working copies (``train.bf16_weights``) whose gradients go to their masters after each backward."""
+    what is clipped (the optimizer's parameters; default the model's trainable ones)."""
     scale = plan.loss_scale(world_size)
     on_device: list[list[torch.Tensor]] = [[] for _ in _SUMS]
     on_host = [0.0] * len(_SUMS)             # plain numbers a model may return instead of tensors
@@ -173,8 +157,6 @@ def queue_step(model: nn.Module, micro_batches: Sequence[Batch], plan: StepPlan,
             with autocast(device, precision):
                 out = model(mb.to(device))
             (out["loss_sum"].float() * scale).backward()
-            if weights is not None:
-                weights.collect_grads()
             model_tokens += int(out["n_tokens"])   # a host int in SpeechLLM's output
             for j, name in enumerate(_SUMS):
                 v = out.get(name, 0)
@@ -197,15 +179,14 @@ def queue_step(model: nn.Module, micro_batches: Sequence[Batch], plan: StepPlan,
 def train_step(model: nn.Module, micro_batches: Sequence[Batch], plan: StepPlan,
                optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
                *, device: torch.device, world_size: int, grad_clip: float = 0.0,
-               precision: str = "fp32", weights: Optional[WorkingWeights] = None) -> StepResult:
+               precision: str = "fp32") -> StepResult:
     """Accumulate per-token-scaled gradients of ``micro_batches`` and take one optimizer step.
 
     ``plan`` comes from ``plan_step`` on the same micro-batches (dummy batches included).
     Everything up to the figures of the step is queued by :func:`queue_step`; the host reads
     them once (the step's only sync: before it the GPU never waits for the host to look at a
     number). The optimizer step follows that read, because a non-finite loss or norm on any
-    rank skips it on every rank. ``weights``: the model's bf16 working copies
-    (``train.bf16_weights``), refreshed after the optimizer step.
+    rank skips it on every rank.
     """
     lr = float(optimizer.param_groups[0]["lr"])
     if plan.global_tokens == 0:
@@ -219,21 +200,21 @@ def train_step(model: nn.Module, micro_batches: Sequence[Batch], plan: StepPlan,
     params = [p for group in optimizer.param_groups for p in group["params"]]
     t0 = time.perf_counter()
     queued = queue_step(model, micro_batches, plan, device=device, world_size=world_size,
-                        grad_clip=grad_clip, precision=precision, params=params, weights=weights)
+                        grad_clip=grad_clip, precision=precision, params=params)
     t1 = time.perf_counter()
     values = queued.tolist()   # the sync
     t2 = time.perf_counter()
     result = read_result(values, plan, lr, t1 - t0, t2 - t1)   # raises before any update
     if result.status == "ok":   # else a non-finite loss or norm on any rank: every rank skips alike
-        update(optimizer, scheduler, weights)
+        update(optimizer, scheduler)
     optimizer.zero_grad(set_to_none=True)
     result.update_s = time.perf_counter() - t2
     return result
 
 
 def update(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
-           weights: Optional[WorkingWeights], found_inf: Optional[torch.Tensor] = None) -> None:
-    """The optimizer step, the bf16 working copies refreshed, the schedule advanced. ``found_inf``
+           found_inf: Optional[torch.Tensor] = None) -> None:
+    """The optimizer step, then the schedule advanced. ``found_inf``
     (a device flag, train.late_readback): fused AdamW leaves weights and state as they are where it
     is set, as it does for a gradient scaler."""
     if found_inf is not None:
@@ -243,8 +224,6 @@ def update(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler
     finally:
         if found_inf is not None:
             del optimizer.found_inf
-    if weights is not None:
-        weights.refresh()
     scheduler.step()
 
 
