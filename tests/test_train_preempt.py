@@ -305,13 +305,12 @@ def test_two_ranks_one_signalled_both_save_then_resume_is_exact(two_ranks, signa
     for rank, r in enumerate(rs):
         full, stopped, resumed = r["full"], r[f"only{signalled}"], r[f"only{signalled}_resumed"]
         assert full["step"] == 6
-        assert stopped["preempted"] == ("SIGTERM" if rank == signalled else "a signal to another rank")
+        assert stopped["preempted"] == "SIGTERM"  # named on every rank, whichever got it
         assert stopped["step"] == 5 and stopped["losses"] == full["losses"][:5]
         assert resumed["preempted"] is None and resumed["losses"] == full["losses"][5:]
         assert_same_weights(resumed["weights"], full["weights"])
     meta = ck.read_meta(tmp / f"only{signalled}" / "checkpoints" / "step_00000005")
-    assert meta["world_size"] == 2  # rank 0 writes meta.json: its own view of the signal
-    assert meta["preempted"] == ("SIGTERM" if signalled == 0 else "a signal to another rank")
+    assert meta["world_size"] == 2 and meta["preempted"] == "SIGTERM"  # rank 0 writes it, rank 1 may have got it
     assert (tmp / f"only{signalled}" / "checkpoints" / "step_00000005" / "data_rank1.json").is_file()
 
 

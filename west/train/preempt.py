@@ -67,6 +67,16 @@ class Preemption:
         self._previous.clear()
 
 
+def agreed_signal(requested: Optional[str]) -> str:
+    """Collective, once all ranks agreed to stop: the name of the signal, whichever rank got it
+    (the highest-numbered one if ranks got different signals), so every rank's messages and the
+    checkpoint's meta.json name it."""
+    from west.ranks import all_reduce_max  # torch.distributed: only when stopping
+
+    number = int(all_reduce_max([int(signal.Signals[requested]) if requested else 0])[0])
+    return signal.Signals(number).name if number else "a signal"
+
+
 def shield_loader_workers(loader: Any, signals: Sequence[str]) -> None:
     """Make ``loader``'s worker processes ignore ``signals`` until the main process exits.
 
