@@ -51,13 +51,16 @@ def messy(tmp_path_factory):
     add("notext", make_wav(d / "nt.wav", 0.5), txt="", ok=False)
     add("blank", make_wav(d / "bl.wav", 0.5), txt="  \t", ok=False)
     add("long", make_wav(d / "long.wav", 10.0), duration=10.0, ok=False)       # > pack_tokens / budget
+    whole = make_wav(d / "whole.wav", 0.8).read_bytes()
+    (d / "cut.wav").write_bytes(whole[: len(whole) // 2])  # a copy cut short: libsndfile reads half, silently
+    add("cut", d / "cut.wav", duration=0.8, ok=False)
     path = write_jsonl(d / "data.list", rows)
     with open(path, "ab") as f:
         f.write(b'{"key": "latin1", "wav": "x.wav", "txt": "caf\xe9"}\n')
         f.write(b'{"key": "broken", "wav": "x.wav", "txt": \n')
     # a zero-length wav is empty_audio whether the list knows it (empty0) or decoding finds it (empty)
     skips = {"missing_file": 1, "corrupt_audio": 1, "empty_audio": 2, "too_short": 1, "empty_text": 2,
-             "too_long": 1, "bad_encoding": 1, "malformed_line": 1}
+             "too_long": 1, "bad_encoding": 1, "malformed_line": 1, "truncated_audio": 1}
     return path, good, skips
 
 
@@ -75,7 +78,7 @@ def test_bad_input_is_skipped_and_counted(messy, tokenizer, caplog, batch_type, 
     assert {k: v for k, v in ds.stats.as_dict().items() if k in skips} == skips
     assert ds.stats.skipped == sum(skips.values())
     # one warning per bad entry naming its list line (worker processes log on their own stderr)
-    for lineno in range(9, 19) if num_workers == 0 else ():
+    for lineno in range(9, 20) if num_workers == 0 else ():
         assert caplog.text.count(f"{path}:{lineno} ") + caplog.text.count(f"{path}:{lineno}\n") >= 1, lineno
     assert f"skipped {sum(skips.values())} utterance(s)" in caplog.text
 

@@ -25,6 +25,7 @@ import soxr
 from west.data.config import DataConfig
 from west.data.records import AudioSpec
 from west.data.stats import SkipSample
+from west.data.wav_header import wav_shortfall
 from west.data.whisper_features import whisper_frames
 
 # Durations in lists are usually rounded to 10 ms: planning rounds them up by
@@ -90,6 +91,9 @@ def audio_num_samples(spec: AudioSpec, target_sr: int) -> int:
 def load_audio(spec: AudioSpec, target_sr: int = 16000) -> np.ndarray:
     """Mono float32 waveform in [-1, 1] at ``target_sr``."""
     src = _open(spec)
+    cut = wav_shortfall(src)
+    if cut:
+        raise SkipSample("truncated_audio", cut)
     try:
         with sf.SoundFile(src) as f:
             sr, n_total = f.samplerate, f.frames

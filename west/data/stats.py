@@ -19,6 +19,7 @@ SKIP_CATEGORIES = (
     "bad_encoding",     # non-UTF-8 bytes in a list line or transcript
     "missing_file",     # audio, features or shard file does not exist
     "corrupt_audio",    # the file exists but cannot be decoded (or a shard is unreadable)
+    "truncated_audio",  # a WAV holds fewer sample bytes than its header announces (cut short)
     "empty_audio",      # zero samples
     "empty_text",       # empty or whitespace-only transcript / assistant turn
     "too_short",        # below min_duration, or too few frames for one encoder frame
