@@ -86,3 +86,25 @@ def test_interrupted_runs_with_loader_workers_exit_promptly(ended, name):
     assert seconds < BOUND_S, f"still running {seconds:.0f} s after the interrupt:\n{log[-3000:]}"
     assert rc != 0
     assert ("KeyboardInterrupt" if CASES[name][1] == "sigint" else "injected failure") in log
+
+
+def test_a_run_whose_every_utterance_is_skipped_is_an_error(tmp_path_factory, corpus, capsys):
+    """Every wav unreadable: the planned batches become dummies and used to end "done" with status 0."""
+    from west.bin.train import main
+
+    from helpers.corpus import write_jsonl
+    from helpers.threads import torch_threads
+
+    d = tmp_path_factory.mktemp("all_bad")
+    rows = []
+    for r in corpus["rows"][:4]:
+        bad = d / f"{r['key']}.wav"
+        bad.write_bytes(b"RIFF\x24\x00\x00\x00WAVEfmt " + b"\x07" * 40)  # a header that cannot be decoded
+        rows.append({**r, "wav": str(bad)})
+    data = write_jsonl(d / "bad.list", rows)
+    with torch_threads():
+        rc = main(train_argv(tiny_llm(tmp_path_factory), data, d / "out", "--batch_type", "static",
+                             "--batch_size", "2", "--train.max_epochs", "1"))
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "epoch 0: every utterance of run.train_data was skipped (corrupt_audio 4): nothing was trained" in err

@@ -46,6 +46,7 @@ from west.train.config import RunConfig, TrainConfig
 from west.train.data_interface import TrainData
 from west.train.distributed import DistInfo, wrap_model
 from west.train.encoder_graphs import encoder_shape, static_encoder_for
+from west.train.endings import require_trained
 from west.train.evaluate import Evaluator
 from west.train.gpu_monitor import build_monitor
 from west.train.late_readback import PendingStep, check_fused, queue_train_step
@@ -347,6 +348,7 @@ class Trainer:
                     skipped = getattr(self.data, "skipped_counts", dict)()
                     summary = self.totals.summary(self.epoch, sum_counts_over_ranks(skipped))
                     logger.log_epoch({**summary, **self.evaluate(logger)})
+                    require_trained(summary)  # every utterance skipped: an error, not "done"
                     self.epoch_complete = True
                     if self.cfg.save_at_epoch_end or self._best_save_due():
                         self.save()
