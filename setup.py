@@ -1,10 +1,11 @@
 """west: speech-LLM training with honest sequence packing."""
 from setuptools import find_packages, setup
 
-# torch is pinned to the release whose CPU wheel the reference machines carry;
-# a looser range would let pip pull a multi-GB CUDA build on a fresh machine.
+# torch: the releases west is tested on (2.11 on the GPU machines, 2.13 on the CPU), so that an
+# installed CUDA build in that range is kept; tools/setup_env.sh installs the 2.13 CPU wheel first
+# for the demo, since pip alone would pull a multi-GB CUDA build on a fresh machine.
 INSTALL_REQUIRES = [
-    "torch==2.13.0",
+    "torch>=2.11,<2.14",
     "numpy>=1.24",
     "numba>=0.60",
     "transformers>=5.0",
@@ -40,7 +41,9 @@ EXTRAS = {
 }
 
 setup(
-    name="west",
+    # "west" on PyPI is another project (Zephyr's meta-tool, whose import package is also "west"):
+    # this one installs from a checkout, `pip install -e '.[extras]'`, as west-speech
+    name="west-speech",
     version="0.1.0",
     description="Speech-LLM training toolkit: Conformer + projector + causal LLM, "
     "with static, dynamic and exact sequence-packed batches.",

@@ -141,3 +141,16 @@ def test_cuda_allocator_defaults_respect_the_user(monkeypatch):
     monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:False")
     cuda_allocator_defaults()
     assert "PYTORCH_CUDA_ALLOC_CONF" not in __import__("os").environ
+
+
+def test_packing_for_hugging_face_users_imports_no_speech_stack():
+    """west.packing and west.hf serve text-only users: importing them loads none of west's speech,
+    logging or plotting dependencies (soundfile and soxr are left out: transformers' Trainer imports them)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, west.packing, west.hf; print(sorted(m for m in ('kaldiio', 'kaldi_native_fbank', 'tensorboard', "
+            "'matplotlib', 'west.data.features', 'west.train') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"

@@ -68,7 +68,7 @@ def packers() -> dict:
     try:
         import lightbinpack
     except ImportError:
-        print("lightbinpack is not installed (pip install 'west[bench]'): west only", file=sys.stderr)
+        print("lightbinpack is not installed (pip install -e '.[bench]' in west's checkout): west only", file=sys.stderr)
         return out
     out["lightbinpack obfd"] = (lambda x, c: lightbinpack.obfd(x.tolist(), c), 1)
     out[f"lightbinpack ogbfd dp={DP}"] = (lambda x, c: lightbinpack.ogbfd(x.tolist(), c, DP), DP)

@@ -105,7 +105,7 @@ def validate(cfg: Config, explicit: Collection[str] = ()) -> None:
             f"but train.device={cfg.train.device} resolves to cpu; on CPU use --model.llm.attn_implementation "
             "west_varlen --model.llm.attn_backend auto (per-sample SDPA, exact)")
     require(kind != "flash" or importlib.util.find_spec("flash_attn"), key,
-            f"{name} needs the flash-attn package: pip install 'west[gpu]'")
+            f"{name} needs the flash-attn package: pip install -e '.[gpu]' in west's checkout")
     _check_encoder_graphs(cfg)
     _check_shared_prefix(cfg)
     enc, shape = model.encoder, model.speech_shape()

@@ -110,7 +110,7 @@ def apply_lora(llm: nn.Module, lora: LoraSettings) -> nn.Module:
     try:
         from peft import LoraConfig, get_peft_model  # heavy
     except ImportError as e:  # optional extra
-        raise ImportError("model.lora needs peft: pip install 'west[lora]'") from e
+        raise ImportError("model.lora needs peft: pip install -e '.[lora]' in west's checkout") from e
     check_lora_targets(llm, list(lora.target_modules))
     conf = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                       target_modules=list(lora.target_modules), task_type="CAUSAL_LM")

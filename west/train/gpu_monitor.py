@@ -179,7 +179,7 @@ def build_monitor(device_type: str, device_index: int = 0, nvml: bool = True,
         try:
             return NvmlSampler(device_index, interval_s, uuid=_cuda_uuid(device_index))
         except ImportError:
-            warnings.warn("train.nvml: pynvml not installed (pip install 'west[gpu]'); "
+            warnings.warn("train.nvml: pynvml not installed (pip install -e '.[gpu]' in west's checkout); "
                           "recording process CPU use instead")
     return CpuSampler()
 
