@@ -57,13 +57,8 @@ def test_outputs_written(result):
         assert h["launch_s"] + h["sync_wait_s"] + h["update_s"] <= r["time_s"] / len(r["batches"]) * 1.01, name
     assert "- host ms per step, queueing forward+backward+clip" in md
     assert not any("allocator_per_step" in r for r in res["modes"].values()) and "caching-allocator" not in md
-    if Path("/proc/thread-self/schedstat").exists():   # the host's figures per timed step (west.host_clock)
-        for r in res["modes"].values():
-            h = r["host_clock_per_step"]
-            longest = max(x["time_s"] for x in r["runs"])   # the figures are means over passes; time_s a median
-            assert h["steal_ms"] >= 0 and 0 < h["host_cpu_ms"] <= 1e3 * longest / len(r["batches"]) * 1.05, h
-        assert "- the host's ms per timed step (west/host_clock.py; " in md
-        assert "pack: the launching thread " in md and "taken by the machine: the hypervisor's steal" in md
+    # the host's clocks are the lab's (west.lab.host_clock): the benchmark reads none
+    assert not any("host_clock_per_step" in r for r in res["modes"].values()) and "host_clock" not in md
 
 
 def test_fixed_sizes_on_a_gpu_print_the_seed_table(result):

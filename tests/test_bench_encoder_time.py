@@ -1,4 +1,4 @@
-"""west.bench.encoder_time and tools/encoder_gpu_time.py on the CPU: the traffic counter's bytes for
+"""west.lab.encoder_time and tools/encoder_gpu_time.py on the CPU: the traffic counter's bytes for
 known operators, attention's FLOPs, the kernel summary of a trace, and the tool's table and JSON
 (the replay and the kernel columns are CUDA's; the CPU run leaves them out and says so), with the
 blocks compiled too."""
@@ -6,8 +6,8 @@ import json
 
 import torch
 
-from west.bench.encoder_time import attention_flops, kernel_summary, table
-from west.bench.traffic import Traffic
+from west.lab.encoder_time import attention_flops, kernel_summary, table
+from west.lab.traffic import Traffic
 
 from helpers.e2e import ROOT, import_tool
 
@@ -66,7 +66,7 @@ def test_the_tool_times_the_padded_blocks_on_the_cpu(tmp_path, capsys):
 
 
 def test_depthwise_forms_agree_and_are_timed():
-    from west.bench.encoder_time import depthwise_times
+    from west.lab.encoder_time import depthwise_times
 
     conv = torch.nn.Conv1d(16, 16, 7, groups=16)
     times = depthwise_times(conv, 50, torch.float32, repeats=2)
@@ -81,7 +81,7 @@ def test_eager_blocks_run_eagerly_where_a_capture_replaced_the_stacks_forward():
     rows call the blocks' own forward (on the seventh GPU run they were replays)."""
     import yaml
 
-    from west.bench.encoder_time import eager_blocks
+    from west.lab.encoder_time import eager_blocks
     from west.models.config import ConformerConfig
     from west.models.conformer import ConformerEncoder
 

@@ -1,4 +1,4 @@
-"""west.bench.host_profile: cProfile's figures per step, named by short paths."""
+"""west.lab.host_profile: cProfile's figures per step, named by short paths."""
 from __future__ import annotations
 
 import gc
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import west
-from west.bench.host_profile import host_table, profile_calls, short_name, top_functions
+from west.lab.host_profile import host_table, profile_calls, short_name, top_functions
 
 
 def _busy(ms: float) -> None:

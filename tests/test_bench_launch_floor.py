@@ -1,4 +1,4 @@
-"""The host-cost-per-operator workloads (west.bench.launch_floor, tools/launch_floor.py): what
+"""The host-cost-per-operator workloads (west.lab.launch_floor, tools/launch_floor.py): what
 each dispatches, and the tool's table and JSON. Times are printed, never asserted."""
 import json
 import subprocess
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from west.bench.launch_floor import _workload, count_ops, measure
+from west.lab.launch_floor import _workload, count_ops, measure
 
 ROOT = Path(__file__).resolve().parents[1]
 

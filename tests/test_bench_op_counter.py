@@ -143,7 +143,7 @@ def test_a_pack_step_dispatches_as_many_operators_whatever_the_utterances_it_hol
     import argparse
 
     import west.models.attention as attention
-    from west.bench.tool_setup import tool_setup
+    from west.lab.tool_setup import tool_setup
 
     from helpers.e2e import bench_setup
 

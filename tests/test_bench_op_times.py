@@ -1,4 +1,4 @@
-"""west.bench.op_times and tools/train_op_times.py: the host's time in a few phases of a real step,
+"""west.lab.op_times and tools/train_op_times.py: the host's time in a few phases of a real step,
 operator by operator and between operators, by line; a slow operator and slow Python told apart."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from west.bench.op_times import WATCHED, PhaseOpTimes, python_lock_suspects, table
-from west.host_clock import MachineTimes, ThreadTimes, others_since
+from west.lab.host_clock import MachineTimes, ThreadTimes, others_since
+from west.lab.op_times import WATCHED, PhaseOpTimes, python_lock_suspects, table
 from west.train.step import plan_step, train_step
 
 from helpers.e2e import import_tool

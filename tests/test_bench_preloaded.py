@@ -1,7 +1,7 @@
-"""west.bench.preloaded: west-train's loop fed from memory, its loader ended (a diagnosis tool's data)."""
+"""west.lab.preloaded: west-train's loop fed from memory, its loader ended (a diagnosis tool's data)."""
 import pytest
 
-from west.bench.preloaded import PreloadedData
+from west.lab.preloaded import PreloadedData
 
 
 class FakeLoader:

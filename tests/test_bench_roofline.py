@@ -1,4 +1,4 @@
-"""west.bench.traffic, west.bench.cuda_standins and west.bench.roofline: the bytes each operator
+"""west.lab.traffic, west.lab.cuda_standins and west.lab.roofline: the bytes each operator
 moves, its floor, a meta-device step that dispatches CUDA's kernels (and the same products as the
 real step on the CPU), and tools/step_roofline.py's table and JSON."""
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from west.bench.traffic import Roofline, Traffic, moved_bytes, varlen_attention_flops
+from west.lab.traffic import Roofline, Traffic, moved_bytes, varlen_attention_flops
 
 from helpers.e2e import import_tool
 
@@ -72,7 +72,7 @@ def setup(tmp_path_factory, corpus):
 
 
 def test_the_meta_step_dispatches_cudas_kernels(setup):
-    from west.bench.roofline import meta_model, segment_lengths, step_floor
+    from west.lab.roofline import meta_model, segment_lengths, step_floor
 
     model = meta_model(_model_config(str(setup["llm"]), 0.1, True), setup["llm"])
     assert all(p.device.type == "meta" for p in model.parameters())
@@ -108,7 +108,7 @@ def test_the_meta_step_runs_the_cpu_steps_products(setup):
     cu_seqlens route on the CPU too (the kernel's reference): segment SDPA groups its positions."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from west.bench.roofline import meta_model, step_floor
+    from west.lab.roofline import meta_model, step_floor
     from west.models.speech_llm import SpeechLLM
 
     cfg = _model_config(str(setup["llm"]), 0.0, False, encoder_attention="varlen")
@@ -150,7 +150,7 @@ def test_the_tool_writes_its_table_and_json(setup, corpus, tmp_path, capsys):
 def test_a_config_only_seed_llm_counts_at_its_real_width(setup, tmp_path):
     """tools/make_seed_llm.py --config_only: Qwen2-1.5B's config.json, no weights; its frozen decoder
     layers then cost 4 FLOPs per parameter per token (forward, and the backward to their inputs)."""
-    from west.bench.roofline import meta_model, step_floor
+    from west.lab.roofline import meta_model, step_floor
 
     make_seed_llm = import_tool("make_seed_llm")
     out = tmp_path / "seed_llm"
@@ -168,8 +168,8 @@ def test_a_config_only_seed_llm_counts_at_its_real_width(setup, tmp_path):
 
 
 def test_kernels_are_named_into_the_floors_categories():
-    from west.bench import roofline
-    from west.bench.kernel_kinds import CATEGORIES, by_category, kernel_category
+    from west.lab import roofline
+    from west.lab.kernel_kinds import CATEGORIES, by_category, kernel_category
 
     assert set(CATEGORIES) == {*roofline.CATEGORIES, roofline.OTHER, roofline.OPTIMIZER}
     names = {   # as torch.profiler names them on an H100 (torch 2.11)

@@ -1,10 +1,10 @@
-"""west.bench.stack_samples and tools/stack_summary.py on py-spy's raw format (lines written as
+"""west.lab.stack_samples and tools/stack_summary.py on py-spy's raw format (lines written as
 py-spy 0.4 writes them with --native --threads; py-spy itself is not needed here)."""
 import json
 
 import pytest
 
-from west.bench.stack_samples import library, parse_raw, summarize, table
+from west.lab.stack_samples import library, parse_raw, summarize, table
 
 from helpers.e2e import import_tool
 
@@ -128,7 +128,7 @@ def test_threads_busy_time_leaves_out_waits_for_work_but_not_waits_for_a_lock():
 
 
 def test_a_stripped_libc_leaf_is_read_through_to_the_wait_above_it():
-    from west.bench.stack_samples import idle
+    from west.lab.stack_samples import idle
     wait = ("Event.wait (threading.py:629)", "PyThread_acquire_lock_timed (libpython3.11.so.1.0)",
             "0x7f04ca2ae116 (libc.so.6)", "0x7f04ca2a3f16 (libc.so.6)")
     assert idle(wait) and not idle(("0x7f04ca2a3f16 (libc.so.6)",)) and not idle(())

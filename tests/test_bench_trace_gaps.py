@@ -1,4 +1,4 @@
-"""west.bench.trace_gaps on synthetic Chrome traces shaped like a CUDA profile (a GPU run is not
+"""west.lab.trace_gaps on synthetic Chrome traces shaped like a CUDA profile (a GPU run is not
 possible here), and tools/profile_step.py end to end on the CPU."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from west.bench.trace_gaps import FORWARD_OTHER, REST, Innermost, analyse, kernel_timeline, table, timeline_table, union
+from west.lab.trace_gaps import FORWARD_OTHER, REST, Innermost, analyse, kernel_timeline, table, timeline_table, union
 
 from helpers.e2e import import_tool
 

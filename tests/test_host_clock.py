@@ -1,4 +1,4 @@
-"""west.host_clock: the hypervisor's steal and the cgroup's throttling, read from fake /proc and
+"""west.lab.host_clock: the hypervisor's steal and the cgroup's throttling, read from fake /proc and
 cgroup trees (v1 and v2) and from this machine's own where Linux has them; the launching thread's
 figures per window."""
 import json
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from west.host_clock import HOST_KEYS, HostWindow, MachineClock, MachineTimes, cpu_cgroup, describe, host_line, main
+from west.lab.host_clock import HOST_KEYS, HostWindow, MachineClock, MachineTimes, cpu_cgroup, describe, host_line, main
 
 TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,19 +100,25 @@ def test_the_command_line_writes_a_reading_and_prints_what_accrued(tmp_path, cap
     assert set(start) == {"steal_ns", "throttled_ns", "throttles", "wall"}
     main(["--since", str(reading)])
     assert "CPUs; steal" in capsys.readouterr().out
-    out = subprocess.run([sys.executable, "-m", "west.host_clock"], cwd=ROOT, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "west.lab.host_clock"], cwd=ROOT, capture_output=True, text=True,
                          check=True).stdout
     assert out.strip().endswith("(since boot)")
 
 
 @pytest.mark.skipif(not Path("/proc/stat").exists(), reason="Linux only")
-def test_the_cpu_sampler_reports_the_machines_share_per_window():
+def test_the_observer_reports_the_machines_share_per_step_and_the_samplers_do_not():
+    """The host clock is the lab's west-train observer; the product's CPU sampler reads no host clock."""
+    from west.lab.host_clock import HostClockObserver
     from west.train.gpu_monitor import CpuSampler
 
+    observer = HostClockObserver()
+    assert observer.step_record() == {}   # no step yet
+    with observer.around_step(None, None):
+        pass
+    assert observer.step_record()["steal_ms"] >= 0.0
     sampler = CpuSampler()
     sampler.start()
-    rec = sampler.read()
-    assert rec["steal_ms"] >= 0.0
+    assert not set(sampler.read()) & set(HOST_KEYS)
 
 
 @pytest.mark.skipif(not Path("/proc/thread-self/schedstat").exists(), reason="Linux's per-thread figures")

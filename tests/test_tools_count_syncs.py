@@ -49,7 +49,7 @@ def test_every_mode_counts_its_steps_after_a_warm_up(tmp_path, corpus, monkeypat
     """The per-mode loop on the CPU: a stand-in for the step's one read warns once per step."""
     import argparse
 
-    from west.bench.tool_setup import tool_setup
+    from west.lab.tool_setup import tool_setup
 
     from helpers.e2e import bench_setup
 

@@ -1,10 +1,10 @@
 """tools/plot_phases.py: a step's phases on a host lane and a GPU lane, from profile_step's JSON or
-a west-train log with train.phase_marks (marks given by hand: the CPU has no second clock)."""
+a west-train log with python -m west.lab.train --phase_marks (marks given by hand: the CPU has no second clock)."""
 import json
 
 import pytest
 
-from west.train.phase_table import phases, summarize
+from west.lab.phase_table import phases, summarize
 
 from helpers.e2e import import_tool
 

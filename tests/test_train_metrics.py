@@ -8,13 +8,12 @@ import sys
 import threading
 import time
 import types
-from pathlib import Path
 
 import pytest
 import torch
 
 from west.batch import COUNTER_NAMES
-from west.host_clock import HOST_KEYS
+from west.lab.host_clock import HOST_KEYS
 from west.train import gpu_monitor as G
 from west.train.metrics import AllocatorEvents, EpochTotals, MetricsLogger, peak_memory_mb, step_record, truncate_jsonl
 from west.train.profiling import build_profiler
@@ -165,10 +164,8 @@ def test_nvml_sampler_windows_with_fake_module():
     s.start(thread=False)  # start takes one sample (30 %, 100 MiB)
     s.sample()             # (90 %, 300 MiB)
     first = s.read()
-    machine = {k: first.pop(k) for k in HOST_KEYS if k in first}   # west.host_clock's, where Linux says
     assert first == {"gpu_busy_pct": 60.0, "gpu_mem_busy_pct": 30.0, "gpu_mem_used_mb": 300.0, "gpu_samples": 2.0}
-    assert machine.get("steal_ms", 0.0) >= 0 and (machine or not Path("/proc/stat").exists())
-    assert set(s.read()) <= set(HOST_KEYS)  # a new window starts empty
+    assert s.read() == {}  # a new window starts empty
     s.sample()
     assert s.read()["gpu_busy_pct"] == 30.0
     s.stop()

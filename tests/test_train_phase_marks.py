@@ -1,12 +1,12 @@
-"""west.train.phase_marks: the phase boundaries of a real step, and the lag arithmetic that reads
+"""west.lab.phase_marks: the phase boundaries of a real step, and the lag arithmetic that reads
 a GPU's marks (fed by hand here: the CPU has no second clock)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from west.train.phase_marks import StepClock
-from west.train.phase_table import lag_table, phases, summarize
+from west.lab.phase_marks import StepClock
+from west.lab.phase_table import lag_table, phases, summarize
 from west.train.step import plan_step, train_step
 
 from helpers.speech import packed_batch, padded_batch, samples, tiny_model
@@ -77,10 +77,11 @@ def test_lags_say_which_phases_the_host_paces():
 
 
 def test_west_train_logs_each_steps_phases_and_step_summary_reads_them(tmp_path_factory, corpus, capsys):
-    """train.phase_marks: every step's phases in train_log.jsonl, the dev evaluation between steps
+    """west-train with the lab's phase marks (python -m west.lab.train --phase_marks --host_clock):
+    every step's phases and the host's figures in train_log.jsonl, the dev evaluation between steps
     (the same model's forward) in none of them; tools/step_summary.py gives the table."""
 
-    from west.bin.train import main
+    from west.lab.train import main
 
     from helpers.e2e import import_tool, read_jsonl, tiny_llm, train_argv, write_lists
     from helpers.threads import torch_threads
@@ -90,7 +91,7 @@ def test_west_train_logs_each_steps_phases_and_step_summary_reads_them(tmp_path_
     with torch_threads():
         assert main(train_argv(tiny_llm(tmp_path_factory), lists.jsonl, d / "run", "--batch_type", "pack",
                                "--pack_tokens", "200", "--max_steps", "3", "--cv_data", str(lists.jsonl),
-                               "--train.eval_every", "1", "--train.phase_marks", "true")) == 0
+                               "--train.eval_every", "1", "--phase_marks", "--host_clock")) == 0
     log = read_jsonl(d / "run" / "train_log.jsonl")
     steps = [s for s in log if "event" not in s]
     assert len(steps) == 3 and sum(s.get("event") == "eval" for s in log) == 3
@@ -98,11 +99,12 @@ def test_west_train_logs_each_steps_phases_and_step_summary_reads_them(tmp_path_
         marks = s["phase_marks"]
         assert marks["gpu"] is False and [p["phase"] for p in marks["phases"]] == PACKED_ORDER
         assert sum(p["host_ms"] for p in marks["phases"]) <= 1e3 * s["step_time_s"]
+        assert s["host_cpu_ms"] > 0   # the host clock observer's figures (Linux gives the thread's)
     step_summary = import_tool("step_summary")
     capsys.readouterr()
     assert step_summary.main([str(d / "run" / "train_log.jsonl"), "--name", "marked", "--skip", "1"]) == 0
     out = capsys.readouterr().out
-    assert "marked, phase by phase (train.phase_marks)" in out and "| encoder backward, clip, read-back |" in out
+    assert "marked, phase by phase (west.lab.train --phase_marks)" in out and "| encoder backward, clip, read-back |" in out
     assert "2 steps, medians:" in out and "outside the phases and the loader's wait: " in out
 
 

@@ -86,6 +86,37 @@ def test_no_forbidden_imports():
     assert not bad, f"forbidden package imports: {sorted(bad)}"
 
 
+def test_no_product_module_imports_the_lab():
+    """west.lab (host clocks, phase marks, operator timings...) is apart: product code never imports
+    it, at any depth of its code; tools and tests may."""
+    edges = graph(WEST.rglob("*.py"))
+    assert not {a for a, bs in edges.items() if "lab" in bs and a != "lab"}, edges
+
+
+def test_a_plain_west_train_run_imports_no_lab_module(tmp_path_factory, corpus):
+    """A tiny west-train run in its own process: afterwards no west.lab module is loaded (so no host
+    clock was read), and the step records hold none of the lab's figures."""
+    import json
+    import subprocess
+    import sys
+
+    from helpers.e2e import subprocess_env, tiny_llm, train_argv, write_lists
+
+    d = tmp_path_factory.mktemp("plain")
+    lists = write_lists(corpus["rows"], d / "lists", 6)
+    argv = train_argv(tiny_llm(tmp_path_factory), lists.jsonl, d / "run", "--batch_type", "pack",
+                      "--pack_tokens", "200", "--max_steps", "2")
+    code = ("import sys, json; from west.bin.train import main; rc = main(json.loads(sys.argv[1])); "
+            "print(json.dumps([rc, sorted(m for m in sys.modules if m.startswith('west.lab'))]))")
+    out = subprocess.run([sys.executable, "-c", code, json.dumps([str(a) for a in argv])], capture_output=True,
+                         text=True, timeout=600, cwd=ROOT, env=subprocess_env())
+    assert out.returncode == 0, out.stderr[-3000:]
+    rc, lab = json.loads(out.stdout.strip().splitlines()[-1])
+    assert rc == 0 and lab == []
+    steps = [json.loads(line) for line in (d / "run" / "train_log.jsonl").read_text().splitlines() if line.strip()]
+    assert steps and not any({"phase_marks", "host_cpu_ms", "steal_ms"} & set(s) for s in steps)
+
+
 def test_no_cycle_between_packages():
     """west.config is the config tree's root: it composes each package's section (dataclass
     leaves such as train/config.py) and packages read the composed tree, so it is left out."""

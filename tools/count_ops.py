@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from west.bench.tool_setup import add_setup_args
+from west.lab.tool_setup import add_setup_args
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,8 +40,8 @@ def main(argv=None) -> int:
     from west.bench.modes import model_overrides
     from west.bench.op_counter import count_encoder_ops, count_step_ops
     from west.bench.report import ops_table
-    from west.bench.tool_setup import tool_setup
     from west.host_memory import keep_freed_host_memory
+    from west.lab.tool_setup import tool_setup
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)

@@ -21,13 +21,13 @@ import statistics
 from pathlib import Path
 from typing import Callable
 
-from west.bench.sync_count import count_syncs
-from west.bench.tool_setup import add_setup_args
+from west.lab.sync_count import count_syncs
+from west.lab.tool_setup import add_setup_args
 
 
 def per_mode(setup, steps: int, debug_mode: Callable[[int], None]) -> dict:
     """{mode name: syncs per counted step and where} over each mode's first ``steps`` + 1 batches
-    (``setup``: a west.bench.tool_setup.ToolSetup)."""
+    (``setup``: a west.lab.tool_setup.ToolSetup)."""
     from west.bench.modes import model_overrides
 
     rows = {}
@@ -60,8 +60,8 @@ def main(argv=None) -> int:
 
     import torch
 
-    from west.bench.tool_setup import tool_setup
     from west.config import load_config, split_overrides
+    from west.lab.tool_setup import tool_setup
     from west.ranks import cuda_allocator_defaults, resolved_device
 
     cuda_allocator_defaults()

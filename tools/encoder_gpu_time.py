@@ -5,7 +5,7 @@ backward and their summed time, the idle time in the span, the costliest kernels
 the same for the blocks compiled in place (as train.compile does), launched and replayed; and
 the blocks' eager traffic and FLOPs against the device's copy bandwidth and matrix-product rate,
 measured here; and the depthwise convolution alone over the replay's buffer, as the convolution
-kernel and as shifted products (west.bench.encoder_time). Utterance lengths are drawn AIShell-like (west.data.workloads), in encoder frames,
+kernel and as shifted products (west.lab.encoder_time). Utterance lengths are drawn AIShell-like (west.data.workloads), in encoder frames,
 until the real rows fill --fill of the --rows. On a CPU the replay and the kernel columns are left
 out. Not a test.
 
@@ -23,7 +23,9 @@ import yaml
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from west.bench.encoder_time import (
+from west.bench.peak import matmul_peak
+from west.data.workloads import aishell_like_durations
+from west.lab.encoder_time import (
     attention_flops,
     copy_bandwidth,
     depthwise_table,
@@ -33,8 +35,6 @@ from west.bench.encoder_time import (
     time_variant,
     traffic,
 )
-from west.bench.peak import matmul_peak
-from west.data.workloads import aishell_like_durations
 from west.models.config import ConformerConfig
 from west.models.conformer import ConformerEncoder
 from west.models.static_encoder import StaticBlocks, StaticShape

@@ -1,4 +1,4 @@
-"""The host's time per dispatched operator on this machine, apart from any model (west.bench.launch_floor).
+"""The host's time per dispatched operator on this machine, apart from any model (west.lab.launch_floor).
 
     python tools/launch_floor.py [--device cuda] [--step_ops 5515] [--out floor.json]
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from west.bench.launch_floor import WORKLOADS, floor_table, measure
+from west.lab.launch_floor import WORKLOADS, floor_table, measure
 from west.ranks import cuda_allocator_defaults
 
 

@@ -2,10 +2,10 @@
 """A training step's phases as a picture: two lanes, the host and the GPU, per batch mode.
 
     python tools/plot_phases.py marks.json [--out phases.png]          # tools/profile_step.py --phase_marks
-    python tools/plot_phases.py exp/run/train_log.jsonl [--skip 5]      # west-train with train.phase_marks
+    python tools/plot_phases.py exp/run/train_log.jsonl [--skip 5]      # west-train with python -m west.lab.train --phase_marks
 
 Each phase is a bar on the host's lane, from where the host began it to where it ended (the
-medians of west.train.phase_marks, laid end to end), and a bar on the GPU's lane shifted by how
+medians of west.lab.phase_marks, laid end to end), and a bar on the GPU's lane shifted by how
 far the host was ahead at its start and end. Where the GPU's bar starts at the host's, the GPU
 was waiting for the host. On a CPU there is one lane: the operators run when they are called.
 Prints the PNG's path; exit status 2 when the input holds no phase marks.
@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from west.train.phase_table import summarize
+from west.lab.phase_table import summarize
 
 
 def read_marks(path: Path, skip: int = 5) -> dict[str, dict]:
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     marks = read_marks(a.marks, a.skip) if a.marks.is_file() else {}
     if not marks:
-        print(f"[plot_phases] {a.marks}: no phase marks (tools/profile_step.py --phase_marks, train.phase_marks)",
+        print(f"[plot_phases] {a.marks}: no phase marks (tools/profile_step.py --phase_marks, python -m west.lab.train --phase_marks)",
               file=sys.stderr)
         return 2
     out = plot_phases(marks, a.out or a.marks.with_name("phases.png"), f"{a.marks.name}: a step's phases")

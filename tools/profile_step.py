@@ -4,28 +4,28 @@
 Runs the production step (``west.train.step.train_step``) on each mode's batches of the same N
 utterances under torch.profiler, after warm-up steps, with named ranges around the step, the
 model's forward, its encoder, projector and LLM decoder, and the optimizer step. From the trace
-(west.bench.trace_gaps) it prints, per phase: host wall time, GPU operations launched, their GPU
+(west.lab.trace_gaps) it prints, per phase: host wall time, GPU operations launched, their GPU
 time, and the GPU idle time each phase caused (the gaps its launches ended); then the host
 operators behind the longest idle gaps. On a CPU the phases' host times alone. Not a test: a
 table, a JSON, and the Chrome trace if asked for.
 
 ``--kernels_only`` (CUDA) records the GPU's kernels and the runtime calls alone: the host runs
 nearly unslowed, and the idle gaps are split into host late and queued, by length
-(west.bench.trace_gaps.kernel_timeline). ``--train.compile true`` profiles the step with the
+(west.lab.trace_gaps.kernel_timeline). ``--train.compile true`` profiles the step with the
 repeated blocks compiled (west.train.compile); give enough ``--warmup_steps`` (4) for the
 compilations to happen before the profiled steps. ``--train.encoder_graphs true`` profiles packed
 modes with the Conformer's blocks replayed from CUDA graphs, as west-train runs them.
 
 ``--host_python`` runs the profiled steps under cProfile instead of torch.profiler: what the
-launching thread does in Python, by function, per step (west.bench.host_profile).
+launching thread does in Python, by function, per step (west.lab.host_profile).
 
 ``--phase_marks`` first runs the same steps with no profiler at all, marked at each phase boundary
-(west.train.phase_marks): per phase, the host's time, the GPU's, and how far the host was ahead
+(west.lab.phase_marks): per phase, the host's time, the GPU's, and how far the host was ahead
 of the GPU at its start and end, so which phases the host paces once nothing slows it. Alone it
 runs nothing else; with ``--host_python`` or ``--kernels_only``, those follow.
 
 ``--op_times`` runs the same steps unprofiled too, with the host's time in the projector, splice and
-loss phases taken operator by operator and between operators, by line (west.bench.op_times): the
+loss phases taken operator by operator and between operators, by line (west.lab.op_times): the
 same tables as ``tools/train_op_times.py`` gives for west-train. Like ``--phase_marks``, alone it
 runs nothing else.
 
@@ -48,19 +48,20 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from west.bench.host_profile import host_table, profile_calls, top_functions
-from west.bench.op_times import PhaseOpTimes
-from west.bench.op_times import table as op_times_table
-from west.bench.tool_setup import add_setup_args
-from west.bench.trace_gaps import PREFIX, STEP, analyse, kernel_timeline, load_events, table, timeline_table
-from west.train.phase_marks import StepClock, phase_hooks
-from west.train.phase_table import lag_table, summarize
+from west.lab.host_profile import host_table, profile_calls, top_functions
+from west.lab.op_times import PhaseOpTimes
+from west.lab.op_times import table as op_times_table
+from west.lab.phase_marks import StepClock
+from west.lab.phase_table import lag_table, summarize
+from west.lab.tool_setup import add_setup_args
+from west.lab.trace_gaps import PREFIX, STEP, analyse, kernel_timeline, load_events, table, timeline_table
+from west.train.phases import phase_hooks
 
 
 @contextlib.contextmanager
 def phase_ranges(model, optimizer) -> Iterator[None]:
     """``west:`` profiler ranges around the model's forward and its parts and the optimizer step
-    (west.train.phase_marks.phase_hooks: the production step is unchanged)."""
+    (west.train.phases.phase_hooks: the production step is unchanged)."""
     from torch.profiler import record_function
 
     open_ranges = []
@@ -75,7 +76,7 @@ def phase_ranges(model, optimizer) -> Iterator[None]:
 
 
 def marked_steps(runner, batches, opt, sched) -> dict:
-    """The steps unprofiled, with a mark at each phase boundary (west.train.phase_marks): the
+    """The steps unprofiled, with a mark at each phase boundary (west.lab.phase_marks): the
     host's and the GPU's time per phase and how far the host ran ahead of the GPU at each."""
     clock = StepClock(runner.device.type == "cuda")
     steps, waits = [], []
@@ -91,7 +92,7 @@ def marked_steps(runner, batches, opt, sched) -> dict:
 
 def op_timed_steps(runner, batches, opt, sched) -> dict:
     """The steps unprofiled, the host's time in a few phases taken operator by operator
-    (:class:`west.bench.op_times.PhaseOpTimes`; the first step left out)."""
+    (:class:`west.lab.op_times.PhaseOpTimes`; the first step left out)."""
     timer = PhaseOpTimes()
     for b in batches:
         with timer.hooks(runner.model, opt):
@@ -180,7 +181,7 @@ def main(argv=None) -> int:
 
     from west.bench.benchmark import graphed_encoder
     from west.bench.modes import model_overrides
-    from west.bench.tool_setup import tool_setup
+    from west.lab.tool_setup import tool_setup
     from west.ranks import cuda_allocator_defaults
     from west.train.compile import compilations, compile_regions
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Where the launching thread spends a training step, from py-spy's native samples (west.bench.stack_samples).
+"""Where the launching thread spends a training step, from py-spy's native samples (west.lab.stack_samples).
 
     py-spy record --native --idle --rate 200 --format raw -o stacks.txt -- \\
         python tools/profile_step.py ... --modes pack --phase_marks --steps 20 --single_thread_backward
@@ -17,7 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
-from west.bench.stack_samples import parse_raw, summarize, table
+from west.lab.stack_samples import parse_raw, summarize, table
 
 
 def main(argv=None) -> int:

@@ -2,7 +2,7 @@
 """A training step's floor at a GPU's copy bandwidth and product peak, counted on the CPU.
 
 Counts the first ``--batches`` batches of a config's epoch through the production forward and
-backward on the meta device at the LLM's real widths (west.bench.roofline): every operator's bytes
+backward on the meta device at the LLM's real widths (west.lab.roofline): every operator's bytes
 and FLOPs as CUDA dispatches them, each operator's floor (the longer of moving its bytes and doing
 its FLOPs), summed per category and per operator, and the MFU no schedule of these operators can
 beat. The LLM is built from ``--llm``'s config.json alone (no weights are read; tools/make_seed_llm.py
@@ -51,11 +51,11 @@ def main(argv=None) -> int:
     import torch
     from tqdm import tqdm
 
-    from west.bench.kernel_kinds import category_table
     from west.bench.modes import select_utterances
-    from west.bench.roofline import floors_ms, meta_model, step_floor, table, totals
     from west.config import load_config, split_overrides
     from west.data.dataset import build_dataloader
+    from west.lab.kernel_kinds import category_table
+    from west.lab.roofline import floors_ms, meta_model, step_floor, table, totals
     from west.models.llm import load_tokenizer
 
     cfg = load_config(args.config, split_overrides(["--model.llm.path", args.llm, *rest]))

@@ -8,7 +8,7 @@ step (queueing forward/backward/clip, then blocked in the step's one read-back: 
 when the host paces the step), and the mean per step of the CUDA caching allocator's device allocations and
 flush-and-retry events (0 in a steady state), and a line of the host's figures (the launching
 thread's time on a core, in the kernel and waiting for one, autograd's threads', the hypervisor's
-steal, the cgroup's throttling: west.host_clock). A run with ``train.phase_marks`` also gets its
+steal, the cgroup's throttling: west.lab.host_clock). A run with ``python -m west.lab.train --phase_marks`` also gets its
 phases' table: host and GPU ms per phase and how far the host was ahead of the GPU, and the time
 each step spent outside its phases and the loader's wait. Not a test.
 
@@ -22,9 +22,9 @@ import statistics
 from pathlib import Path
 from typing import Optional
 
-from west.host_clock import HOST_KEYS, host_line
-from west.train.phase_table import lag_table
-from west.train.phase_table import summarize as phase_summary
+from west.lab.host_clock import HOST_KEYS, host_line
+from west.lab.phase_table import lag_table
+from west.lab.phase_table import summarize as phase_summary
 
 COLUMNS = (("step_time_s", "step s", "{:.3f}"), ("utts_per_s", "utts/s", "{:.0f}"),
            ("tokens_per_s", "LLM tokens/s", "{:,.0f}"), ("data_wait_s", "loader wait s", "{:.4f}"),
@@ -45,7 +45,7 @@ def summarize(path: Path, skip: int) -> dict:
     for key, _, _ in COLUMNS:
         values = [s[key] for s in steps if isinstance(s.get(key), (int, float))]
         out[key] = (statistics.fmean if key in EVENTS else statistics.median)(values) if values else None
-    host = {}   # the host's figures (west.host_clock): means per step
+    host = {}   # the host's figures (west.lab.host_clock): means per step
     for key in HOST_KEYS:
         values = [s[key] for s in steps if isinstance(s.get(key), (int, float))]
         if values:
@@ -59,7 +59,7 @@ def summarize(path: Path, skip: int) -> dict:
         if out[key] is not None:
             out[key] = max(s[key] for s in steps if isinstance(s.get(key), (int, float))) / 1024
     marked = [s for s in steps if "phase_marks" in s]
-    if marked:   # train.phase_marks: the phases' medians (west.train.phase_table)
+    if marked:   # west.lab.train --phase_marks: the phases' medians (west.lab.phase_table)
         out["phase_marks"] = phase_summary([s["phase_marks"]["phases"] for s in marked],
                                            gpu=marked[0]["phase_marks"]["gpu"])
         out["outside_ms"] = statistics.median(outside_phases_ms(s) for s in marked)
@@ -70,7 +70,7 @@ def stalled_ms(step: dict) -> Optional[float]:
     """A step's wall time in which its launching thread was blocked, but neither on the loader's queue
     nor on autograd's threads (their time on a core stands for its wait on them): a lock (Python's,
     the driver's), a blocking call, the machine. A read-back on CUDA spins on a core, so it counts as
-    on a core. None without the thread's figures (west.host_clock)."""
+    on a core. None without the thread's figures (west.lab.host_clock)."""
     if not all(isinstance(step.get(k), (int, float)) for k in ("host_cpu_ms", "host_runqueue_ms")):
         return None
     return (1e3 * (step["step_time_s"] - (step.get("data_wait_s") or 0.0)) - step["host_cpu_ms"]
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
         stalled = f"; the launching thread blocked otherwise: {h['stalled_ms']:.1f}" if "stalled_ms" in h else ""
         print(f"the host's ms per step (means): {host_line(h)}{stalled}")
     if "phase_marks" in s:
-        print(f"\n{a.name}, phase by phase (train.phase_marks):\n\n{lag_table(s['phase_marks'])}\n"
+        print(f"\n{a.name}, phase by phase (west.lab.train --phase_marks):\n\n{lag_table(s['phase_marks'])}\n"
               f"outside the phases and the loader's wait: {s['outside_ms']:.1f} ms per step (median over steps)")
     return 0
 

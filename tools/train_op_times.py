@@ -4,11 +4,11 @@
 West-train's projector and splice phases took the host 30 and 16 ms per step on an H200 with the
 GPU idle, against about 1 ms each in the benchmark's runner (seventh GPU run, docs/benchmarks.md).
 This runs west-train itself (loader, pin-memory thread and loop included) with
-:class:`west.bench.op_times.PhaseOpTimes` around every step: in the watched phases each dispatched
+:class:`west.lab.op_times.PhaseOpTimes` around every step: in the watched phases each dispatched
 operator's host time and the Python between operators, by line. An operator that blocks (a
 page-locked allocation, a wait for the GPU, a lazily loaded kernel) shows as one long call; slow
 Python shows between operators. With ``--preload N`` west-train trains on its loader's first N
-batches from memory, the loader ended (west.bench.preloaded): the same loop without the loader
+batches from memory, the loader ended (west.lab.preloaded): the same loop without the loader
 beside it. Not a test; the timer costs microseconds per operator.
 
     python tools/train_op_times.py --skip 5 --out op_times_train.json --md op_times_train.md -- \\
@@ -23,8 +23,8 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from west.bench.op_times import WATCHED, PhaseOpTimes, table
-from west.bench.preloaded import PreloadedData
+from west.lab.op_times import WATCHED, PhaseOpTimes, table
+from west.lab.preloaded import PreloadedData
 
 STEP_FUNCTIONS = ("train_step", "queue_train_step")   # what west.train.loop calls once per step
 
@@ -52,7 +52,7 @@ def timed_run(train_main: Callable[[Sequence[str]], int], train_argv: Sequence[s
 
 @contextlib.contextmanager
 def preloading(loop_module, n: int, made: list) -> Iterator[None]:
-    """West-train's Trainer gets its loader's first ``n`` batches from memory (west.bench.preloaded):
+    """West-train's Trainer gets its loader's first ``n`` batches from memory (west.lab.preloaded):
     its loop without the loader beside it. ``made`` collects the PreloadedData built."""
     original = loop_module.Trainer.__init__
 
@@ -80,7 +80,7 @@ def main(argv=None) -> int:
                         "5 ms by default): smaller shortens each wait for it, if another thread holds it")
     p.add_argument("--preload", type=int, default=0,
                    help="take this many batches from west-train's loader once, end the loader, and train on them "
-                        "from memory (west.bench.preloaded: the loop without the loader beside it); 0 = the loader")
+                        "from memory (west.lab.preloaded: the loop without the loader beside it); 0 = the loader")
     args, rest = p.parse_known_args(argv)
     rest = [a for a in rest if a != "--"]
     if args.switch_interval_ms is not None:

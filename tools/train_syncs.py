@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Callable, Sequence
 
-from west.bench.sync_count import count_syncs
+from west.lab.sync_count import count_syncs
 
 
 def counted_run(train_main: Callable[[Sequence[str]], int], train_argv: Sequence[str],

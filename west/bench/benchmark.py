@@ -194,11 +194,9 @@ def run_benchmark(model: torch.nn.Module, tokenizer, data_conf: DataConfig, trai
         fit = step_time_fit(per_step, [b["computed_llm_tokens"] for b in r["batches"]])
         if fit is not None:
             r["step_time_fit"] = fit
-        for key in ("allocator", "host_clock"):   # CUDA caching-allocator events (0 in a steady state); the
-            # host's figures (west.host_clock): per timed step
-            events = [x[key] for x in r["runs"] if x.get(key)]
-            if events:
-                r[f"{key}_per_step"] = {k: statistics.fmean(e[k] for e in events) / len(r["batches"]) for k in events[0]}
+        events = [x["allocator"] for x in r["runs"] if x.get("allocator")]   # CUDA caching-allocator events
+        if events:   # per timed step (0 in a steady state)
+            r["allocator_per_step"] = {k: statistics.fmean(e[k] for e in events) / len(r["batches"]) for k in events[0]}
         r["gflops_per_s"] = r["flops"]["total"] / 1e9 / r["time_s"]
         if train.compile:
             r["compilations"] = sum(x["compilations"] for x in r["runs"])

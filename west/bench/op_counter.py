@@ -32,7 +32,7 @@ from typing import Iterator, Sequence
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from west.train.phase_marks import phase_hooks
+from west.train.phases import phase_hooks
 from west.train.step import autocast
 
 PHASES = ("forward", "backward", "optimizer", "other")

@@ -9,8 +9,6 @@ import os
 import platform
 from pathlib import Path
 
-from west.host_clock import MachineClock, host_line
-
 
 def _fmt_time(s: float) -> str:
     m, sec = divmod(s, 60.0)
@@ -186,11 +184,6 @@ def notes(res: dict) -> str:
         out.append("- CUDA caching-allocator events per timed step (device allocations and frees, retries after "
                    "a cache flush: 0 in a steady state; more under a tight memory cap is the allocator's time, "
                    "not the kernels'): " + "; ".join(allocs))
-    hosts = [f"{name}: {host_line(m)}" for name, r in res["modes"].items() if (m := r.get("host_clock_per_step"))]
-    if hosts:
-        quota = res["env"].get("cpu_quota")
-        out.append("- the host's ms per timed step (west/host_clock.py; "
-                   f"{'no CPU quota' if quota is None else f'a CPU quota of {quota:g} cores'}): " + " | ".join(hosts))
     graphs = [f"{name}: {r['encoder_graph']}" for name, r in res["modes"].items() if r.get("encoder_graph")]
     if graphs:
         out.append("- train.encoder_graphs (the Conformer's blocks replayed; the rows' padding is not in the FLOP "
@@ -300,7 +293,7 @@ def machine(device: str) -> dict:
     return {"cpu_model": cpu, "cpu_count": os.cpu_count(), "torch": torch.__version__, "gpu": gpu,
             "threads": torch.get_num_threads(), "device": device, "python": platform.python_version(),
             "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-            "load_before": [round(x, 2) for x in os.getloadavg()], "cpu_quota": MachineClock().quota_cores}
+            "load_before": [round(x, 2) for x in os.getloadavg()]}
 
 
 def save(res: dict, out: Path) -> str:

@@ -10,7 +10,6 @@ from typing import Iterator, Optional, Sequence
 import torch
 
 from west.batch import Batch
-from west.host_clock import HOST_KEYS
 from west.ranks import disable_cudnn_attention
 from west.train.config import TrainConfig
 from west.train.gpu_monitor import build_monitor
@@ -119,8 +118,7 @@ class PassRunner:
         return {"time_s": total, "cpu_s": cpu, "step_s": steps, "util_pct": util,
                 "mean_loss": statistics.fmean(losses), "peak_mem_gib": self._peak_gib(),
                 "peak_reserved_gib": self._peak_reserved_gib(reserved),
-                "sm_pct": hw.get("gpu_sm_pct"), "allocator": allocator_events,
-                "host_clock": {k: hw[k] for k in HOST_KEYS if k in hw}, **host}
+                "sm_pct": hw.get("gpu_sm_pct"), "allocator": allocator_events, **host}
 
     def _peak_gib(self) -> float:
         """CUDA: peak allocated by this pass. CPU: the process's peak RSS so far (never reset)."""

@@ -76,6 +76,3 @@ class TrainConfig:
     profile: bool = False                           # torch.profiler trace to DIR/profile
     profile_wait: int = setting(5, min=0)
     profile_active: int = setting(5, min=1)
-    phase_marks: bool = False                       # per phase of every step, host and GPU ms and how far the
-    #   host was ahead (a clock read and a CUDA event at each boundary, no profiler) into train_log.jsonl;
-    #   tools/step_summary.py reads them. Costs one wait per step for the optimizer's kernels

@@ -9,10 +9,8 @@ SM activity (``DCGM_FI_PROF_SM_ACTIVE``: fraction of SMs with a resident warp)
 and NOT the PyTorch profiler's estimated SM efficiency; a single tiny kernel
 keeps it at 100 %. Where the driver provides them, ``gpu_sm_pct`` is the mean of NVML's
 per-process SM utilisation samples (``nvmlDeviceGetProcessUtilization().smUtil``). On CPU, :class:`CpuSampler` reports this process's CPU use.
-pynvml (package ``nvidia-ml-py``, extra ``gpu``) is imported only when needed. Both samplers also
-give the host's figures for the window, read on the launching thread where Linux says them
-(:data:`west.host_clock.HOST_KEYS`: that thread's time on a core, in the kernel and waiting for one;
-autograd's threads' time; the hypervisor's steal and the cgroup's CPU throttling).
+pynvml (package ``nvidia-ml-py``, extra ``gpu``) is imported only when needed. The host's own
+clocks per step are a lab observer (west.lab.host_clock), not part of these samplers.
 """
 from __future__ import annotations
 
@@ -22,8 +20,6 @@ from types import ModuleType
 from typing import Optional, Protocol
 
 import psutil
-
-from west.host_clock import HostWindow
 
 
 class Monitor(Protocol):
@@ -50,15 +46,13 @@ class CpuSampler:
 
     def __init__(self) -> None:
         self._proc = psutil.Process()
-        self._host: Optional[HostWindow] = None
 
     def start(self) -> None:
         self._proc.cpu_percent(None)  # first call only sets the reference point
-        self._host = HostWindow()
 
     def read(self) -> dict[str, float]:
         return {"cpu_util_pct": float(self._proc.cpu_percent(None)),
-                "cpu_count": float(psutil.cpu_count() or 1), **(self._host.read() if self._host else {})}
+                "cpu_count": float(psutil.cpu_count() or 1)}
 
     def stop(self) -> None:
         pass
@@ -81,7 +75,6 @@ class NvmlSampler:
         self._thread: Optional[threading.Thread] = None
         self._sm_ok: Optional[bool] = None
         self._sm_seen = 0
-        self._host: Optional[HostWindow] = None
         self._reset()
 
     def _reset(self) -> None:
@@ -141,7 +134,6 @@ class NvmlSampler:
             self._handle = self._nvml.nvmlDeviceGetHandleByIndex(self._index)
         self.sample()
         self._sm.clear()   # SM samples from before start() belong to nobody's window
-        self._host = HostWindow()
         if thread:
             self._thread = threading.Thread(target=self._run, name="nvml-sampler", daemon=True)
             self._thread.start()
@@ -158,7 +150,7 @@ class NvmlSampler:
                 if self._sm:
                     out["gpu_sm_pct"] = sum(self._sm) / len(self._sm)
             self._reset()
-        return {**out, **(self._host.read() if self._host else {})}
+        return out
 
     def stop(self) -> None:
         self._stop.set()

@@ -27,9 +27,9 @@ from __future__ import annotations
 import math
 import random
 import time
-from contextlib import nullcontext
+from contextlib import ExitStack
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import ContextManager, Iterator, Optional, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -58,7 +58,6 @@ from west.train.metrics import (
     peak_reserved_mb,
     step_record,
 )
-from west.train.phase_marks import StepClock
 from west.train.preempt import Preemption, agreed_signal
 from west.train.profiling import build_profiler
 from west.train.schedule import optimizer_from_config, scheduler_from_config
@@ -78,11 +77,21 @@ def enable_grad_checkpointing(model: nn.Module) -> None:
     fn()
 
 
+class StepObserver(Protocol):
+    """Something that watches each training step: entered around it, then asked for what the step's
+    record in train_log.jsonl should add (the lab's phase marks and host clocks are observers)."""
+
+    def around_step(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> ContextManager: ...
+    def step_record(self) -> dict: ...
+
+
 class Trainer:
-    """Builds the engine around ``model`` and runs :meth:`fit`."""
+    """Builds the engine around ``model`` and runs :meth:`fit`. ``observers`` watch every step
+    (:class:`StepObserver`); a plain west-train run has none."""
 
     def __init__(self, train: TrainConfig, run: RunConfig, model: nn.Module, data: TrainData,
-                 info: DistInfo, evaluator: Optional[Evaluator] = None, pack_tokens: int = 0) -> None:
+                 info: DistInfo, evaluator: Optional[Evaluator] = None, pack_tokens: int = 0,
+                 observers: Sequence[StepObserver] = ()) -> None:
         self.cfg, self.run, self.info = train, run, info
         self.data, self.evaluator = data, evaluator
         disable_cudnn_attention()
@@ -117,7 +126,7 @@ class Trainer:
         self.evaluated: tuple[int, dict] = (-1, {})  # step and figures of the latest dev evaluation
         self.best: Optional[dict] = None  # the best evaluation so far by train.best_metric
         self.preemption = Preemption(train.preempt_signals)  # handlers set while fit() runs
-        self.clock = StepClock(info.device.type == "cuda") if train.phase_marks else None
+        self.observers = list(observers)
         self.preempted: Optional[str] = None  # the signal, once all ranks agreed to stop
 
     def _total_steps(self) -> int:
@@ -254,17 +263,18 @@ class Trainer:
             if plan.global_real_batches == 0:
                 self._log_pending(logger)
                 return True  # fit() looks at self.preempted before the epoch-end work
-            marks = self.clock.around_step(unwrap(self.model), self.optimizer) if self.clock else nullcontext()
             queue = queue_train_step if self.cfg.late_readback else train_step
-            with marks:
+            with ExitStack() as watched:
+                for observer in self.observers:
+                    watched.enter_context(observer.around_step(unwrap(self.model), self.optimizer))
                 outcome = queue(self.model, batches, plan, self.optimizer, self.scheduler, device=self.info.device,
                                 world_size=self.info.world_size, grad_clip=self.cfg.grad_clip,
                                 precision=self.cfg.precision)
             self.step += 1
             wall = time.perf_counter() - t0
-            marked = {"phase_marks": {"gpu": self.clock.cuda, "phases": self.clock.last}} if self.clock else {}
+            observed = {k: v for observer in self.observers for k, v in observer.step_record().items()}
             reserved = peak_reserved_mb(self.info.device)   # before peak_memory_mb resets the peaks
-            host = {"data_wait_s": data_s, **reserved, **monitor.read(), **allocator.read(), **marked}
+            host = {"data_wait_s": data_s, **reserved, **monitor.read(), **allocator.read(), **observed}
             self._log_pending(logger)   # the step before (train.late_readback): its figures have arrived
             self._pending = (self.step, self.epoch, outcome, wall, peak_memory_mb(self.info.device), host,
                              [k for b in batches for k in b.keys])

@@ -24,7 +24,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
-from west.bench.kernel_kinds import by_category, category_table
+from west.lab.kernel_kinds import by_category, category_table
 
 PREFIX = "west:"
 STEP = PREFIX + "step"

@@ -1,13 +1,12 @@
 """The phases of a marked training step as tables: each phase's host and GPU time and the lag at its
 ends, medians over steps, and the markdown that reads them. Plain Python, no torch: the scripts that
 read a run's log (tools/step_summary.py after every west-train run of tools/gpu_suite.sh, where
-importing torch costs seconds each time) use it; west.train.phase_marks drops the marks."""
+importing torch costs seconds each time) use it; west.lab.phase_marks drops the marks."""
 from __future__ import annotations
 
 import statistics
 
-# Where the gradient hooks mark, by the tensor whose gradient arrived.
-LLM_OUTPUT, LLM_INPUT, ENCODER_OUTPUT = GRAD_POINTS = ("llm output", "llm input", "encoder output")
+from west.train.phases import ENCODER_OUTPUT, LLM_INPUT, LLM_OUTPUT
 
 # What runs from each boundary to the next, in a packed step's order (a mark names what it starts).
 PHASE_NAMES = {

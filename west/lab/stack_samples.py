@@ -1,6 +1,6 @@
 """Where the launching thread's time goes, from py-spy's native stack samples (``--format raw``).
 
-cProfile (west.bench.host_profile) sees Python functions only, slows what it measures, and
+cProfile (west.lab.host_profile) sees Python functions only, slows what it measures, and
 shows an operator's C++ side as one builtin. A sampling profiler with native frames
 (``py-spy record --native``) costs the process little and sees through to torch's dispatcher,
 autocast, autograd, the CUDA driver's launch path and libc. Its raw output is one line per

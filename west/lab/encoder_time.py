@@ -24,8 +24,8 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 from west.bench.timing import host_and_device_ms
-from west.bench.trace_gaps import GPU_CATS, load_events
-from west.bench.traffic import Traffic, varlen_attention_flops
+from west.lab.trace_gaps import GPU_CATS, load_events
+from west.lab.traffic import Traffic, varlen_attention_flops
 from west.models.layout import depthwise_conv1d, same_conv1d
 from west.models.static_encoder import BlockStack, StaticBlocks
 

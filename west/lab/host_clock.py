@@ -24,12 +24,13 @@ Two things outside the process also read as blocked from inside it:
 
 Every figure is read in tens of microseconds and only where Linux provides it; elsewhere None.
 Standard library only: the training loop (:class:`HostWindow`, once per step), the benchmark, the
-operator timer (west.bench.op_times) and ``tools/gpu_suite.sh`` (``python -m west.host_clock``)
+operator timer (west.lab.op_times) and ``tools/gpu_suite.sh`` (``python -m west.lab.host_clock``)
 read the same figures.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import operator
 import os
@@ -295,6 +296,22 @@ class HostWindow:
         return out
 
 
+class HostClockObserver:
+    """A west-train step observer (west.train.loop.StepObserver): each step's record gets the host's
+    figures since the previous step's (:class:`HostWindow`, made on the training thread)."""
+
+    def __init__(self) -> None:
+        self._window: Optional[HostWindow] = None
+
+    def around_step(self, model, optimizer):
+        if self._window is None:
+            self._window = HostWindow()
+        return contextlib.nullcontext()
+
+    def step_record(self) -> dict:
+        return self._window.read() if self._window is not None else {}
+
+
 HOST_KEYS = ("host_cpu_ms", "host_kernel_ms", "host_runqueue_ms", "host_faults", "host_switches",
              "autograd_cpu_ms", "steal_ms", "throttled_ms")
 
@@ -334,7 +351,7 @@ def describe(quota: Optional[float], d: MachineTimes, seconds: Optional[float] =
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    """``python -m west.host_clock FILE``: write a reading to FILE; ``--since FILE``: print one
+    """``python -m west.lab.host_clock FILE``: write a reading to FILE; ``--since FILE``: print one
     line of what accrued since that reading (tools/gpu_suite.sh, around each part)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("file", nargs="?", help="write the reading here (JSON)")

@@ -1,5 +1,5 @@
 """GPU kernels by what they do, from their names: a trace's kernel time in the categories of
-west.bench.roofline's floor, so that each category's measured time can be set against its floor.
+west.lab.roofline's floor, so that each category's measured time can be set against its floor.
 
 Names are matched in order (the first category whose pattern matches wins): cuBLAS/cuDNN/CUTLASS
 products and convolutions, flash/fused attention, the optimizer's multi-tensor kernels, norms,

@@ -9,7 +9,7 @@ and its MFU from above; the operators' shares rank what fusing would buy.
 
 The step is the production forward and backward of one batch, counted on the meta device at the
 real widths (no arithmetic runs, so the seed's 1.5B LLM takes seconds on a CPU), dispatching what
-CUDA would (west.bench.cuda_standins). The optimizer's update is added by arithmetic. Not modelled:
+CUDA would (west.lab.cuda_standins). The optimizer's update is added by arithmetic. Not modelled:
 the replayed encoder's padding rows (real rows only), autocast's float32 norms in the encoder (the
 trainable modules are counted in bfloat16), caches (every operator reads its inputs from memory).
 """
@@ -22,9 +22,9 @@ from typing import Optional
 import torch
 
 from west.batch import Batch
-from west.bench.cuda_standins import STAND_INS, attention_flop_formulas, cuda_kernels
-from west.bench.kernel_kinds import OTHER
-from west.bench.traffic import Roofline
+from west.lab.cuda_standins import STAND_INS, attention_flop_formulas, cuda_kernels
+from west.lab.kernel_kinds import OTHER
+from west.lab.traffic import Roofline
 from west.models.llm import load_llm
 from west.models.speech_llm import SpeechLLM
 
@@ -43,7 +43,7 @@ OPTIMIZER_BYTES_PER_PARAM = 40   # AdamW: p, m, v read and written, g read (28);
 
 
 def category(op: str) -> str:
-    """The category of aten operator ``op`` (west.bench.kernel_kinds names a kernel's the same way)."""
+    """The category of aten operator ``op`` (west.lab.kernel_kinds names a kernel's the same way)."""
     return next((name for name, ops in CATEGORIES.items() if op in ops), OTHER)
 
 

@@ -1,6 +1,6 @@
 """Where the host's Python time goes in a training step: cProfile's per-function figures, per step.
 
-The complement of :mod:`west.bench.trace_gaps`, which shows *that* the GPU waits for the host:
+The complement of :mod:`west.lab.trace_gaps`, which shows *that* the GPU waits for the host:
 this shows what the launching thread was doing meanwhile, by function (own time and time
 including callees). A builtin such as ``torch._C._nn.linear`` carries the C++ side of an operator
 (dispatch, autograd recording, the launch); ``run_backward`` carries the whole backward, which

@@ -1,6 +1,6 @@
 """A step on the meta device that dispatches what the same step dispatches on CUDA.
 
-Counting a step's bytes and FLOPs (west.bench.traffic) needs no arithmetic, so it runs on the meta
+Counting a step's bytes and FLOPs (west.lab.traffic) needs no arithmetic, so it runs on the meta
 device at the seed's real widths in seconds, on any machine. But several of west's CUDA paths are
 one kernel there and a chain of operators elsewhere. Inside :func:`cuda_kernels` each becomes one
 operator of the same inputs and outputs as its kernel (``west_bench::*``, meta-only):
@@ -26,7 +26,7 @@ from torch.overrides import TorchFunctionMode
 
 import west.models.attention as attention
 import west.models.conformer as conformer
-from west.bench.traffic import varlen_attention_flops
+from west.lab.traffic import varlen_attention_flops
 
 NAMESPACE = "west_bench"
 

@@ -5,7 +5,7 @@ GPU idle, for a handful of operators that take the benchmark's runner about 1 ms
 run, docs/benchmarks.md); in one earlier run the benchmark's own runner took 16.5 and 12 ms there
 in one mode and 1.2 and 0.9 in another, for the same shapes. Phase marks say which phase; a
 sampling profiler says which library. This says which line: a ``TorchDispatchMode`` is pushed only
-while a watched phase runs (:func:`west.train.phase_marks.phase_hooks` finds the boundaries, so
+while a watched phase runs (:func:`west.train.phases.phase_hooks` finds the boundaries, so
 the step runs unchanged elsewhere) and times, on the host's clock,
 
 * each dispatched operator (its call into the backend: a launch, an allocation, a wait), by
@@ -15,7 +15,7 @@ the step runs unchanged elsewhere) and times, on the host's clock,
   until the phase ends.
 
 and, per phase, where the launching thread's wall time went (on a core, waiting for one, blocked:
-:mod:`west.host_clock`) and which other threads of the process ran meanwhile.
+:mod:`west.lab.host_clock`) and which other threads of the process ran meanwhile.
 
 Not a benchmark: the mode costs some microseconds per operator, so it is kept to the few phases
 asked for. ``tools/train_op_times.py`` runs west-train under it; ``tools/profile_step.py
@@ -34,7 +34,7 @@ from typing import Iterator, Optional
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from west.host_clock import (
+from west.lab.host_clock import (
     MachineClock,
     MachineTimes,
     ThreadTimes,
@@ -43,8 +43,8 @@ from west.host_clock import (
     others_since,
     thread_times,
 )
-from west.train.phase_marks import phase_hooks
-from west.train.phase_table import PHASE_NAMES
+from west.lab.phase_table import PHASE_NAMES
+from west.train.phases import phase_hooks
 
 WATCHED = ("encoder rows", "projector", "splice", "loss")   # phases of a few operators each
 ROOT = Path(__file__).resolve().parents[2]                  # the checkout holding west/
