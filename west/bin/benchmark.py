@@ -152,7 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         res["memory_budget"] = budget
     text = save(res, out)
     print(text, flush=True)
-    print(f"[benchmark] wrote {out / 'benchmark.json'}, {out / 'benchmark.md'}, {out / 'benchmark.png'}")
+    print(f"[benchmark] the full report (every table, the step's host split, allocator events, trials): "
+          f"{out / 'benchmark.md'}; also {out / 'benchmark.json'}, {out / 'benchmark.png'}")
     return 0
 
 
