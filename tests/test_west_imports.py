@@ -185,3 +185,24 @@ def test_packing_for_hugging_face_users_imports_no_speech_stack():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
+
+
+def test_no_module_cycle_inside_a_package_lazy_imports_included():
+    """Module by module inside models and data, function-level imports counted too (a lazy import
+    that closes a circle is still a circle); TYPE_CHECKING-only imports are annotations, not imports."""
+    for package in ("models", "data"):
+        edges: dict[str, set[str]] = {}
+        for f in (WEST / package).glob("*.py"):
+            tree = ast.parse(f.read_text(encoding="utf-8"))
+            typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                           and getattr(node.test, "id", "") == "TYPE_CHECKING" for n in ast.walk(node)}
+            mods = set()
+            for node in ast.walk(tree):
+                if id(node) in typing_only:
+                    continue
+                if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("west."):
+                    mods.add(node.module)
+                elif isinstance(node, ast.Import):
+                    mods |= {a.name for a in node.names if a.name.startswith("west.")}
+            edges[module_name(f)] = {m for m in mods if m.startswith(f"west.{package}.")}
+        assert find_cycle(edges) == [], package

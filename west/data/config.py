@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-from importlib import import_module
 from typing import Optional
 
 from west.data.packing import ALGORITHMS, COSTS
@@ -13,8 +12,8 @@ from west.shapes import SPEECH_MARKER, SpeechShape
 @section("data")
 class DataConfig:
     # batching
-    batch_type: str = setting("static", rule=(  # POLICIES' module imports this one: looked up when checked
-        lambda v, _: v in import_module("west.data.policies").POLICIES, "must be a key of west.data.policies.POLICIES"))
+    batch_type: str = setting("static", rule=(  # looked up when checked: the policies' module is heavy
+        lambda v, _: v in _policies(), "must be a key of west.data.policies.POLICIES"))
     batch_size: int = setting(32, min=1)                # static
     max_tokens_in_batch: int = setting(4096, min=1)     # dynamic: longest * n_samples <= this
     pack_tokens: int = setting(8192, min=1)             # pack: LLM tokens a row holds at most
@@ -25,7 +24,7 @@ class DataConfig:
     # pack: the prompt's tokens before the speech (system turn, user header), the same in every sample,
     # laid out once per row and attended to by every sample in it (exact; west.models.shared_prefix)
     shared_prefix: bool = setting(False, rule=(
-        lambda v, d: not v or import_module("west.data.policies").POLICIES[d.batch_type].packs_rows,
+        lambda v, d: not v or _policies()[d.batch_type].packs_rows,
         "needs a batch_type that packs rows (pack): a padded row holds one sample"))
     # input and order
     data_type: str = setting("auto", choices=("auto", "raw", "shard", "kaldi"))  # raw = jsonl, shard = tar list
@@ -68,8 +67,17 @@ class DataConfig:
 
 
 def _kinds() -> dict:
-    """west.data.features.FEATURE_KINDS (that module imports this one: looked up when checked)."""
-    return import_module("west.data.features").FEATURE_KINDS
+    """west.data.features.FEATURE_KINDS, looked up when a key is checked."""
+    from west.data.features import FEATURE_KINDS  # heavy (kaldi-native-fbank, soundfile, soxr)
+
+    return FEATURE_KINDS
+
+
+def _policies() -> dict:
+    """west.data.policies.POLICIES, looked up when a key is checked."""
+    from west.data.policies import POLICIES  # heavy (torch)
+
+    return POLICIES
 
 
 def for_shape(conf: DataConfig, shape: SpeechShape) -> DataConfig:

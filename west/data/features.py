@@ -15,18 +15,20 @@ import json
 import math
 import os
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import kaldi_native_fbank as knf
 import numpy as np
 import soundfile as sf
 import soxr
 
-from west.data.config import DataConfig
 from west.data.records import AudioSpec
 from west.data.stats import SkipSample
 from west.data.wav_header import wav_shortfall
 from west.data.whisper_features import whisper_frames
+
+if TYPE_CHECKING:   # the config module checks its keys against this one's names
+    from west.data.config import DataConfig
 
 # Durations in lists are usually rounded to 10 ms: planning rounds them up by
 # half of that so a planned pack is never shorter than what decoding produces.

@@ -27,19 +27,21 @@ Collation (the layouts of ``west.batch.Batch``):
 """
 from __future__ import annotations
 
-from typing import ClassVar, Optional, Sequence
+from typing import TYPE_CHECKING, ClassVar, Optional, Sequence
 
 import numpy as np
 import torch
 
 from west.batch import COUNTER_NAMES, IGNORE_INDEX, Batch
 from west.data.batching import dynamic_sizes, equalize_rounds, sort_in_windows, split_rows, static_sizes
-from west.data.config import DataConfig
 from west.data.packing import pack_slots
 from west.data.records import Record, Sample
 from west.data.stats import DataStats
 from west.data.tokenize import Encoded
 from west.shapes import SpeechShape
+
+if TYPE_CHECKING:   # the config module checks its keys against this one's names
+    from west.data.config import DataConfig
 
 
 class BatchPolicy:

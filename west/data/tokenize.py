@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from west.batch import IGNORE_INDEX
-from west.data.config import DataConfig
 from west.data.records import Record
 from west.data.stats import SkipSample
 from west.shapes import AUDIO_BOS, AUDIO_EOS, AUDIO_PLACEHOLDER, SPEECH_MARKER, SpeechShape
+
+if TYPE_CHECKING:   # the config module checks its keys against the policies, which import this one
+    from west.data.config import DataConfig
 
 _SENTINEL = "\x00L{}\x00"
 _CACHE_MAX = 4096

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from west.batch import host_to_device
+from west.models.buckets import bucket_length
 from west.models.config import BACKENDS
 from west.models.flex import DocumentMask
 from west.models.shared_prefix import KeyRows, keyed_sdpa
@@ -36,21 +37,6 @@ from west.models.varlen_kernels import (
 
 
 # --------------------------------------------------------------------------- plan
-def bucket_length(n: int, buckets_per_octave: Optional[int], longest: Optional[int] = None) -> int:
-    """Length segment ``n`` is padded to inside its group (``n`` itself if bucketing is off).
-
-    With ``b`` buckets per octave a segment is padded by less than 1/b of its
-    length, so attention FLOPs grow by < (1+1/b)² while the number of SDPA calls
-    drops from "distinct lengths" to ~b·log2(max/min). ``b = 0``: one group, every
-    segment padded to ``longest`` (the fewest operators, the most padded FLOPs)."""
-    if buckets_per_octave == 0:
-        return n if longest is None else longest
-    if not buckets_per_octave or n <= buckets_per_octave:
-        return n
-    step = max(1, (1 << (n.bit_length() - 1)) // buckets_per_octave)
-    return -(-n // step) * step
-
-
 @dataclass
 class SegmentGroup:
     length: int                   # padded length n of every segment in the group

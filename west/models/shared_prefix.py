@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from west.batch import host_to_device
+from west.models.buckets import bucket_length
 
 
 @dataclass
@@ -82,8 +83,6 @@ def keyed_plan(host_cu_q: torch.Tensor, host_cu_k: torch.Tensor, host_index: tor
                causal: bool, buckets_per_octave: Optional[int] = 8) -> KeyedPlan:
     """Segments grouped by (bucketed query length, extra keys): one SDPA call per group, its rows
     gathered once for all groups (one backward buffer, as segment SDPA does)."""
-    from west.models.attention import bucket_length  # attention imports this module
-
     cq, ck = (np.asarray(t.detach().to("cpu", torch.int64)) for t in (host_cu_q, host_cu_k))
     flat_k = np.asarray(host_index.detach().to("cpu", torch.int64))
     if cq.shape != ck.shape:
