@@ -237,7 +237,8 @@ def test_compiled_blocks_at_the_static_shape_match_eager_and_compile_once(tmp_pa
 def test_auto_turns_the_replay_on_only_where_it_runs(tmp_path_factory, monkeypatch, device, world, extra, decided):
     """seed_gpu.yaml's ``auto``: on for one CUDA process on the kernel route, else off with the reason
     (decided from the config alone, nothing built; the GPU's capability check answers as an sm90's)."""
-    from west.config import resolve_encoder_graphs, split_overrides
+    from west.config import split_overrides
+    from west.train.encoder_graphs import resolve_encoder_graphs
 
     monkeypatch.setattr("west.models.varlen_kernels._sm80", lambda device: True)
     batching = [] if "--data.batch_type" in extra else PACK

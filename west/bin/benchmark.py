@@ -55,8 +55,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args, rest = build_arg_parser().parse_known_args(argv)
-    from west.config import ConfigError, load_config, resolve_encoder_graphs, split_overrides  # heavy
+    from west.config import ConfigError, load_config, split_overrides  # heavy
     from west.ranks import cuda_allocator_defaults, resolved_device  # heavy
+    from west.train.encoder_graphs import resolve_encoder_graphs  # heavy
 
     cuda_allocator_defaults()
 

@@ -14,10 +14,11 @@ from west.batch import Batch
 from west.bench.benchmark import load_batches
 from west.bench.modes import Mode, select_utterances, standard_modes
 from west.bench.runner import PassRunner
-from west.config import load_config, resolve_encoder_graphs, split_overrides
+from west.config import load_config, split_overrides
 from west.models.llm import load_tokenizer
 from west.ranks import resolved_device
 from west.train.build import build_model
+from west.train.encoder_graphs import resolve_encoder_graphs
 
 
 def add_setup_args(p: argparse.ArgumentParser, modes: str = "static,dynamic,pack,pack_encoder_padded") -> None:

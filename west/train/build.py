@@ -11,14 +11,14 @@ import torch
 
 from west.checkpoint.base_llm import frozen_names
 from west.checkpoint.model_state import state_bytes
-from west.config import Config, resolve_encoder_graphs
+from west.config import Config
 from west.data.dataset import build_dataloader
 from west.host_memory import keep_freed_host_memory
 from west.models.config import SpeechLLMConfig
 from west.models.llm import load_tokenizer
 from west.models.speech_llm import SpeechLLM
 from west.train.distributed import DistInfo, cleanup, init_distributed
-from west.train.encoder_graphs import describe_shape
+from west.train.encoder_graphs import describe_shape, resolve_encoder_graphs
 from west.train.evaluate import build_evaluator
 from west.train.loop import Trainer
 from west.train.preempt import shield_loader_workers

@@ -15,6 +15,7 @@ the unpadded (or uncompiled) encoder.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, Optional
 
 import torch
 from torch import nn
@@ -22,9 +23,12 @@ from torch import nn
 from west.models.conformer import encoder_backend
 from west.models.static_encoder import KERNEL_ROUTES, StaticBlocks, StaticShape
 from west.ranks import unwrap
-from west.schema import ConfigError
+from west.schema import ConfigError, require
 from west.shapes import PackExtent
 from west.train.config import TrainConfig
+
+if TYPE_CHECKING:
+    from west.config import Config
 
 ROWS_STEP = 512       # planned rows are rounded up to a multiple of this: room for a later epoch's packs
 SEGMENTS_STEP = 32    # planned segment slots likewise
@@ -163,3 +167,64 @@ def graphed(fn, sample: tuple, warmup_iters: int, key: str, what: str):
                 "capture badly with expandable segments)" if "expandable_segments:True" in alloc else "")
         raise RuntimeError(f"{key}: capturing {what} failed ({type(e).__name__}: {e}); train without it "
                            f"({key} false){hint}") from e
+
+
+def check_encoder_graphs(cfg: Config) -> None:
+    """train.encoder_graphs replays one captured block stack that trains: packed Conformer rows on
+    the cu_seqlens kernel route, its gradients used before the next replay (one micro-batch, one
+    process), and nothing else rewriting the blocks (bf16 copies, checkpointing). Compiled blocks
+    (``train.compile``) are what the graph records: inductor's fused kernels
+    at the one static shape, compiled once. ``auto`` is decided where the run starts
+    (:func:`resolve_encoder_graphs`)."""
+    train = cfg.train
+    if train.encoder_graphs == "false":
+        return
+    if train.encoder_graph_rows and train.encoder_graph_segments and train.encoder_graph_max_len:
+        encoder_segments(  # else checked once the plan sizes it
+            train.encoder_graph_segments, train.encoder_graph_rows, train.encoder_graph_max_len)
+    if train.encoder_graphs == "true":
+        blockers = encoder_graph_blockers(cfg)
+        require(not blockers, "train.encoder_graphs", blockers[0] if blockers else "")
+
+
+def encoder_graph_blockers(cfg: Config, device: Optional[torch.device] = None, world_size: int = 1) -> list[str]:
+    """Why train.encoder_graphs cannot run with ``cfg`` (empty: it can); with ``device``, also why
+    it cannot run there with ``world_size`` processes (west.train.encoder_graphs.where_blocker)."""
+    from west.data.policies import POLICIES  # heavy (the data side says which modes pack rows)
+
+    train, enc = cfg.train, cfg.model.encoder
+    checks = [
+        (POLICIES[cfg.data.batch_type].packs_rows, f"needs data.batch_type pack, got {cfg.data.batch_type}"),
+        (enc.type == "conformer" and enc.pos_enc == "wenet" and enc.attn_backend in ("auto", "varlen"),
+         "needs west's Conformer with model.encoder.pos_enc wenet and attn_backend auto or varlen (packed rows "
+         f"through a cu_seqlens kernel), got type {enc.type}, pos_enc {enc.pos_enc}, attn_backend {enc.attn_backend}"),
+        (not cfg.model.freeze_encoder, "needs a trained encoder (model.freeze_encoder false)"),
+        (train.accum_steps == 1, "needs train.accum_steps 1 (the next replay overwrites the gradients)"),
+        (not train.fsdp, "not with train.fsdp"),
+        (not (enc.gradient_checkpointing or train.grad_checkpointing), "not with the encoder's gradient checkpointing"),
+    ]
+    blockers = [msg for ok, msg in checks if not ok]
+    if device is not None:
+        where = where_blocker(enc.attn_backend, enc.attn_dropout, enc.pos_enc == "wenet", train.precision, device,
+                              world_size)
+        blockers += [where] if where else []
+    return blockers
+
+
+def resolve_encoder_graphs(cfg: Config, device: torch.device, world_size: int,
+                           sized_eagerly: bool = False) -> Optional[str]:
+    """``train.encoder_graphs auto`` -> ``true`` where the replay can run on ``device`` with
+    ``world_size`` processes, else ``false``, in place; the sentence saying which and why (None: not
+    auto). ``sized_eagerly``: batch sizes were searched under a memory cap with eager steps
+    (west-benchmark --memory_budget), so the replay's own memory would come on top: ``false``."""
+    if cfg.train.encoder_graphs != "auto":
+        return None
+    blockers = encoder_graph_blockers(cfg, device, world_size)
+    if sized_eagerly:
+        blockers.insert(0, "--memory_budget sizes eager steps, and the replay's memory would come on top; "
+                           "--train.encoder_graphs true replays anyway")
+    if device.type != "cuda":   # elsewhere the blocks would run padded and eagerly: slower, for tests
+        blockers.insert(0, f"needs CUDA, the run is on {device.type}")
+    cfg.train.encoder_graphs = "false" if blockers else "true"
+    why = blockers[0] if blockers else "the Conformer's blocks replayed from CUDA graphs"
+    return f"train.encoder_graphs auto: {cfg.train.encoder_graphs} ({why})"
