@@ -276,3 +276,24 @@ def test_whisper_benchmark_adds_the_30s_padded_row(setup, tmp_path):
     assert "encoder compute removed by packing the encoder input" in (out / "benchmark.md").read_text(encoding="utf-8")
     conformer = cli.main(args(setup, tmp_path / "c", "--num_utts", "4", "--modes", "static,whisper_padded_30s"))
     assert conformer == 2   # the row needs a Whisper encoder: refused before any work
+
+
+def test_a_failed_checkpoint_replay_names_the_mode_and_what_ran_before():
+    """A mode whose timed pass fails in an activation checkpoint's replay is named, with the modes
+    that ran before it in the same process (the 7B pair's failure on a GPU came after another mode)."""
+    from west.bench.benchmark import timed_passes
+    from west.bench.modes import standard_modes
+    from west.train.config import TrainConfig
+
+    class Runner:
+        def run(self, batches, warmup_steps):
+            if batches == "pack":
+                raise torch.utils.checkpoint.CheckpointError("A different number of tensors was saved")
+            return {"time_s": 1.0, "cpu_s": 1.0, "util_pct": 50.0, "mean_loss": 1.0}
+
+    modes = standard_modes(["static", "pack"])
+    results = {m.name: {} for m in modes}
+    with pytest.raises(RuntimeError, match=r"timed pass of pack \(repeat 1\) failed in an activation checkpoint's "
+                                           r"replay, after static ran in this process: A different number"):
+        timed_passes(Runner(), torch.nn.Module(), modes, {"static": "static", "pack": "pack"}, results,
+                     TrainConfig(), torch.device("cpu"), 1, 0, lambda *a: None)

@@ -39,6 +39,7 @@ import time
 from typing import Iterator, Optional, Sequence
 
 import torch
+import torch.utils.checkpoint
 
 from west.batch import Batch
 from west.bench.costs import batch_shapes, count_flops, step_time_fit, summarize
@@ -243,6 +244,11 @@ def timed_passes(runner: PassRunner, model: torch.nn.Module, modes: Sequence[Mod
                 runner.model.zero_grad(set_to_none=True)
                 runner.model.load_state_dict(runner.init)
                 raise ModeOutOfMemory(m.name, str(e).splitlines()[0]) from None
+            except torch.utils.checkpoint.CheckpointError as e:   # which mode, after which: a replay that differs
+                ran = [x.name for x in modes] if rep else [x.name for x in modes[:modes.index(m)]]
+                raise RuntimeError(f"the timed pass of {m.name} (repeat {rep + 1}) failed in an activation "
+                                   f"checkpoint's replay, after {', '.join(ran) or 'no other mode'} ran in this "
+                                   f"process: {str(e).splitlines()[0]} (each mode alone: --modes {m.name})") from e
             if train.compile:
                 r["compilations"] = compilations() - before
             results[m.name].setdefault("runs", []).append(r)
