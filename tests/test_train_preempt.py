@@ -202,6 +202,19 @@ def _truncate(path: Path) -> None:
     path.write_bytes(data[:len(data) // 2])
 
 
+def refused_then_fallen_back(tmp_path, full, bad, problem: str, capsys) -> str:
+    """``--resume BAD`` is an error naming ``problem``; a plain resume sets step 8's checkpoint aside,
+    resumes from step 6 and trains as the uninterrupted run did. Returns what it printed."""
+    with pytest.raises(ck.CheckpointError, match=f"run.resume {bad}: not a usable checkpoint \\({problem}"):
+        make_trainer(tmp_path, resume=str(bad)).fit()  # an explicit dir must be whole
+    capsys.readouterr()
+    resume_and_compare(tmp_path, full, 6, save_every=2)
+    out = capsys.readouterr().out
+    assert f"WARNING: checkpoint {bad} is not usable ({problem}" in out
+    assert "moved to step_00000008.corrupt; resuming from step_00000006" in out
+    return out
+
+
 CORRUPTIONS = {  # what a lost write or a copy cut short leaves in the newest checkpoint
     "truncated model": (lambda d: _truncate(d / "model.safetensors"), "model.safetensors: "),
     "bad meta.json": (lambda d: (d / "meta.json").write_text('{"step": 8, "epo'), "meta.json: "),
@@ -217,13 +230,7 @@ def test_corrupt_newest_checkpoint_falls_back_with_a_message(full, tmp_path, cap
     bad = ck.step_dir(root, 8)
     damage, problem = CORRUPTIONS[kind]
     damage(bad)
-    with pytest.raises(ck.CheckpointError, match=f"run.resume {bad}: not a usable checkpoint \\({problem}"):
-        make_trainer(tmp_path, resume=str(bad)).fit()  # an explicit dir must be whole
-    capsys.readouterr()
-    resume_and_compare(tmp_path, full, 6, save_every=2)
-    out = capsys.readouterr().out
-    assert f"WARNING: checkpoint {bad} is not usable ({problem}" in out
-    assert "moved to step_00000008.corrupt; resuming from step_00000006" in out
+    out = refused_then_fallen_back(tmp_path, full, bad, problem, capsys)
     assert "(step 6, epoch 1)" in out
     assert (root / "step_00000008.corrupt").is_dir()  # kept for inspection, no longer a checkpoint
     assert [p.name for p in ck.list_checkpoints(root)] == ["step_00000004", "step_00000006", "step_00000008"]
