@@ -12,9 +12,11 @@ from west.data.stats import SKIP_CATEGORIES
 
 def require_trained(summary: dict) -> None:
     """Raise ConfigError naming the skip counts when the epoch of ``summary`` (EpochTotals.summary,
-    skips summed over ranks) trained no utterance although some were skipped."""
+    skips summed over ranks) trained nothing although inputs were skipped: no utterance counted and
+    no step that had a label token (a step of dummy batches is an empty one)."""
     skipped = {k: v for k, v in (summary.get("skipped_inputs") or {}).items() if k in SKIP_CATEGORIES and v}
-    if summary.get("utterances", 0) or not skipped:
+    trained_steps = summary.get("steps", 0) - summary.get("empty_steps", 0)
+    if summary.get("utterances", 0) or trained_steps > 0 or not skipped:
         return
     counts = ", ".join(f"{k} {v}" for k, v in sorted(skipped.items()))
     raise ConfigError(f"epoch {summary['epoch']}: every utterance of run.train_data was skipped ({counts}): "
