@@ -1,4 +1,4 @@
-"""The package layering (../shared/ARCHITECTURE.md, issue 26), read from the source: every import,
+"""The package layering (../shared/ARCHITECTURE.md), read from the source: every import,
 function-level ones included, between west's packages and shared modules."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Dispatched aten operators per training step, per batch mode: the launch count of issue 23, any device.
+"""Dispatched aten operators per training step, per batch mode, any device: the launch count that paces a step on a GPU.
 
 The same counts ``west-benchmark`` reports beside its times (west.bench.op_counter), without
 the timed passes and the FLOP count: load each mode's batches of the same N utterances, run

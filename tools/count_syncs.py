@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Host synchronisations per training step on CUDA, by source line (issue 23, item 3).
+"""Host synchronisations per training step on CUDA, by source line.
 
 torch's sync debug mode warns at every operation that makes the host wait for the GPU (a value
 read back, a pageable copy, a boolean-mask index, ``nonzero``). This runs the production step

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Where a training step's GPU waits for the host, per batch mode (issue 23: GPU busy).
+"""Where a training step's GPU waits for the host, per batch mode (GPU busy).
 
 Runs the production step (``west.train.step.train_step``) on each mode's batches of the same N
 utterances under torch.profiler, after warm-up steps, with named ranges around the step, the

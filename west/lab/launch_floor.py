@@ -2,7 +2,7 @@
 host-paced step cannot go under.
 
 A step paced by the host takes about (operators it dispatches) × (host time per operator), and
-the second factor is the machine's: its CPU, its driver, torch's build. The H200 runs of issue 23
+the second factor is the machine's: its CPU, its driver, torch's build. The earlier H200 runs
 gave about 37 µs of host time per launched kernel over the whole step, and 52 µs per operator
 the fused RMSNorm removed. Whether that is this floor, or the floor plus something else (waits,
 the loader, the GIL), decides what can still help: only fewer operators (fusion, compiling,
