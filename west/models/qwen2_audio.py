@@ -25,7 +25,7 @@ import torch.nn as nn
 
 from west.batch import to_device
 from west.models.hf_attention import register
-from west.models.whisper_encoder import WHISPER_STAGES, WhisperPackedEncoder
+from west.models.whisper_encoder import WHISPER_STAGES, WhisperPackedEncoder, read_hf_config
 from west.schema import ConfigError, require
 from west.shapes import AUDIO_TOKENS, frames_after
 
@@ -36,16 +36,7 @@ PROJECTOR_PREFIX = "multi_modal_projector.linear."
 
 def read_qwen2_audio_config(path: str):
     """The Qwen2AudioConfig of a local directory, or a ConfigError naming model.path."""
-    from transformers import AutoConfig  # heavy
-
-    require(path and Path(path).is_dir(), "model.path", f"{path!r} is not a directory")
-    try:
-        conf = AutoConfig.from_pretrained(path)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"model.path: {path!r} is not a Hugging Face model directory: {e}") from e
-    require(conf.model_type == "qwen2_audio", "model.path", f"{path!r} has config.json model_type="
-            f"{conf.model_type!r}, expected 'qwen2_audio' (a Qwen2AudioForConditionalGeneration directory)")
-    return conf
+    return read_hf_config(path, "model.path", "qwen2_audio", "a Qwen2AudioForConditionalGeneration directory")
 
 
 # what west's whisper feature stage computes (west.data.whisper_features): the processor must agree

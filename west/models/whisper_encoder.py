@@ -43,18 +43,24 @@ def whisper_encoder_frames(n_frames: int) -> int:
     return frames_after(WHISPER_STAGES, n_frames)
 
 
-def read_whisper_config(path: str):
-    """The HF config of a local Whisper directory, or a ConfigError naming model.encoder.path."""
+def read_hf_config(path: str, key: str, model_type: str, what: str):
+    """The Hugging Face config of the local directory ``path`` (config key ``key``), checked to be a
+    ``model_type`` (``what`` says where that type comes from), or a ConfigError naming ``key``."""
     from transformers import AutoConfig  # heavy
 
-    require(path and Path(path).is_dir(), "model.encoder.path", f"{path!r} is not a directory")
+    require(path and Path(path).is_dir(), key, f"{path!r} is not a directory")
     try:
         conf = AutoConfig.from_pretrained(path)
     except (OSError, ValueError) as e:
-        raise ConfigError(f"model.encoder.path: {path!r} is not a Hugging Face model directory: {e}") from e
-    require(conf.model_type == "whisper", "model.encoder.path", f"{path!r} has config.json "
-            f"model_type={conf.model_type!r}, expected 'whisper' (model.encoder.type whisper)")
+        raise ConfigError(f"{key}: {path!r} is not a Hugging Face model directory: {e}") from e
+    require(conf.model_type == model_type, key, f"{path!r} has config.json model_type={conf.model_type!r}, "
+            f"expected {model_type!r} ({what})")
     return conf
+
+
+def read_whisper_config(path: str):
+    """The HF config of a local Whisper directory, or a ConfigError naming model.encoder.path."""
+    return read_hf_config(path, "model.encoder.path", "whisper", "model.encoder.type whisper")
 
 
 def whisper_max_frames(conf) -> int:
