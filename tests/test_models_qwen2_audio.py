@@ -231,3 +231,24 @@ def test_export_loads_in_transformers_and_gives_west_s_loss(q2a, tmp_path):
         hf_out = hf(input_ids=torch.tensor([ids]), input_features=full.t()[None],
                     feature_attention_mask=(torch.arange(3000) < mel.shape[0]).long()[None], labels=labels)
     assert float(hf_out.loss) == pytest.approx(west_loss, rel=1e-5)
+
+
+@pytest.mark.parametrize("n", [32370, 14407, 16000 * 2 + 37, 8000, 16000])
+def test_audio_token_count_and_features_equal_the_processor_s(q2a, n):
+    """From a raw waveform of any length (multiples of 160 or not): as many <|AUDIO|> tokens as the
+    directory's own processor places, and the processor's features on every real frame."""
+    import numpy as np
+    from transformers import AutoProcessor
+
+    from west.data.whisper_features import whisper_frames, whisper_log_mel
+
+    proc = AutoProcessor.from_pretrained(q2a)
+    rng = np.random.default_rng(n)
+    wave = (0.1 * rng.standard_normal(n)).astype(np.float32)
+    out = proc(text="<|audio_bos|><|AUDIO|><|audio_eos|>", audio=[wave], sampling_rate=16000, return_tensors="np")
+    audio_id = proc.tokenizer.convert_tokens_to_ids("<|AUDIO|>")
+    assert tower_frames(whisper_frames(n)) == int((out["input_ids"][0] == audio_id).sum())
+    real = int(out["feature_attention_mask"][0].sum())
+    mel = whisper_log_mel(wave, out["input_features"].shape[1])
+    assert mel.shape[0] == real
+    np.testing.assert_allclose(mel, out["input_features"][0].T[:real], rtol=0, atol=1e-5)

@@ -140,7 +140,7 @@ class FeatureKind:
 
 FEATURE_KINDS: dict[str, FeatureKind] = {k.name: k for k in (
     FeatureKind("fbank", lambda n, conf: fbank_frames(n, conf)),
-    # the Whisper model's log-mel: n // 160 frames, normalised per utterance (no CMVN), from audio only
+    # the Whisper model's log-mel: ceil(n / 160) frames, normalised per utterance (no CMVN), from audio only
     FeatureKind("whisper", lambda n, conf: whisper_frames(n), list_frames=False, sample_rate=16000, cmvn=False,
                 kaldi_feats=False),
 )}
@@ -156,7 +156,7 @@ def estimate_frames(spec: AudioSpec, conf: DataConfig) -> Optional[int]:
     """Feature frames of an audio spec from metadata; None if unknown.
 
     A list's ``num_frames`` counts fbank frames: exact for fbank; for another kind (whisper:
-    ``num_samples // 160``) it bounds the samples, used when there is no ``duration`` (or
+    ``ceil(num_samples / 160)``) it bounds the samples, used when there is no ``duration`` (or
     end - start), which gives an upper bound for every kind."""
     kind = feature_kind(conf.features)
     if spec.num_frames is not None and kind.list_frames:

@@ -7,9 +7,12 @@ padding), power spectrum without the last frame, Slaney mel filters from
 the utterance's max - 8, then ``(x + 4) / 4``. No CMVN. The bin count (80 or 128) is the
 model's ``num_mel_bins``.
 
-Unlike the extractor's default, the waveform is NOT padded to 30 s: an utterance of n
-samples gives n // 160 frames. Utterances over Whisper's window (3000 frames) are a counted
-``too_long`` skip, never truncated.
+An utterance of n samples gives ceil(n / 160) frames: the frames a processor that pads to 30 s
+marks real in its attention mask (Qwen2-Audio's counts its audio tokens from them), each equal to
+that processor's frame, since the waveform is followed by zeros here too (400 of them: every frame
+that reaches the utterance sees zeros after it, and the floor is the max over those frames, as over
+the padded 30 s). The 30 s of padding frames themselves are not computed. Utterances over
+Whisper's window (3000 frames) are a counted ``too_long`` skip, never truncated.
 """
 from __future__ import annotations
 
@@ -29,8 +32,9 @@ MAX_FRAMES = 3000  # Whisper's 30 s window: max_source_positions (1500) * conv s
 
 
 def whisper_frames(num_samples: int) -> int:
-    """Log-mel frames for ``num_samples`` samples at 16 kHz (centred STFT minus its last frame)."""
-    return int(num_samples) // HOP_LENGTH
+    """Log-mel frames for ``num_samples`` samples at 16 kHz: the frames whose centre is inside the
+    utterance, ceil(n / 160), as a 30 s-padding processor's attention mask counts them."""
+    return -(-int(num_samples) // HOP_LENGTH)
 
 
 @lru_cache(maxsize=4)
@@ -67,7 +71,7 @@ def one_thread() -> Iterator[None]:
 
 
 def whisper_log_mel(wave: np.ndarray, n_mels: int = 80, max_frames: int = MAX_FRAMES) -> np.ndarray:
-    """(T, n_mels) float32 log-mel of a 16 kHz waveform in [-1, 1], T = len(wave) // 160.
+    """(T, n_mels) float32 log-mel of a 16 kHz waveform in [-1, 1], T = ceil(len(wave) / 160).
 
     Raises ``SkipSample`` for audio too short for the centred STFT (<= 200 samples) or
     longer than ``max_frames``."""
@@ -79,10 +83,11 @@ def whisper_log_mel(wave: np.ndarray, n_mels: int = 80, max_frames: int = MAX_FR
     check_whisper_window(whisper_frames(wave.shape[0]), max_frames)
     with one_thread():
         x = torch.from_numpy(wave).to(torch.float32)
+        x = torch.cat([x, x.new_zeros(N_FFT)])   # zeros after it, as in the padded 30 s
         stft = torch.stft(x, N_FFT, HOP_LENGTH, window=torch.hann_window(N_FFT), return_complex=True)
         power = (stft[..., :-1].abs() ** 2).contiguous()
         log_spec = torch.clamp(mel_filters(n_mels).T @ power, min=1e-10).log10()
-        log_spec = torch.maximum(log_spec, log_spec.max() - 8.0)
+        log_spec = torch.maximum(log_spec, log_spec.max() - 8.0)[:, : whisper_frames(wave.shape[0])]
         return ((log_spec + 4.0) / 4.0).T.contiguous().numpy()
 
 
