@@ -44,12 +44,23 @@ def init_gloo(rank: int, world: int, port: int, timeout_s: float = 60) -> None:
     return init_distributed("cpu", timeout_s=timeout_s)
 
 
+def _traced(rank: int, worker: Callable, *args) -> None:
+    """``worker(rank, *args)`` with Python's fault handler on: a rank that crashes in C (a SIGSEGV)
+    prints every thread's Python stack to stderr, which the failing test shows."""
+    import faulthandler
+    import sys
+
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    worker(rank, *args)
+
+
 def run_ranks(worker: Callable, *args, world: int = 2) -> None:
     """``worker(rank, world, port, *args)`` in ``world`` processes joined on a free port; raises
     if any of them fails."""
     import torch.multiprocessing as mp  # heavy
 
-    mp.start_processes(worker, args=(world, free_port(), *args), nprocs=world, join=True, start_method=START_METHOD)
+    mp.start_processes(_traced, args=(worker, world, free_port(), *args), nprocs=world, join=True,
+                       start_method=START_METHOD)
 
 
 def rank_results(out_dir, world: int = 2, stem: str = "rank") -> list:
