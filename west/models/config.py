@@ -69,13 +69,10 @@ class LLMConfig:
     # left under a budget buys back the rest's forward replay
     checkpoint_layers: Optional[int] = setting(None, min=0, rule=(
         lambda v, c: v is None or c.gradient_checkpointing, "needs model.llm.gradient_checkpointing true"))
-    # what gradient_checkpointing recomputes (read only when it is on): layer, each checkpointed
-    # decoder layer whole; mlp, only each frozen SwiGLU MLP's gate/up products from its kept input
-    # (west.models.mlp_checkpoint: ~70 % of a layer's activations, and no layer replay)
+    # what gradient_checkpointing recomputes: layer, whole decoder layers; mlp, only each frozen
+    # SwiGLU MLP's gate/up products from its kept input (west.models.mlp_checkpoint)
     checkpoint_scope: str = setting("layer", choices=("layer", "mlp"))
-    # each stock RMSNorm (Qwen2, Llama, ...) as one torch.rms_norm call: on CUDA one fused kernel
-    # forward and one backward instead of ~22 operators, without the float32 copy kept for the
-    # backward; elsewhere the same operators as the stock module (west.models.fused_norm)
+    # each stock RMSNorm as one torch.rms_norm call: one fused kernel each way on CUDA (west.models.fused_norm)
     fused_norm: bool = True
 
     def recomputes_mlps(self) -> bool:
