@@ -68,8 +68,9 @@ def prepare(argv: Sequence[str] | None = None) -> Config:
     return cfg
 
 
-def run(cfg: Config) -> int:
-    """Build tokenizer, model and this rank's data, then train (west.train.build)."""
+def run(cfg: Config, observers: Sequence = ()) -> int:
+    """Build tokenizer, model and this rank's data, then train (west.train.build); ``observers``
+    watch every step (west.train.loop.StepObserver; none in a plain run)."""
     from west.checkpoint.training import CheckpointError  # heavy
     from west.train.build import train  # heavy
     from west.train.log_writes import LogWriteError  # heavy
@@ -77,7 +78,7 @@ def run(cfg: Config) -> int:
     from west.train.step import TooManyBadSteps  # heavy
 
     try:
-        summary = train(cfg)
+        summary = train(cfg, observers)
     except ConfigError as e:   # found while building (e.g. a dev list with no usable utterance)
         print(f"west-train: error: {e}", file=sys.stderr)
         return 2
@@ -96,14 +97,14 @@ def run(cfg: Config) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, observers: Sequence = ()) -> int:
     cuda_allocator_defaults()
     try:
         cfg = prepare(argv)
     except ConfigError as e:
         print(f"west-train: error: {e}", file=sys.stderr)
         return 2
-    return run(cfg)
+    return run(cfg, observers)
 
 
 if __name__ == "__main__":

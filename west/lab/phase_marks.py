@@ -25,8 +25,8 @@ from west.train.phases import phase_hooks
 class StepClock:
     """Marks at phase boundaries: the host's clock, and on CUDA an event on the current stream."""
 
-    def __init__(self, cuda: bool) -> None:
-        self.cuda = cuda
+    def __init__(self, cuda: Optional[bool] = None) -> None:
+        self.cuda = cuda   # None: decided at the first step, from where the model's parameters are
         self.marks: list[tuple[str, float, Optional[torch.cuda.Event]]] = []
         self.last: list[dict] = []   # the phases of the step :meth:`around_step` marked last
 
@@ -51,6 +51,8 @@ class StepClock:
         """Mark the step run in the block (hooks only meanwhile) and keep its phases in :attr:`last`.
         On CUDA this waits for the step's last kernels (the optimizer's, after the step's read-back)."""
         self.marks = []
+        if self.cuda is None:
+            self.cuda = next(model.parameters()).device.type == "cuda"
         with self.hooks(model, optimizer):
             self.mark("step")
             yield

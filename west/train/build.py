@@ -6,6 +6,7 @@ calls :func:`train` after the config was checked and saved.
 from __future__ import annotations
 
 import logging
+from typing import Sequence
 
 import torch
 
@@ -20,7 +21,7 @@ from west.models.speech_llm import SpeechLLM
 from west.train.distributed import DistInfo, cleanup, init_distributed
 from west.train.encoder_graphs import describe_shape, resolve_encoder_graphs
 from west.train.evaluate import build_evaluator
-from west.train.loop import Trainer
+from west.train.loop import StepObserver, Trainer
 from west.train.preempt import shield_loader_workers
 from west.train.schedule import describe_groups
 
@@ -77,7 +78,7 @@ def setup_logging(rank: int) -> None:
                         format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s")
 
 
-def build_trainer(cfg: Config, info: DistInfo) -> Trainer:
+def build_trainer(cfg: Config, info: DistInfo, observers: Sequence[StepObserver] = ()) -> Trainer:
     """Tokenizer, model, this rank's share of the data (and of the dev list); nothing is trained yet."""
     tokenizer = load_tokenizer(cfg.model.llm.path)
     model = build_model(cfg.model, cfg.train.seed)
@@ -94,7 +95,8 @@ def build_trainer(cfg: Config, info: DistInfo) -> Trainer:
     note = resolve_encoder_graphs(cfg, info.device, info.world_size)
     if note and info.is_main:
         print(note, flush=True)
-    trainer = Trainer(cfg.train, cfg.run, model, loader, info, evaluator, pack_tokens=cfg.data.pack_tokens)
+    trainer = Trainer(cfg.train, cfg.run, model, loader, info, evaluator, pack_tokens=cfg.data.pack_tokens,
+                      observers=observers)
     if info.is_main:
         print(describe_groups(model, trainer.optimizer, cfg.train.projector_warmup_steps), flush=True)
         print(checkpoint_line(model, trainer.base, cfg.train.save_frozen_llm), flush=True)
@@ -103,7 +105,7 @@ def build_trainer(cfg: Config, info: DistInfo) -> Trainer:
     return trainer
 
 
-def train(cfg: Config) -> dict:
+def train(cfg: Config, observers: Sequence[StepObserver] = ()) -> dict:
     """Join the process group (if launched by torchrun), build, fit; returns the loop's summary."""
     info = init_distributed(cfg.train.device, cfg.train.dist_timeout_s)
     setup_logging(info.rank)
@@ -112,6 +114,6 @@ def train(cfg: Config) -> dict:
         if info.is_main:
             print(note, flush=True)
     try:
-        return build_trainer(cfg, info).fit()
+        return build_trainer(cfg, info, observers).fit()
     finally:
         cleanup()
