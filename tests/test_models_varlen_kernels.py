@@ -180,3 +180,25 @@ def test_lazy_plan_is_built_once_and_only_when_needed():
     assert lazy._plan is first                                        # shared by every layer
     torch.testing.assert_close(outs[0].double(), reference_attention(q, k, v, cu, causal=True),
                                atol=1e-5, rtol=1e-5)
+
+
+def test_the_gqa_probe_inside_an_activation_checkpoint_leaves_the_replay_equal_to_the_forward(monkeypatch):
+    """The first grouped call of a kernel without enable_gqa probes it; inside a non-reentrant
+    checkpoint (a checkpointed decoder layer's first step) the probe's own tensors must not be
+    counted among the layer's saved ones, or the backward's replay sees fewer (CheckpointError)."""
+    from torch.utils.checkpoint import checkpoint
+
+    monkeypatch.setattr(K, "_GQA_NATIVE", {})
+    _mid_kernel.heads = []
+    q, k, v = (t.float().requires_grad_() for t in _qkv(hq=4, hkv=2, d=8))
+    cu = _cu(LENS)
+
+    def layer(q, k, v):
+        return K.torch_varlen(q, k, v, cu, max(LENS), causal=True, kernel=_mid_kernel) * 2.0
+
+    grad_out = torch.randn(q.shape)
+    got = torch.autograd.grad(checkpoint(layer, q, k, v, use_reentrant=False), (q, k, v), grad_out)
+    want = torch.autograd.grad(reference_attention(q, k, v, cu, causal=True).float() * 2.0, (q, k, v), grad_out)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert K._GQA_NATIVE == {(_mid_kernel, "cpu", None, torch.float32): True}

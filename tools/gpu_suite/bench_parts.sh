@@ -94,25 +94,32 @@ big_models() {   # random Whisper-large-v3 and Qwen2-7B shapes (tiny: Whisper-ti
 }
 big_bench() {   # pack against Whisper padded to 30 s at sizes found under 80 GiB on one H200 (2026-11-27: pack
   # 16,384 tokens 40.1 GiB, Whisper padded batch 128 72.5 GiB); searching them again takes over 4 minutes
-  local big_pack=16384 big_batch=128 m; $tiny && { big_pack=$pack; big_batch=$batch; }
-  log "big: west-benchmark pack $big_pack tokens vs whisper_padded_30s batch $big_batch (sizes that fit 80 GiB)"
-  if big_benchmark pack,whisper_padded_30s "$exp/bench_big"; then
+  log "big: west-benchmark pack vs whisper_padded_30s (sizes that fit 80 GiB)"
+  if pair_benchmark "$big" "$exp/bench_big"; then
     cp "$exp/bench_big/benchmark.md" "$out/benchmark_big.md"
-  else   # on one H200 (2026-12-04) the first timed pack step after the padded mode's warm-up failed in the
-    # LLM's or the encoder's checkpoint replay: each mode in a process of its own says whether the modes interact
-    log "big: both modes in one process FAILED (suite.log); each mode in a process of its own"
-    : >"$out/benchmark_big.md"
-    for m in pack whisper_padded_30s; do
-      if big_benchmark "$m" "$exp/bench_big_$m"; then cat "$exp/bench_big_$m/benchmark.md" >>"$out/benchmark_big.md"
-      else log "big: $m alone FAILED too (suite.log)"; fi
-    done
+    tail -n 20 "$out/benchmark_big.md"
   fi
-  tail -n 20 "$out/benchmark_big.md"
 }
-big_benchmark() {   # modes, out dir: the pair's west-benchmark at big_bench's sizes
-  "$python" -m west.bin.benchmark --config "$big" "${common[@]}" --data "$data/train/data.list" --data.cmvn null \
-    --num_utts "$(( num_utts < 200 ? num_utts : 200 ))" --out_dir "$2" --repeats 2 --profile never \
-    --modes "$1" --pack_tokens "$big_pack" --batch_size "$big_batch" --no-count_ops >>"$out/suite.log" 2>&1
+pair_benchmark() {   # config, out dir, extra args...: a 7B pair's west-benchmark, pack 16,384 tokens against
+  # its 30 s-window tower padded at batch 128 (tiny: the suite's toy sizes)
+  local big_pack=16384 big_batch=128 config=$1 dir=$2; shift 2
+  $tiny && { big_pack=$pack; big_batch=$batch; }
+  "$python" -m west.bin.benchmark --config "$config" "${common[@]}" "$@" --data "$data/train/data.list" \
+    --data.cmvn null --num_utts "$(( num_utts < 200 ? num_utts : 200 ))" --out_dir "$dir" --repeats 2 \
+    --profile never --modes pack,whisper_padded_30s --pack_tokens "$big_pack" --batch_size "$big_batch" \
+    --no-count_ops >>"$out/suite.log" 2>&1
+}
+part_qwen2_audio() {   # Qwen2-Audio-7B's shape, random (tiny: a toy one): the released model's path (model.type
+  # qwen2_audio, LoRA on the bf16 LLM, tower trained), its tower packed against padded to 30 s, timed
+  local size=7b qa=$exp/qwen2_audio_7b
+  $tiny && { size=tiny; qa=$exp/qwen2_audio_tiny; }
+  log "qwen2_audio: random Qwen2-Audio ($size), west-benchmark pack vs the tower padded to 30 s"
+  [ -f "$qa/config.json" ] || "$python" "$repo/tools/make_random_qwen2_audio.py" "$qa" --shape "$size" \
+    --device "$device" >>"$out/suite.log" 2>&1
+  local common=(--train.device "$device")   # the directory is the model: no model.llm.path
+  pair_benchmark "$repo/recipes/aishell/conf/qwen2_audio_lora.yaml" "$exp/bench_qwen2_audio" --model.path "$qa"
+  cp "$exp/bench_qwen2_audio/benchmark.md" "$out/benchmark_qwen2_audio.md"
+  tail -n 20 "$out/benchmark_qwen2_audio.md"
 }
 part_big() {   # fits 40 GiB at pack 8192 (west-train), then the timed pack vs Whisper padded to 30 s
   big_models

@@ -17,11 +17,22 @@ from west.shapes import AUDIO_PLACEHOLDER, AUDIO_TOKENS
 DEFAULT_TEXTS = ("hello world", "speech data", "Transcribe the speech.")
 
 
+# Qwen2-Audio-7B's published shape (Qwen/Qwen2-Audio-7B-Instruct config.json): a Whisper-large-v3
+# tower and a Qwen2-7B; the vocabulary as released (the tokenizer written here is smaller).
+SHAPE_7B = dict(audio=dict(d_model=1280, encoder_layers=32, encoder_attention_heads=20, encoder_ffn_dim=5120),
+                text=dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                          num_key_value_heads=4, vocab_size=156032, rms_norm_eps=1e-5,
+                          max_position_embeddings=8192, tie_word_embeddings=False))
+
+
 def write_random_qwen2_audio(path: str | Path, texts: Iterable[str] = DEFAULT_TEXTS, n_mels: int = 80,
-                             d_model: int = 32, layers: int = 2, tower_std: float = 0.2, seed: int = 0) -> str:
-    """Write a tiny ``Qwen2AudioForConditionalGeneration`` (audio tower ``d_model`` x ``layers``, a
-    2-layer Qwen2) to ``path``. The tower's weights are drawn from N(0, ``tower_std``) so that its
-    attention and positions matter (transformers' 0.02 init leaves it nearly uniform)."""
+                             d_model: int = 32, layers: int = 2, tower_std: float = 0.2, seed: int = 0,
+                             shape: str = "tiny", device: str = "cpu", dtype: torch.dtype = torch.float32) -> str:
+    """Write a ``Qwen2AudioForConditionalGeneration`` to ``path``: ``shape`` tiny (audio tower
+    ``d_model`` x ``layers``, a 2-layer Qwen2), or 7b (:data:`SHAPE_7B`, 128 mel bins; drawn on
+    ``device`` in ``dtype``: a GPU draws its 8.4 B weights in seconds). The tower's weights are drawn
+    from N(0, ``tower_std``) so that its attention and positions matter (transformers' 0.02 init
+    leaves it nearly uniform)."""
     from transformers import (  # heavy
         Qwen2AudioConfig,
         Qwen2AudioForConditionalGeneration,
@@ -29,18 +40,25 @@ def write_random_qwen2_audio(path: str | Path, texts: Iterable[str] = DEFAULT_TE
         WhisperFeatureExtractor,
     )
 
+    if shape not in ("tiny", "7b"):
+        raise ValueError(f"shape {shape!r}: tiny or 7b")
     path = str(path)
     tok = build_tokenizer(list(texts) * 20, path, vocab_size=300)
     tok.add_special_tokens({"additional_special_tokens": list(AUDIO_TOKENS)})
+    if shape == "7b":
+        n_mels, audio, text = 128, SHAPE_7B["audio"], SHAPE_7B["text"]
+    else:
+        audio = dict(d_model=d_model, encoder_layers=layers, encoder_attention_heads=4, encoder_ffn_dim=2 * d_model)
+        text = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2)
     Qwen2AudioProcessor(WhisperFeatureExtractor(feature_size=n_mels), tok).save_pretrained(path)
     conf = Qwen2AudioConfig(
-        audio_config=dict(d_model=d_model, encoder_layers=layers, encoder_attention_heads=4,
-                          encoder_ffn_dim=2 * d_model, num_mel_bins=n_mels, max_source_positions=1500, dropout=0.0),
-        text_config=dict(model_type="qwen2", vocab_size=len(tok), hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
+        audio_config=dict(**audio, num_mel_bins=n_mels, max_source_positions=1500, dropout=0.0),
+        text_config=dict(model_type="qwen2", **text),
         audio_token_index=tok.convert_tokens_to_ids(AUDIO_PLACEHOLDER))
     torch.manual_seed(seed)
-    model = Qwen2AudioForConditionalGeneration(conf)
+    with torch.device(device):
+        model = Qwen2AudioForConditionalGeneration(conf).to(dtype)
     with torch.no_grad():
         for p in model.model.audio_tower.parameters():
             p.normal_(0.0, tower_std)

@@ -15,8 +15,10 @@ only to itself. Kernels:
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache, wraps
 from typing import Callable, Optional
 
@@ -157,17 +159,22 @@ def gqa_passes_through(fn: Callable, q: torch.Tensor, kw: dict) -> bool:
         return _GQA_NATIVE[key]
     if q.is_cuda and torch.cuda.is_current_stream_capturing():
         return False
-    _GQA_NATIVE[key] = ok = _probe_gqa(fn, q.device, q.dtype, kw)
+    with ThreadPoolExecutor(1) as thread:   # see _probe_gqa
+        _GQA_NATIVE[key] = ok = thread.submit(_probe_gqa, fn, q.device, q.dtype, kw).result()
     log.info("torch varlen kernel on %s/%s: grouped key/value heads %s", q.device.type,
              str(q.dtype).replace("torch.", ""), "taken as they are" if ok else "repeated (the kernel does not group them)")
     return ok
 
 
 def _probe_gqa(fn: Callable, device: torch.device, dtype: torch.dtype, kw: dict) -> bool:
+    """Run in a thread of its own: the first attention call may sit inside an activation
+    checkpoint, whose saved-tensor hooks (per thread) would count the probe's tensors in the forward
+    and not in the replay (torch's CheckpointError); autocast, also per thread, stays out of it too."""
     lens, hq, hkv, d = [7, 20, 1], 4, 2, 64
     gen = torch.Generator().manual_seed(0)
     cu = torch.tensor([0, 7, 27, 28], dtype=torch.int32, device=device)
-    with torch.inference_mode(False), torch.enable_grad():
+    on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with on_device, torch.inference_mode(False), torch.enable_grad():
         q, k, v = (torch.randn(sum(lens), h, d, generator=gen).to(device, dtype).requires_grad_()
                    for h in (hq, hkv, hkv))
         grad_out = torch.randn(sum(lens), hq, d, generator=gen).to(device, dtype)
