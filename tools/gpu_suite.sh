@@ -36,7 +36,7 @@ tiny=false
 plan=false
 budget=0
 steps=40
-workers=4
+workers=6   # as seed_gpu.yaml: a pack costs a worker about 0.9 s on the H200 machines
 while [ $# -gt 0 ]; do
   case $1 in
     --parts|--num_utts|--memory_budget|--python|--work_dir|--device|--steps|--num_train|--budget) declare "${1#--}=$2"; shift 2 ;;
