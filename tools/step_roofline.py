@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 # H100 SXM: HBM3 at 3.35 TB/s by its datasheet, of which a device-to-device copy reaches about 90 %;
-# the bf16 8192^3 product measured 790.84 TFLOP/s in the sixth run (docs/benchmarks.md)
+# the bf16 8192^3 product measured 790.84 TFLOP/s in run 7 (docs/notebook.md)
 BANDWIDTH_GB_S = 3000.0
 PEAK_TFLOP_S = 790.84
 

@@ -2,7 +2,7 @@
 """The host's time in west-train's projector, splice and loss phases, operator by operator.
 
 West-train's projector and splice phases took the host 30 and 16 ms per step on an H200 with the
-GPU idle, against about 1 ms each in the benchmark's runner (seventh GPU run, docs/benchmarks.md).
+GPU idle, against about 1 ms each in the benchmark's runner (docs/notebook.md, run 8).
 This runs west-train itself (loader, pin-memory thread and loop included) with
 :class:`west.lab.op_times.PhaseOpTimes` around every step: in the watched phases each dispatched
 operator's host time and the Python between operators, by line. An operator that blocks (a

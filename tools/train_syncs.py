@@ -3,7 +3,7 @@
 
 ``tools/count_syncs.py`` counts them in the benchmark's runner, which has no loader: one per step,
 the read of its figures (H200). West-train's host waits for the GPU in its projector, loss and
-splice backward phases too (seventh GPU run, docs/benchmarks.md), where the benchmark's does not.
+splice backward phases too (docs/notebook.md, run 8), where the benchmark's does not.
 This runs west-train itself, loader, pin-memory thread and loop included, under the same counter
 (torch's sync debug mode; each warning placed at the innermost line of this repository, from any
 thread), and prints the places with their counts over the run and per step (``--steps``: the

@@ -2,8 +2,8 @@
 their GPU time goes.
 
 Why: replayed in west-train, the blocks' forward spanned 23.5 ms of the GPU and their backward 28 ms
-per pack (H200, fifth run) for about 1 ms of matrix products each way, and compiling them made the
-benchmark's step longer (H100, sixth run). Whether that time is kernels (and which) or gaps between
+per pack (H200, docs/notebook.md, run 6) for about 1 ms of matrix products each way, and compiling them made the
+benchmark's step longer (H100, docs/notebook.md, run 7). Whether that time is kernels (and which) or gaps between
 them decides what comes next: other or fused kernels, or a look at the replay. Three figures per
 variant: the host's and the drained time of a forward and of a forward + backward
 (:func:`west.bench.timing.host_and_device_ms`), the kernels a profiler sees in one forward + backward
@@ -42,7 +42,7 @@ def traffic(step: Callable[[], object], top: int = 8) -> dict:
 def eager_blocks(static: StaticBlocks, args: tuple) -> torch.Tensor:
     """The blocks' own forward on ``args``, eager even after a capture: ``make_graphed_callables``
     replaces a module's ``forward`` with the replay, so ``static.stack(*args)`` replays once
-    captured (on the seventh GPU run the tool's "eager" rows were replays for that reason)."""
+    captured (in run 8, docs/notebook.md, the tool's "eager" rows were replays for that reason)."""
     return BlockStack.forward(static.stack, *args)
 
 

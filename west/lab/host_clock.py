@@ -2,7 +2,7 @@
 what the machine took from the process.
 
 A phase that takes the host 30 ms for a handful of operators (west-train's projector on an H200,
-seventh GPU run) is either working (slow code, slow launches, the kernel working for it), runnable
+docs/notebook.md, run 8) is either working (slow code, slow launches, the kernel working for it), runnable
 but without a core (contention: the loader's processes, torch's CPU threads), or blocked (a lock:
 Python's or the driver's; a wait for the GPU in blocking mode; I/O). Linux keeps these apart per
 thread: ``/proc/thread-self/schedstat`` holds the time spent waiting on a run queue; the thread's

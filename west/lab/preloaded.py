@@ -2,7 +2,7 @@
 
 On an H200 west-train's step took 1.27x the benchmark's at the same packs and configuration, the
 extra time in phases of a few small operators each (projector, splice, loss: 30, 16 and 17 ms of
-host time against about 1, 1 and 3 in the benchmark's runner; docs/benchmarks.md, seventh run).
+host time against about 1, 1 and 3 in the benchmark's runner; docs/notebook.md, run 8).
 The two run the same step function; what differs is what runs beside it. West-train has a loader
 (worker processes computing features, a pin-memory thread) and its loop's own work (logging, the
 NVML sampler, the late read-back's bookkeeping); the benchmark's runner has batches collated

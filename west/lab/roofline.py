@@ -1,7 +1,7 @@
 """A training step's floor: the time its operators need at a device's copy bandwidth and product peak.
 
 Why: on one H100 the fastest pack configuration reached 30.5 % MFU with the GPU busy 82 % of the
-step (docs/benchmarks.md, sixth run), so most of the gap to 45 % is inside the kernels, not between
+step (docs/notebook.md, run 7), so most of the gap to 45 % is inside the kernels, not between
 them. Whether the operators west dispatches can reach 45 % at all, and which ones stand in the way,
 is arithmetic: every operator needs at least the longer of moving its bytes at the copy bandwidth
 and doing its FLOPs at the product peak. Summed over a step, that floor bounds its time from below

@@ -5,7 +5,7 @@ blocks recompiled for every new batch length. They therefore ran the convolution
 products (:func:`west.models.layout.depthwise_conv1d`). Inductor turned those into one
 unfold-backward kernel of 1.7 ms per block on an H200: 20.7 of the compiled-and-replayed blocks'
 41 ms, against 0.26 ms forward + backward for torch's own convolution kernels
-(docs/benchmarks.md, § Seventh run).
+(docs/notebook.md, run 8).
 
 As two custom operators (forward, and the input, weight and bias gradients together), the compiled
 graph calls torch's convolution kernels both ways, and the sizes stay symbolic: one compilation

@@ -60,7 +60,7 @@ def same_conv1d(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
 
 def depthwise_conv1d(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
     """``conv`` (depthwise, odd kernel k) over (N, C, T) with (k-1)/2 zeros at both ends, as a sum
-    of shifted products: what compiled blocks ran until the seventh GPU run, where inductor made its
+    of shifted products: what compiled blocks ran until run 8 (docs/notebook.md), where inductor made its
     backward one slow kernel (west.models.depthwise); kept as the reference form the encoder's
     timing tool sets against the kernel."""
     k = conv.kernel_size[0]

@@ -5,7 +5,7 @@ for the GPU between steps.
 before the optimizer step, because a non-finite loss or norm skips the update on every rank. That
 read waits for the GPU to finish the step's backward: on one H200 at the seed's shapes the host sat
 there 35 ms per step, after which the GPU idled while the host launched the next step's first
-phases (docs/benchmarks.md, § Fifth run). Here the skip is decided on the device instead: fused
+phases (docs/notebook.md, run 6). Here the skip is decided on the device instead: fused
 AdamW takes a ``found_inf`` flag and leaves the weights and its state untouched where it is set,
 as it does for a gradient scaler. The figures travel to pinned host memory behind the step and are
 read when the next step is queued, by which time they have arrived.
