@@ -14,7 +14,7 @@ from west.models.fused_norm import STOCK_RMS_NORMS, fuse_rms_norms, is_fused
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 MODULES = {"Qwen2RMSNorm": "qwen2", "Qwen3RMSNorm": "qwen3", "Qwen2MoeRMSNorm": "qwen2_moe",
-           "LlamaRMSNorm": "llama", "MistralRMSNorm": "mistral"}
+           "LlamaRMSNorm": "llama", "MistralRMSNorm": "mistral", "Qwen2_5OmniRMSNorm": "qwen2_5_omni"}
 
 
 def _stock_class(name: str):

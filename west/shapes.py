@@ -79,6 +79,14 @@ def frames_after(stages: tuple[ConvStage, ...], n_frames: int) -> int:
     return t
 
 
+def chunked_frames(stages: tuple[ConvStage, ...], chunk: int, n_frames: int) -> int:
+    """Frames left after ``stages`` run on each chunk of ``chunk`` input frames on its own (the last
+    chunk partial, its stages reading zeros past its end): full chunks times a chunk's frames, plus
+    the frames of the rest."""
+    n = int(n_frames)
+    return (n // chunk) * frames_after(stages, chunk) + frames_after(stages, n % chunk)
+
+
 @dataclass(frozen=True)
 class SpeechShape:
     """The model geometry the data side needs, derived once from the model config
@@ -93,7 +101,10 @@ class SpeechShape:
     text the chat template stands a speech segment with (replaced by ``slots(T)`` of its id), and
     ``audio_parts`` whether the template takes audio as a typed part of a message's content (a
     released speech LLM's own template) rather than as that text inside a string.
-    ``encoder_type`` names the encoder, for messages and the data state's fingerprint."""
+    ``encoder_type`` names the encoder, for messages and the data state's fingerprint.
+    ``chunk_frames``: an encoder whose front end runs on chunks of that many feature frames, each on
+    its own (None: on the whole utterance); ``audio_tokens`` the (start, placeholder, end) tokens of
+    a released speech LLM's tokenizer that frame a speech part (default: Qwen2-Audio's)."""
 
     subsampling_rate: int = 4
     projector_stride: int = 2
@@ -104,6 +115,8 @@ class SpeechShape:
     features: str = "fbank"
     speech_token: str = SPEECH_MARKER
     audio_parts: bool = False
+    chunk_frames: Optional[int] = None
+    audio_tokens: tuple[str, str, str] = AUDIO_TOKENS
 
     def stages(self) -> tuple[ConvStage, ...]:
         """The frame formula: ``frame_stages``, else the Conv2d subsampling of ``subsampling_rate``."""
@@ -111,6 +124,8 @@ class SpeechShape:
 
     def encoder_frames(self, n_frames: int) -> int:
         """Encoder output frames for ``n_frames`` feature frames."""
+        if self.chunk_frames:
+            return chunked_frames(self.stages(), self.chunk_frames, n_frames)
         return frames_after(self.stages(), n_frames)
 
     def slots(self, n_frames: int) -> int:

@@ -223,3 +223,20 @@ def tiny_qwen2_audio_dir(path) -> str:
     from west.models.random_qwen2_audio import write_random_qwen2_audio
 
     return write_random_qwen2_audio(path, n_mels=N_MELS)
+
+
+def tiny_qwen3_asr_dir(path) -> str:
+    """A random tiny Qwen3ASRForConditionalGeneration written by save_pretrained, with its processor,
+    tokenizer (Qwen3-ASR's audio tokens named) and chat template: what a user's download looks like."""
+    from west.models.random_qwen3_asr import write_random_qwen3_asr
+
+    return write_random_qwen3_asr(path, n_mels=N_MELS)
+
+
+def tiny_qwen2_5_omni_dir(path, full: bool = False) -> str:
+    """A random tiny Qwen2.5-Omni written by save_pretrained as the release lays it out: its thinker
+    alone, or with ``full`` the whole model (talker and token2wav too), with the processor's files
+    and a tokenizer that knows its audio tokens."""
+    from west.models.random_qwen2_5_omni import write_random_qwen2_5_omni
+
+    return write_random_qwen2_5_omni(path, n_mels=N_MELS, full=full)

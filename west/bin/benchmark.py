@@ -68,9 +68,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not Path(args.data).is_file():
             raise ConfigError(f"--data: no such file: {args.data}")
         from west.bench.modes import DEFAULT_MODES, WHISPER_PADDED, standard_modes  # heavy
-        from west.models.encoders import encoder_type  # heavy
+        from west.models.encoders import encoder_class, encoder_type  # heavy
 
-        windowed = cfg.model.speech_shape().max_frames is not None   # an encoder with a 30 s window
+        windowed = encoder_class(cfg.model.encoder.type).window_mode   # an encoder with a 30 s window
         names = [m.strip() for m in args.modes.split(",") if m.strip()] if args.modes else (
             [*DEFAULT_MODES, WHISPER_PADDED] if windowed else list(DEFAULT_MODES))
         if WHISPER_PADDED in names and not windowed:

@@ -21,7 +21,7 @@ from west.checkpoint.model_state import load_model_weights
 from west.checkpoint.pretrained import CONFIG_FILE, LLM_DIR, load_speech_llm
 from west.checkpoint.training import read_meta
 from west.models.config import SpeechLLMConfig
-from west.models.encoders import RELEASE_TYPES
+from west.models.encoders import release_of
 from west.models.llm import load_llm, load_tokenizer
 from west.models.speech_llm import SpeechLLM
 
@@ -35,7 +35,8 @@ def released_type(path: Path) -> Optional[str]:
         model_type = json.loads(conf.read_text(encoding="utf-8")).get("model_type")
     except (ValueError, AttributeError):
         return None
-    return model_type if model_type in RELEASE_TYPES else None
+    release = release_of(model_type)
+    return release.name if release is not None else None
 
 
 def resolve_checkpoint(path: str | os.PathLike) -> Path:

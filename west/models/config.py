@@ -127,7 +127,8 @@ class SpeechLLMConfig:
         if self.type == "west" or not self.path:
             return
         entry = encoder_type(self.type)
-        fixed = {"encoder": {"type": entry.name, "path": self.path}, "projector": dict(entry.release_projector),
+        projector = {**entry.release_projector, **entry.load().release_projector(self.path)}
+        fixed = {"encoder": {"type": entry.name, "path": self.path}, "projector": projector,
                  "llm": {"path": self.path}}
         for name, keys in fixed.items():
             sec = getattr(self, name)

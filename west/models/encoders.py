@@ -13,6 +13,7 @@ directory. The class (a :class:`west.models.layout.FlatEncoder`) answers the res
 ``num_layers(cfg)``                  what ``model.freeze_encoder_blocks`` counts, before building
 ``freeze_blocks(n)``                 what freezing the first n blocks means for it
 ``fsdp_units()``                     the modules FSDP2 shards one by one
+``release_projector(path)``          model.projector keys a released model's dir fixes (read there)
 ``pretrained_projector()``           a released model's projector weights (else None)
 ``gradient_checkpointing``           on/off (property)
 ``attention_buckets``, ``packs_padded_input``   how the benchmark counts its attention
@@ -42,6 +43,11 @@ class EncoderType:
     # model.llm.path and these model.projector keys; ``exporter`` writes DIR back in its own format
     release_projector: dict = field(default_factory=dict)
     exporter: str = ""             # "module:function(model, out_dir, tokenizer) -> Path"
+    # more transformers model_types of the release's directories than its name (e.g. a part saved alone)
+    model_types: tuple = ()
+    # its language model where AutoModelForCausalLM has no class for the release's text config:
+    # "module:function(path, hf_config, **from_pretrained kwargs) -> causal LM"
+    llm: str = ""
 
     def load(self) -> Any:
         """The encoder class."""
@@ -60,9 +66,19 @@ ENCODERS: dict[str, EncoderType] = {e.name: e for e in (
                 path="a Hugging Face Qwen2-Audio dir (Qwen2AudioForConditionalGeneration)",
                 release_projector={"type": "linear", "stride": 1},
                 exporter="west.checkpoint.released:export_qwen2_audio"),
+    EncoderType("qwen3_asr", "Qwen3-ASR", "west.models.qwen3_asr", "Qwen3ASRPackedEncoder", features="qwen3_asr",
+                path="a Hugging Face Qwen3-ASR dir (Qwen3ASRForConditionalGeneration)",
+                release_projector={"type": "mlp", "stride": 1},
+                exporter="west.checkpoint.released:export_qwen3_asr"),
+    EncoderType("qwen2_5_omni", "Qwen2.5-Omni", "west.models.qwen2_5_omni", "Qwen2_5OmniPackedEncoder",
+                features="whisper", path="a Hugging Face Qwen2.5-Omni dir (Qwen2_5OmniForConditionalGeneration "
+                "or its thinker alone)", release_projector={"type": "linear", "stride": 1},
+                exporter="west.checkpoint.released:export_qwen2_5_omni", model_types=("qwen2_5_omni_thinker",),
+                llm="west.models.qwen2_5_omni_llm:load_omni_llm"),
 )}
 ENCODER_TYPES = tuple(ENCODERS)
-# released speech LLMs: each entry's name is the transformers model_type of its directory
+# released speech LLMs: each entry's name is the transformers model_type of its directory (release_of
+# also knows an entry's other model_types)
 RELEASE_TYPES = tuple(e.name for e in ENCODERS.values() if e.is_release)
 # model.type: west's own assembly of the sections, or a released speech LLM loaded from model.path
 MODEL_TYPES = ("west", *RELEASE_TYPES)
@@ -77,6 +93,22 @@ def encoder_type(name: str) -> EncoderType:
 
 def encoder_class(name: str) -> Any:
     return encoder_type(name).load()
+
+
+def release_of(model_type: Optional[str]) -> Optional[EncoderType]:
+    """The released speech LLM whose directories have config.json ``model_type`` (None: none)."""
+    for e in ENCODERS.values():
+        if e.is_release and model_type in (e.name, *e.model_types):
+            return e
+    return None
+
+
+def release_llm(entry: EncoderType) -> Optional[Any]:
+    """The function that loads ``entry``'s language model where it names one (None: AutoModelForCausalLM)."""
+    if not entry.llm:
+        return None
+    module, fn = entry.llm.split(":")
+    return getattr(import_module(module), fn)
 
 
 def exporter(name: str) -> Optional[Any]:

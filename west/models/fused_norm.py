@@ -29,7 +29,8 @@ from west.models.precision import autocast_on
 from west.models.routing import route_forward, routed_to
 
 # transformers' RMSNorm classes written as Qwen2's (tests/test_models_fused_norm.py checks each)
-STOCK_RMS_NORMS = ("Qwen2RMSNorm", "Qwen3RMSNorm", "Qwen2MoeRMSNorm", "LlamaRMSNorm", "MistralRMSNorm")
+STOCK_RMS_NORMS = ("Qwen2RMSNorm", "Qwen3RMSNorm", "Qwen2MoeRMSNorm", "LlamaRMSNorm", "MistralRMSNorm",
+                   "Qwen2_5OmniRMSNorm")
 
 
 def _fused_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:

@@ -246,6 +246,7 @@ class FlatEncoder(nn.Module):
 
     attention_buckets: Optional[int] = 8   # how its packed attention groups segments (benchmark counts)
     packs_padded_input: bool = False       # padded feats are packed inside (benchmark counts Σ T', not N·T')
+    window_mode: bool = False              # has a stock mode padded to a fixed window (model.encoder.pad_to_30s)
 
     @classmethod
     def from_config(cls, cfg, attn_backend: str = "auto") -> "FlatEncoder":
@@ -270,6 +271,12 @@ class FlatEncoder(nn.Module):
     def fsdp_units(self) -> list[nn.Module]:
         """The repeated blocks FSDP2 shards (and train.compile compiles) one by one."""
         raise NotImplementedError
+
+    @classmethod
+    def release_projector(cls, path: str) -> dict:
+        """The model.projector keys a released model's directory ``path`` fixes beyond its registry
+        entry's ``release_projector`` (read from the directory, e.g. a hidden width); {}: none."""
+        return {}
 
     def pretrained_projector(self) -> Optional[dict[str, torch.Tensor]]:
         """A released model's projector weights, named as west's projector names them (None: none)."""

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from west.models.config import LLMConfig, LoraSettings
-from west.models.encoders import RELEASE_TYPES
+from west.models.encoders import RELEASE_TYPES, release_llm, release_of
 from west.models.hf_attention import ATTN_NAME, register
 from west.models.mlp_checkpoint import checkpoint_mlps
 from west.models.precision import autocast_on
@@ -29,6 +29,8 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 _FINGERPRINTS: dict[tuple, dict] = {}
 
 
+# a released speech LLM's checkpoint rows -> its language model's (AutoModelForCausalLM) rows
+_RELEASE_LLM_KEYS = {r"^language_model\.": "", r"^model\.language_model\.": "model."}
 # a processor's chat template (Qwen2-Audio's renders audio parts), kept beside the tokenizer's files
 PROCESSOR_TEMPLATES = ("chat_template.jinja", "chat_template.json")
 
@@ -56,6 +58,9 @@ def load_llm(cfg: LLMConfig, hf_config=None) -> nn.Module:
         register()
     kw = dict(attn_implementation=cfg.attn_implementation, dtype=getattr(torch, cfg.dtype))
     if hf_config is not None:
+        release = release_of(getattr(hf_config, "model_type", None))
+        if release is not None and release_llm(release) is not None:   # the release's own loader
+            return release_llm(release)(None, hf_config, **kw)
         if getattr(hf_config, "model_type", None) in RELEASE_TYPES:
             hf_config = hf_config.get_text_config()
         return AutoModelForCausalLM.from_config(hf_config, **kw)
@@ -63,15 +68,19 @@ def load_llm(cfg: LLMConfig, hf_config=None) -> nn.Module:
         if not Path(cfg.path).is_dir():
             raise FileNotFoundError(f"model.llm.path {cfg.path!r} is not a directory")
         conf = AutoConfig.from_pretrained(cfg.path)
+        release = release_of(conf.model_type)
+        if release is not None and release_llm(release) is not None:
+            return release_llm(release)(cfg.path, None, **kw)
         if hasattr(conf, "text_config") and conf.model_type in RELEASE_TYPES:
-            # a released speech LLM's directory (west.models.encoders): its language model, rows under language_model.*
+            # a released speech LLM's directory (west.models.encoders): its language model, rows under
+            # language_model.* (Qwen2-Audio) or model.language_model.* (Qwen3-ASR)
             from transformers.utils import logging as hf_logging  # heavy
 
             level = hf_logging.get_verbosity()
             hf_logging.set_verbosity_error()   # the audio tower's rows are "unexpected" by design
             try:
                 return AutoModelForCausalLM.from_pretrained(cfg.path, config=conf.get_text_config(),
-                                                            key_mapping={r"^language_model\.": ""}, **kw)
+                                                            key_mapping=_RELEASE_LLM_KEYS, **kw)
             finally:
                 hf_logging.set_verbosity(level)
         return AutoModelForCausalLM.from_pretrained(cfg.path, **kw)

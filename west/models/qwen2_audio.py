@@ -25,8 +25,8 @@ import torch.nn as nn
 
 from west.batch import to_device
 from west.models.hf_attention import register
-from west.models.whisper_encoder import WHISPER_STAGES, WhisperPackedEncoder, read_hf_config
-from west.schema import ConfigError, require
+from west.models.whisper_encoder import WHISPER_STAGES, WhisperPackedEncoder, read_hf_config, read_processor
+from west.schema import require
 from west.shapes import AUDIO_TOKENS, frames_after
 
 QWEN2_AUDIO_STAGES = (*WHISPER_STAGES, (2, 2, 0))   # + AvgPool1d(kernel 2, stride 2)
@@ -46,20 +46,8 @@ _FEATURES = {"sampling_rate": 16000, "hop_length": 160, "n_fft": 400}
 def check_processor(path: str, conf) -> None:
     """The directory's processor (feature extractor + tokenizer) must be there and match what west
     feeds the model: Whisper log-mels of the model's bin count, and the audio tokens of its config."""
-    from transformers import AutoProcessor  # heavy
-
-    try:
-        proc = AutoProcessor.from_pretrained(path)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"model.path: {path!r} has no loadable processor "
-                          f"(processor_config.json or preprocessor_config.json + tokenizer files): {e}") from e
-    fe, tok = getattr(proc, "feature_extractor", None), getattr(proc, "tokenizer", None)
-    require(fe is not None and tok is not None, "model.path", f"{path!r}: no Qwen2-Audio processor (feature "
-            "extractor and tokenizer); copy processor_config.json / preprocessor_config.json from the release")
     want = {**_FEATURES, "feature_size": int(conf.audio_config.num_mel_bins)}
-    for key, value in want.items():
-        require(getattr(fe, key, None) == value, "model.path", f"{path!r}: feature extractor {key}="
-                f"{getattr(fe, key, None)!r}, west's whisper features need {value!r}")
+    tok = read_processor(path, "Qwen2-Audio", want, "whisper").tokenizer
     ids = tok.convert_tokens_to_ids(list(AUDIO_TOKENS))
     require(tok.unk_token_id not in ids and None not in ids, "model.path",
             f"{path!r}: the tokenizer lacks Qwen2-Audio's audio tokens {AUDIO_TOKENS}")
@@ -134,11 +122,7 @@ class Qwen2AudioPackedEncoder(WhisperPackedEncoder):
 
     def _head(self, h: torch.Tensor, lens: list[int]) -> tuple[torch.Tensor, list[int]]:
         """Per-utterance mean of frame pairs (AvgPool1d(2, 2)), then the tower's final norm."""
-        pooled = [n // 2 for n in lens]
-        starts = torch.tensor([0] + lens[:-1]).cumsum(0)
-        first = torch.cat([starts[i] + 2 * torch.arange(p) for i, p in enumerate(pooled)])
-        first = to_device(first, h.device)
-        h = (h.index_select(0, first) + h.index_select(0, first + 1)) / 2
+        h, pooled = pool_pairs(h, lens)
         return self.hf.layer_norm(h), pooled
 
     def _stock(self, batch: torch.Tensor, lens: list[int]) -> tuple[torch.Tensor, list[int]]:
@@ -151,6 +135,17 @@ class Qwen2AudioPackedEncoder(WhisperPackedEncoder):
         mask = create_bidirectional_mask(config=self.hf.config, inputs_embeds=batch.new_zeros(n, width, 1),
                                          attention_mask=to_device(keep, batch.device))
         return self.hf(input_features=batch, attention_mask=mask).last_hidden_state, [t // 2 for t in lens]
+
+
+def pool_pairs(h: torch.Tensor, lens: list[int]) -> tuple[torch.Tensor, list[int]]:
+    """Flat rows ``(ΣT, D)`` of utterances of ``lens`` frames -> the mean of frames 2j and 2j+1 of each
+    utterance (AvgPool1d(2, 2) per utterance: an odd last frame dropped, no pair across two), and
+    the pooled lengths."""
+    pooled = [n // 2 for n in lens]
+    starts = torch.tensor([0] + lens[:-1]).cumsum(0)
+    first = torch.cat([starts[i] + 2 * torch.arange(p) for i, p in enumerate(pooled)])
+    first = to_device(first, h.device)
+    return (h.index_select(0, first) + h.index_select(0, first + 1)) / 2, pooled
 
 
 def tower_frames(n_frames: int) -> int:

@@ -43,9 +43,9 @@ def whisper_encoder_frames(n_frames: int) -> int:
     return frames_after(WHISPER_STAGES, n_frames)
 
 
-def read_hf_config(path: str, key: str, model_type: str, what: str):
+def read_hf_config(path: str, key: str, model_type: str | tuple[str, ...], what: str):
     """The Hugging Face config of the local directory ``path`` (config key ``key``), checked to be a
-    ``model_type`` (``what`` says where that type comes from), or a ConfigError naming ``key``."""
+    ``model_type`` (or one of several; ``what`` says where that type comes from), or a ConfigError naming ``key``."""
     from transformers import AutoConfig  # heavy
 
     require(path and Path(path).is_dir(), key, f"{path!r} is not a directory")
@@ -53,9 +53,36 @@ def read_hf_config(path: str, key: str, model_type: str, what: str):
         conf = AutoConfig.from_pretrained(path)
     except (OSError, ValueError) as e:
         raise ConfigError(f"{key}: {path!r} is not a Hugging Face model directory: {e}") from e
-    require(conf.model_type == model_type, key, f"{path!r} has config.json model_type={conf.model_type!r}, "
+    types = (model_type,) if isinstance(model_type, str) else model_type
+    require(conf.model_type in types, key, f"{path!r} has config.json model_type={conf.model_type!r}, "
             f"expected {model_type!r} ({what})")
     return conf
+
+
+def read_processor(path: str, title: str, want: dict, features: str):
+    """The processor (feature extractor + tokenizer) of the released model's dir ``path`` (model.path),
+    its feature extractor's settings checked against ``want``, what west's ``data.features``
+    ``features`` computes; a ConfigError naming model.path and the setting otherwise."""
+    from transformers import AutoProcessor  # heavy
+
+    try:
+        proc = AutoProcessor.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"model.path: {path!r} has no loadable processor "
+                          f"(processor_config.json or preprocessor_config.json + tokenizer files): {e}") from e
+    fe, tok = getattr(proc, "feature_extractor", None), getattr(proc, "tokenizer", None)
+    require(fe is not None and tok is not None, "model.path", f"{path!r}: no {title} processor (feature "
+            "extractor and tokenizer); copy processor_config.json / preprocessor_config.json from the release")
+    check_feature_extractor(path, fe, want, features)
+    return proc
+
+
+def check_feature_extractor(path: str, fe, want: dict, features: str) -> None:
+    """Each setting of ``want`` on the feature extractor ``fe`` of the dir ``path`` (model.path), what
+    west's ``data.features`` ``features`` computes; a ConfigError naming model.path and the setting."""
+    for key, value in want.items():
+        require(getattr(fe, key, None) == value, "model.path", f"{path!r}: feature extractor {key}="
+                f"{getattr(fe, key, None)!r}, west's {features} features need {value!r}")
 
 
 def read_whisper_config(path: str):
@@ -96,6 +123,32 @@ def load_hf_whisper_encoder(path: str, dtype: torch.dtype = torch.float32) -> nn
     return enc
 
 
+def packed_convs(conv1: nn.Conv1d, conv2: nn.Conv1d, mel: torch.Tensor, lens: list[int],
+                 out_lens: list[int]) -> torch.Tensor:
+    """Whisper's front end, conv1 -> GELU -> conv2 (stride 2) -> GELU, on packed mel ``(ΣT, n_mels)``
+    of segments of ``lens`` frames, each as if alone: ``(ΣT', D)`` rows, ``out_lens`` per segment.
+
+    Every segment sits in a zero-gap buffer at an even offset with >= 1 zero frame after it, and
+    conv1's output is re-zeroed on the gaps before conv2, so each frame sees exactly its own
+    segment's zero padding."""
+    dev = mel.device
+    # Zero-gap buffer: segment i at even offset s_i, slot width round_up_even(T_i + 1).
+    widths = torch.tensor([n + 1 + (n + 1) % 2 for n in lens])
+    starts = torch.cumsum(widths, 0) - widths
+    seg = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens))
+    first = torch.repeat_interleave(torch.tensor([0] + lens[:-1]).cumsum(0), torch.tensor(lens))
+    in_rows = to_device(starts[seg] + torch.arange(sum(lens)) - first, dev)
+    out_seg = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(out_lens))
+    positions = torch.cat([torch.arange(n) for n in out_lens])
+    out_rows = to_device(starts[out_seg] // 2 + positions, dev)
+
+    buf = mel.new_zeros(int(widths.sum()), mel.shape[1]).index_copy(0, in_rows, mel)
+    keep = torch.zeros(buf.shape[0], 1, dtype=mel.dtype, device=dev).index_fill(0, in_rows, 1.0)
+    h = F.gelu(conv1(buf.t()[None]))          # (1, D, L)
+    h = F.gelu(conv2(h * keep.t()[None]))     # gaps re-zeroed: conv2 sees per-segment zero padding
+    return h[0].t().index_select(0, out_rows)
+
+
 class WhisperPackedEncoder(FlatEncoder):
     """log-mel feats -> encoder frames, packed ``(ΣT, n_mels)+cu_seqlens`` or padded ``(N, T, n_mels)+lengths``.
 
@@ -108,11 +161,14 @@ class WhisperPackedEncoder(FlatEncoder):
         self.hf = hf_encoder
         # Whisper's positions are fixed sinusoids: WhisperEncoder.__init__ freezes them, but
         # from_pretrained (transformers 5.23) hands them back trainable; freeze them again.
-        self.hf.embed_positions.requires_grad_(False)
+        positions = getattr(self.hf, "embed_positions", None)   # a subclass's tower may hold them as a buffer
+        if positions is not None:
+            positions.requires_grad_(False)
         self.pad_to_30s = pad_to_30s
         self.backend = backend
 
     packs_padded_input = True   # padded feats are packed before the convolutions
+    window_mode = True          # pad_to_30s: the stock encoder on its 30 s window
 
     @classmethod
     def from_pretrained(cls, path: str, pad_to_30s: bool = False, backend: str = "auto",
@@ -194,8 +250,9 @@ class WhisperPackedEncoder(FlatEncoder):
         too_long = [i for i, n in enumerate(lens) if n > self.max_frames]
         if too_long:
             raise ValueError(
-                f"utterances {too_long} have {[lens[i] for i in too_long]} mel frames, more than Whisper's "
-                f"{self.max_frames}-frame (30 s) window; the data pipeline must skip them (counted), never truncate")
+                f"utterances {too_long} have {[lens[i] for i in too_long]} mel frames, more than the encoder's "
+                f"{self.max_frames}-frame ({self.max_frames // 100} s) window; the data pipeline must skip them "
+                "(counted), never truncate")
         if any(n < 1 for n in lens):
             raise ValueError(f"every utterance needs >= 1 mel frame, got lengths {lens}")
         return feats
@@ -204,21 +261,8 @@ class WhisperPackedEncoder(FlatEncoder):
                         out_lens: list[int]) -> tuple[torch.Tensor, list[int]]:
         """Packed mel -> (the rows of :meth:`_head`, their lengths); ``out_lens``: frames after conv2."""
         hf, dev = self.hf, mel.device
-        # Zero-gap buffer: utterance i at even offset s_i, slot width round_up_even(T_i + 1).
-        widths = torch.tensor([n + 1 + (n + 1) % 2 for n in lens])
-        starts = torch.cumsum(widths, 0) - widths
-        seg = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens))
-        first = torch.repeat_interleave(torch.tensor([0] + lens[:-1]).cumsum(0), torch.tensor(lens))
-        in_rows = to_device(starts[seg] + torch.arange(sum(lens)) - first, dev)
-        out_seg = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(out_lens))
+        h = packed_convs(hf.conv1, hf.conv2, mel, lens, out_lens)
         positions = torch.cat([torch.arange(n) for n in out_lens])
-        out_rows = to_device(starts[out_seg] // 2 + positions, dev)
-
-        buf = mel.new_zeros(int(widths.sum()), mel.shape[1]).index_copy(0, in_rows, mel)
-        keep = torch.zeros(buf.shape[0], 1, dtype=mel.dtype, device=dev).index_fill(0, in_rows, 1.0)
-        h = F.gelu(hf.conv1(buf.t()[None]))          # (1, D, L)
-        h = F.gelu(hf.conv2(h * keep.t()[None]))     # gaps re-zeroed: conv2 sees per-utterance zero padding
-        h = h[0].t().index_select(0, out_rows)       # (ΣT', D)
         h = h + hf.embed_positions(to_device(positions, dev))
         h = F.dropout(h, p=hf.dropout, training=self.training)[None]
 
@@ -255,5 +299,5 @@ class WhisperPackedEncoder(FlatEncoder):
         return y.reshape(-1, y.shape[-1]).index_select(0, to_device(keep, dev)), out_lens
 
 
-__all__ = ["WhisperPackedEncoder", "load_hf_whisper_encoder", "read_whisper_config", "whisper_encoder_frames",
-           "whisper_max_frames"]
+__all__ = ["WhisperPackedEncoder", "load_hf_whisper_encoder", "packed_convs", "read_whisper_config",
+           "whisper_encoder_frames", "whisper_max_frames"]
