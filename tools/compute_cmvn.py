@@ -25,7 +25,7 @@ from west.data.stats import DataStats
 def compute_cmvn(data_list: str, conf: DataConfig, num_utts: int = 0) -> tuple[dict, DataStats]:
     stats = DataStats(conf.max_warnings)
     ctx = DecodeContext(conf, encoder=None, stats=stats, training=False)
-    records = iter_records(data_list, stats, conf.data_type)
+    records = iter_records(data_list, stats, conf.data_type, conf=conf)
     if num_utts:
         records = itertools.islice(records, num_utts)
     total = np.zeros(conf.num_mel_bins, np.float64)
@@ -49,8 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num_utts", type=int, default=0, help="use only the first N utterances (0 = all)")
     p.add_argument("--num_mel_bins", type=int, default=80)
     p.add_argument("--data_type", default="auto")
+    p.add_argument("--audio_column", default="audio", help="a Hugging Face dataset's audio column")
+    p.add_argument("--text_column", default=None, help="its text column (default: the first of text, sentence, ...)")
     a = p.parse_args(argv)
-    conf = DataConfig(num_mel_bins=a.num_mel_bins, data_type=a.data_type)
+    conf = DataConfig(num_mel_bins=a.num_mel_bins, data_type=a.data_type, audio_column=a.audio_column,
+                      text_column=a.text_column)
     cmvn, stats = compute_cmvn(a.data_list, conf, a.num_utts)
     with open(a.out_json, "w", encoding="utf-8") as f:
         json.dump(cmvn, f)

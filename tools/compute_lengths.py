@@ -11,9 +11,19 @@
   it (member offsets, transcripts and lengths: west.data.shards); OUT_LIST is
   not used.
 * Kaldi data dir: writes DIR/utt2num_frames from the feature matrices.
+* Lhotse Shar directory: writes DIR/west.idx, where each cut's audio lies in its
+  recording tar (west.data.shar); the lengths are the cuts' durations.
+* Hugging Face dataset (a save_to_disk directory, a parquet file, a directory or a
+  list of parquet files) without a duration column: writes the lengths index
+  beside it, DIR/west.idx or FILE.idx (west.data.hf_index), from each row's audio
+  header; --audio_column / --text_column / --messages_column as data.*_column.
+* Lhotse cuts (and recordings + supervisions): nothing to write, a cut carries
+  its duration.
 
     python tools/compute_lengths.py data/train/data.list data/train/data.len.list
     python tools/compute_lengths.py data/train/shards.list
+    python tools/compute_lengths.py data/train_shar
+    python tools/compute_lengths.py data/hf/train
 """
 from __future__ import annotations
 
@@ -84,18 +94,35 @@ def kaldi_lengths(path: str) -> tuple[int, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("in_list", help="jsonl list, tar shard list or Kaldi data dir")
+    p.add_argument("in_list", help="jsonl list, tar shard list, Kaldi data dir, Lhotse Shar dir or Hugging Face dataset")
     p.add_argument("out_list", nargs="?", help="jsonl lists only: the list to write")
     p.add_argument("--sample_rate", type=int, default=16000)
     p.add_argument("--frame_length_ms", type=float, default=25.0)
     p.add_argument("--frame_shift_ms", type=float, default=10.0)
     p.add_argument("--drop_bad", action="store_true", help="jsonl: leave unreadable lines out")
+    p.add_argument("--audio_column", default="audio", help="Hugging Face datasets: data.audio_column")
+    p.add_argument("--text_column", default=None, help="Hugging Face datasets: data.text_column")
+    p.add_argument("--messages_column", default="messages", help="Hugging Face datasets: data.messages_column")
     a = p.parse_args(argv)
-    conf = DataConfig(sample_rate=a.sample_rate, frame_length_ms=a.frame_length_ms, frame_shift_ms=a.frame_shift_ms)
+    conf = DataConfig(sample_rate=a.sample_rate, frame_length_ms=a.frame_length_ms, frame_shift_ms=a.frame_shift_ms,
+                      audio_column=a.audio_column, text_column=a.text_column, messages_column=a.messages_column)
     kind = detect_data_type(a.in_list)
     if kind == "shard":
         n, problems = write_index(a.in_list, lambda spec: measure_audio(spec, conf))
         target = index_path(a.in_list)
+    elif kind == "shar":
+        from west.data.shar import write_shar_index  # optional extra: lhotse
+
+        n, problems = write_shar_index(a.in_list)
+        target = index_path(a.in_list)
+    elif kind == "hf":
+        from west.data.hf_lists import write_hf_index  # optional extra: datasets
+
+        n, problems = write_hf_index(a.in_list, conf, lambda spec: measure_audio(spec, conf))
+        target = index_path(a.in_list)
+    elif kind == "lhotse":
+        print(f"{a.in_list}: Lhotse cuts carry their durations; nothing to write", file=sys.stderr)
+        return 0
     elif kind == "kaldi":
         n, problems = kaldi_lengths(a.in_list)
         target = "utt2num_frames"

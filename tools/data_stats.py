@@ -2,7 +2,8 @@
 """How much of the computed work is real data, per batch mode (from lengths only).
 
 For a list with lengths (``duration`` or ``num_frames``; see
-tools/compute_lengths.py) it plans one epoch per batch mode exactly as the
+tools/compute_lengths.py), of any kind west reads (jsonl, tar shards, Kaldi, Lhotse
+cuts or Shar, a Hugging Face dataset), it plans one epoch per batch mode exactly as the
 loader does and prints, per mode: batches, LLM real/computed tokens (padding
 and pack tails are waste) and encoder real/computed frames (padding is waste;
 a packed encoder computes no padding). Nothing is decoded.
@@ -26,15 +27,29 @@ from west.config import Config, ConfigError, merge, split_overrides
 from west.data.config import DataConfig
 from west.data.dataset import SpeechDataset
 from west.data.features import estimate_frames
+from west.data.lists import open_list
+from west.data.stats import DataStats
 from west.shapes import SpeechShape
 
 SIZE_FLAGS = ("batch_size", "max_tokens_in_batch", "pack_tokens")
+
+
+def part_frames(data_lists: str | Sequence[str], conf: DataConfig) -> list[list[int]]:
+    """Feature frames of every audio part of every record (numbered as the dataset numbers them),
+    from the lists' metadata: no audio is read, whatever the list kind (a dataset's rows included)."""
+    paths = [p for p in data_lists.split(",") if p] if isinstance(data_lists, str) else list(data_lists)
+    frames: list[list[int]] = []
+    for path in paths:
+        open_list(path, DataStats(0), conf.data_type,
+                  lambda rec: frames.append([estimate_frames(a, conf) or 0 for a in rec.audio]), conf)
+    return frames
 
 
 def mode_stats(data_lists: str | Sequence[str], tokenizer, conf: DataConfig, shape: SpeechShape,
                world_size: int = 1, seed: int = 0) -> dict:
     """Totals over one planned epoch (all ranks) for ``conf.batch_type``."""
     ds = SpeechDataset(data_lists, tokenizer, conf, shape, 0, world_size, seed)
+    frames = part_frames(data_lists, conf)
     plan = ds.plan()
     t = dict(batches=0, utterances=0, real_llm=0, computed_llm=0, real_enc=0, computed_enc=0,
              computed_enc_padded=0)
@@ -44,7 +59,7 @@ def mode_stats(data_lists: str | Sequence[str], tokenizer, conf: DataConfig, sha
         if not len(idx):
             continue
         lens = ds.lengths[idx]
-        seg = [estimate_frames(a, conf) for i in idx for a in ds.record(int(i)).audio]
+        seg = [f for i in idx for f in frames[int(i)]]
         t["utterances"] += len(idx)
         t["real_llm"] += int(lens.sum())
         t["real_enc"] += sum(seg)

@@ -27,7 +27,15 @@ class DataConfig:
         lambda v, d: not v or _policies()[d.batch_type].packs_rows,
         "needs a batch_type that packs rows (pack): a padded row holds one sample"))
     # input and order
-    data_type: str = setting("auto", choices=("auto", "raw", "shard", "kaldi"))  # raw = jsonl, shard = tar list
+    # raw = jsonl, shard = tar list, lhotse = CutSet / recordings + supervisions, shar = Lhotse Shar dir,
+    # hf = Hugging Face dataset (save_to_disk dir, parquet); auto detects it
+    data_type: str = setting("auto", choices=("auto", "raw", "shard", "kaldi", "lhotse", "shar", "hf"))
+    # hf: column names (a column is used when the dataset has it)
+    audio_column: str = "audio"                         # Audio {bytes, path} cells, or bytes / path cells
+    text_column: Optional[str] = None                   # None: the first of text, sentence, transcription, ...
+    duration_column: str = "duration"                   # seconds; absent: tools/compute_lengths.py's index
+    key_column: str = "id"                              # absent: NAME:ROW
+    messages_column: str = "messages"                   # role/content conversations, as in jsonl
     weights: Optional[list[float]] = setting(None, rule=(  # one per train list; None = concatenate
         lambda v, _: all(w > 0 for w in v), "must be positive numbers (one per train list)"))
     plan_window: int = setting(100000, min=1)           # utterances per planning window
@@ -37,12 +45,13 @@ class DataConfig:
     max_duration: float = setting(0.0, min=0, rule=(    # seconds; 0 = no limit
         lambda v, d: not v or v >= d.min_duration, "must be 0 (no limit) or >= data.min_duration"))
     # features: a key of west.data.features.FEATURE_KINDS, the one the model's encoder reads:
-    # fbank (Kaldi log-mel + cmvn) | whisper (the Whisper model's log-mel and bin count)
+    # fbank (Kaldi log-mel + cmvn) | whisper (the Whisper model's log-mel and bin count) | qwen3_asr
+    # (Qwen3-ASR's processor's log-mel)
     features: str = setting("fbank", rule=(
-        lambda v, _: v in _kinds(), "must be a key of west.data.features.FEATURE_KINDS (fbank, whisper)"))
+        lambda v, _: v in _kinds(), "must be a key of west.data.features.FEATURE_KINDS (fbank, whisper, qwen3_asr)"))
     sample_rate: int = setting(16000, min=1, rule=(
         lambda v, d: _kinds()[d.features].sample_rate in (None, v),
-        "must be the rate data.features needs (16000 with whisper)"))
+        "must be the rate data.features needs (16000 with whisper and qwen3_asr)"))
     num_mel_bins: int = setting(80, min=1)
     frame_length_ms: float = setting(25.0, gt=0)
     frame_shift_ms: float = setting(10.0, gt=0)

@@ -47,6 +47,7 @@ logger = logging.getLogger("west.data")
 BATCHING_KEYS = ("batch_type", "batch_size", "max_tokens_in_batch", "pack_tokens", "pack_algorithm", "pack_cost",
                  "plan_window", "weights", "data_type", "shuffle", "sort_buffer", "min_duration", "max_duration",
                  "sample_rate", "frame_length_ms", "frame_shift_ms", "prompt", "system_prompt")
+COLUMN_KEYS = ("audio_column", "text_column", "duration_column", "key_column", "messages_column")
 
 
 def _passthrough(item):
@@ -77,7 +78,7 @@ class SpeechDataset(IterableDataset):
         for path in paths:
             stats = DataStats(conf.max_warnings)
             table = LengthTable(self.encoder, conf, stats, self.policy.sample_budget(), path)
-            self.sources.append(open_list(path, stats, conf.data_type, table.add))
+            self.sources.append(open_list(path, stats, conf.data_type, table.add, conf))
             tables.append(table.finish())
             self.list_skips.append((path, stats))
             eligible.append(tables[-1].usable + offset)
@@ -207,6 +208,9 @@ def _fingerprint(conf: DataConfig, shape: SpeechShape, paths: list[str]) -> str:
     keep.update(shape=geometry, lists=[os.path.abspath(p) for p in paths])
     if conf.shared_prefix:   # plans rows without each sample's prefix (off: the fingerprint it had)
         keep["shared_prefix"] = True
+    for key in COLUMN_KEYS:   # a dataset's columns, where not the defaults (which keep the fingerprint it had)
+        if getattr(conf, key) != getattr(DataConfig, key):
+            keep[key] = getattr(conf, key)
     return hashlib.sha1(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -257,7 +261,7 @@ class WestDataLoader(DataLoader):
 def build_dataloader(data_lists: str | Sequence[str], tokenizer, conf: DataConfig, shape: SpeechShape,
                      rank: int = 0, world_size: int = 1, seed: int = 0, epoch: int = 0,
                      training: bool = True) -> tuple[WestDataLoader, SpeechDataset]:
-    """Loader yielding ``west.batch.Batch`` for one or several lists (jsonl, shard list or Kaldi dir)."""
+    """Loader yielding ``west.batch.Batch`` for one or several lists (any kind of west.data.lists)."""
     dataset = SpeechDataset(data_lists, tokenizer, conf, shape, rank, world_size, seed, epoch, training)
     if conf.num_workers > 0:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")   # workers fork after the main process tokenized

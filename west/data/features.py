@@ -2,7 +2,8 @@
 (kaldi-native-fbank), global CMVN, SpecAugment.
 
 soundfile decodes WAV (8/16/24/32-bit PCM, float), FLAC, OGG; the first
-channel of multi-channel audio is kept; ``soxr`` resamples. Failures become
+channel of multi-channel audio is kept unless the record names channels (a Lhotse
+cut: its channel, or the mean of several); ``soxr`` resamples. Failures become
 ``SkipSample`` with a category, never an exception that ends the epoch.
 Randomness (dither, SpecAugment) comes from a numpy Generator seeded per
 sample by (seed, epoch, key), never from a library's hidden global state, so a
@@ -22,6 +23,7 @@ import numpy as np
 import soundfile as sf
 import soxr
 
+from west.data.qwen3_asr_features import qwen3_asr_frames
 from west.data.records import AudioSpec
 from west.data.stats import SkipSample
 from west.data.wav_header import wav_shortfall
@@ -33,6 +35,9 @@ if TYPE_CHECKING:   # the config module checks its keys against this one's names
 # Durations in lists are usually rounded to 10 ms: planning rounds them up by
 # half of that so a planned pack is never shorter than what decoding produces.
 DURATION_MARGIN_S = 0.005
+# A segment may end this far past its audio's last sample (rounding in the list; Lhotse's default
+# tolerance); further is a list that asks for audio that is not there (``truncated_audio``).
+SEGMENT_END_TOLERANCE_S = 0.025
 
 
 def resolve_path(path: str, base: Optional[str]) -> str:
@@ -51,8 +56,12 @@ def resampled_length(n: int, sr: int, target_sr: int) -> int:
 
 
 def _segment(spec: AudioSpec, sr: int, n_total: int) -> tuple[int, int]:
+    """Sample range of a segment; one that ends past the audio (beyond rounding) is bad input."""
     start = int(round(spec.start * sr)) if spec.start is not None else 0
     stop = int(round(spec.end * sr)) if spec.end is not None else n_total
+    if stop - n_total > SEGMENT_END_TOLERANCE_S * sr:
+        raise SkipSample("truncated_audio", f"segment ends at {spec.end:.3f}s, past the end of its audio "
+                                            f"({n_total / sr:.3f}s)")
     return min(start, n_total), min(stop, n_total)
 
 
@@ -81,6 +90,8 @@ def _open(spec: AudioSpec):
 
 def audio_num_samples(spec: AudioSpec, target_sr: int) -> int:
     """Samples the loader will produce for ``spec``, from the header only (no decoding)."""
+    if spec.cut is not None:   # lhotse loads it (west.data.lhotse_audio): its duration says
+        return int(round(float(spec.seconds() or 0.0) * target_sr))
     src = _open(spec)
     try:
         info = sf.info(src)
@@ -91,7 +102,25 @@ def audio_num_samples(spec: AudioSpec, target_sr: int) -> int:
 
 
 def load_audio(spec: AudioSpec, target_sr: int = 16000) -> np.ndarray:
-    """Mono float32 waveform in [-1, 1] at ``target_sr``."""
+    """Mono float32 waveform in [-1, 1] at ``target_sr`` (``spec.channels``: their mean, else the first)."""
+    if spec.cut is not None:
+        from west.data.lhotse_audio import load_cut_audio  # optional extra: lhotse
+
+        data, sr = load_cut_audio(spec.cut)
+    else:
+        data, sr = _read(spec)
+    if data.shape[0] == 0:
+        raise SkipSample("empty_audio", "audio has zero samples")
+    wave = _mono(data, spec.channels)
+    if not np.isfinite(wave).all():
+        raise SkipSample("corrupt_audio", "audio holds NaN or infinite samples")
+    if sr != target_sr:
+        wave = soxr.resample(wave, sr, target_sr, quality="HQ").astype(np.float32, copy=False)
+    return wave
+
+
+def _read(spec: AudioSpec) -> tuple[np.ndarray, int]:
+    """(samples, channels) float32 of the spec's segment, and the file's rate."""
     src = _open(spec)
     cut = wav_shortfall(src)
     if cut:
@@ -101,17 +130,19 @@ def load_audio(spec: AudioSpec, target_sr: int = 16000) -> np.ndarray:
             sr, n_total = f.samplerate, f.frames
             start, stop = _segment(spec, sr, n_total)
             f.seek(start)
-            data = f.read(max(stop - start, 0), dtype="float32", always_2d=True)
+            return f.read(max(stop - start, 0), dtype="float32", always_2d=True), sr
     except (sf.LibsndfileError, RuntimeError, ValueError, TypeError) as e:
         raise SkipSample("corrupt_audio", f"cannot decode audio: {e}")
-    if data.shape[0] == 0:
-        raise SkipSample("empty_audio", "audio has zero samples")
-    wave = np.ascontiguousarray(data[:, 0])
-    if not np.isfinite(wave).all():
-        raise SkipSample("corrupt_audio", "audio holds NaN or infinite samples")
-    if sr != target_sr:
-        wave = soxr.resample(wave, sr, target_sr, quality="HQ").astype(np.float32, copy=False)
-    return wave
+
+
+def _mono(data: np.ndarray, channels: Optional[tuple[int, ...]]) -> np.ndarray:
+    if channels is None or tuple(channels) == (0,):
+        return np.ascontiguousarray(data[:, 0])
+    if max(channels) >= data.shape[1]:
+        raise SkipSample("corrupt_audio", f"channel {max(channels)} asked for, the audio has {data.shape[1]}")
+    if len(channels) == 1:
+        return np.ascontiguousarray(data[:, channels[0]])
+    return data[:, list(channels)].mean(axis=1, dtype=np.float32)
 
 
 def window_and_shift(conf: DataConfig) -> tuple[int, int]:
@@ -142,6 +173,9 @@ FEATURE_KINDS: dict[str, FeatureKind] = {k.name: k for k in (
     FeatureKind("fbank", lambda n, conf: fbank_frames(n, conf)),
     # the Whisper model's log-mel: ceil(n / 160) frames, normalised per utterance (no CMVN), from audio only
     FeatureKind("whisper", lambda n, conf: whisper_frames(n), list_frames=False, sample_rate=16000, cmvn=False,
+                kaldi_feats=False),
+    # Qwen3-ASR's processor's log-mel: max(n, 8000) // 160 frames, the end reflected (west.data.qwen3_asr_features)
+    FeatureKind("qwen3_asr", lambda n, conf: qwen3_asr_frames(n), list_frames=False, sample_rate=16000, cmvn=False,
                 kaldi_feats=False),
 )}
 

@@ -51,7 +51,7 @@ def prompt_batches(data_list: str, tokenizer, conf: DataConfig, shape: SpeechSha
     encoder = PromptEncoder(tokenizer, conf, shape)
     ctx = DecodeContext(conf, encoder, stats, GlobalCMVN.from_json(conf.cmvn) if conf.cmvn else None,
                         training=False)
-    stream: Iterable = islice(iter_records(data_list, stats, conf.data_type), rank, limit, world_size)
+    stream: Iterable = islice(iter_records(data_list, stats, conf.data_type, conf), rank, limit, world_size)
     for stage in (load_audio, *FEATURE_STAGES[conf.features]):
         stream = stage(stream, ctx)
     group: list[Sample] = []

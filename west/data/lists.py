@@ -5,124 +5,32 @@ Formats: jsonl utterances (``key``/``wav``/``txt``, optional ``duration``,
 ``num_frames``, ``start``/``end``), jsonl role-content ``messages``, tar shard
 lists (one ``.tar`` per line, read by offset through the index that
 ``west.data.shards`` writes beside the list) and Kaldi ``feats.scp`` + ``text``
-(+ ``utt2num_frames``). Every record names its source file and line so a skip
-warning can point at it. ``open_list`` is the one dispatch from a path to its
+(+ ``utt2num_frames``); with their optional extras, Lhotse manifests and Shar
+directories (``west.data.lhotse_lists``) and Hugging Face datasets
+(``west.data.hf_lists``). Every record names its source file and line (or row) so a
+skip warning can point at it. ``open_list`` is the one dispatch from a path to its
 source (``len()``, ``record(i)``).
 """
 from __future__ import annotations
 
 import json
 import os
-from typing import Callable, Iterator, Optional, Union
+from typing import TYPE_CHECKING, Callable, Iterator, Optional, Union
 
-from west.data.records import AudioSpec, Message, Record
+from west.data.parsing import (
+    check_text,
+    decode_utf8,
+    first_json,
+    index_path,
+    is_lhotse_item,
+    parse_json_record,
+    read_lines,
+)
+from west.data.records import AudioSpec, Record
 from west.data.stats import DataStats, SkipSample
 
-AUDIO_SUFFIXES = ("wav", "flac", "mp3", "ogg", "opus", "sph")
-ROLES = ("system", "user", "assistant")
-
-
-def read_lines(path: str) -> Iterator[tuple[int, bytes]]:
-    """(1-based line number, raw bytes) of every non-blank line."""
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            raw = raw.rstrip(b"\r\n")
-            if raw.strip():
-                yield lineno, raw
-
-
-def decode_utf8(raw: bytes, what: str) -> str:
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise SkipSample("bad_encoding", f"{what} is not valid UTF-8 ({e.reason} at byte {e.start})")
-
-
-def check_text(text: object, what: str) -> str:
-    """A transcript must be a non-blank string encodable as UTF-8."""
-    if not isinstance(text, str):
-        raise SkipSample("malformed_line", f"{what} must be a string, got {type(text).__name__}")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise SkipSample("bad_encoding", f"{what} holds invalid unicode (lone surrogate)")
-    if not text.strip():
-        raise SkipSample("empty_text", f"{what} is empty or whitespace")
-    return text
-
-
-def _num(obj: dict, name: str, cast, what: str):
-    v = obj.get(name)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-        raise SkipSample("malformed_line", f"{what}: {name!r} must be a non-negative number, got {v!r}")
-    return cast(v)
-
-
-def _audio_spec(obj: dict, path: object, base: str, what: str) -> AudioSpec:
-    if not isinstance(path, str) or not path:
-        raise SkipSample("malformed_line", f"{what}: audio path must be a non-empty string")
-    spec = AudioSpec(path=path, base=base, start=_num(obj, "start", float, what), end=_num(obj, "end", float, what),
-                     duration=_num(obj, "duration", float, what), num_frames=_num(obj, "num_frames", int, what))
-    if spec.start is not None and spec.end is not None and spec.end <= spec.start:
-        raise SkipSample("empty_audio", f"{what}: segment end {spec.end} <= start {spec.start}")
-    return spec
-
-
-def _parse_messages(msgs: object, base: str) -> tuple[list[Message], list[AudioSpec]]:
-    if not isinstance(msgs, list) or not msgs:
-        raise SkipSample("malformed_line", "'messages' must be a non-empty list")
-    out, audio, n_assistant = [], [], 0
-    for m_i, msg in enumerate(msgs):
-        what = f"messages[{m_i}]"
-        if not isinstance(msg, dict) or msg.get("role") not in ROLES or "content" not in msg:
-            raise SkipSample("malformed_line", f"{what} needs a role in {ROLES} and a content")
-        content = msg["content"]
-        items = content if isinstance(content, list) else [content]
-        parts = []
-        for item in items:
-            if isinstance(item, str):
-                parts.append(("text", item))
-            elif isinstance(item, dict) and item.get("type") == "text":
-                if not isinstance(item.get("text"), str):
-                    raise SkipSample("malformed_line", f"{what}: a text part needs a string 'text'")
-                parts.append(("text", item["text"]))
-            elif isinstance(item, dict) and item.get("type") == "audio":
-                if msg["role"] == "assistant":
-                    raise SkipSample("malformed_line", f"{what}: assistant turns cannot hold audio")
-                parts.append(("audio", len(audio)))
-                audio.append(_audio_spec(item, item.get("audio"), base, what))
-            else:
-                raise SkipSample("malformed_line", f"{what}: content part {item!r:.60} is not text or audio")
-        if msg["role"] == "assistant":
-            n_assistant += 1
-            check_text("".join(t for k, t in parts if k == "text"), f"{what} (assistant)")
-        out.append(Message(msg["role"], parts))
-    if not n_assistant:
-        raise SkipSample("empty_text", "conversation has no assistant turn to learn from")
-    return out, audio
-
-
-def parse_json_record(raw: bytes, src: str, base: str) -> Record:
-    """One jsonl line -> record; raises SkipSample naming what is wrong."""
-    line = decode_utf8(raw, "line")
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise SkipSample("malformed_line", f"invalid JSON ({e.msg} at column {e.colno})")
-    if not isinstance(obj, dict):
-        raise SkipSample("malformed_line", "line is not a JSON object")
-    key = obj.get("key", src)
-    if not isinstance(key, str) or not key:
-        raise SkipSample("malformed_line", "'key' must be a non-empty string")
-    if "messages" in obj:
-        messages, audio = _parse_messages(obj["messages"], base)
-        return Record(key, src, audio, messages=messages)
-    if "wav" not in obj:
-        raise SkipSample("malformed_line", "needs 'wav' and 'txt' (or 'messages')")
-    txt = check_text(obj.get("txt", obj.get("text")), "'txt'")
-    return Record(key, src, [_audio_spec(obj, obj["wav"], base, "line")], txt=txt)
+if TYPE_CHECKING:
+    from west.data.config import DataConfig
 
 
 class RawList:
@@ -204,13 +112,6 @@ class KaldiList:
 
 
 # -- tar shards, read through their index (written by west.data.shards) ----------------
-INDEX_SUFFIX = ".idx"
-
-
-def index_path(shard_list: str) -> str:
-    return shard_list + INDEX_SUFFIX
-
-
 def shard_paths(shard_list: str) -> list[tuple[str, str]]:
     """(tar path as written, resolved path) of every line (relative to cwd, else to the list)."""
     base = os.path.dirname(os.path.abspath(shard_list))
@@ -281,28 +182,74 @@ class ShardList:
 
 
 # -- one dispatch from a path to its source ------------------------------------------
-Source = Union[RawList, KaldiList, ShardList]  # one list format: len(), record(i)
-SOURCES = {"raw": RawList, "kaldi": KaldiList, "shard": ShardList}
+Source = Union[RawList, KaldiList, ShardList]  # one list format: len(), record(i) (and the optional kinds)
+
+
+def _lhotse(path: str, stats: DataStats, on_record, conf) -> "Source":
+    if os.path.isdir(path):   # Lhotse's directory form
+        return _shar(path, stats, on_record, conf)
+    from west.data.lhotse_lists import LhotseList  # optional extra: lhotse
+
+    return LhotseList(path, stats, on_record)
+
+
+def _shar(path: str, stats: DataStats, on_record, conf) -> "Source":
+    from west.data.shar import SharList  # optional extra: lhotse
+
+    return SharList(path, stats, on_record)
+
+
+def _hf(path: str, stats: DataStats, on_record, conf) -> "Source":
+    from west.data.hf_lists import HFList  # optional extra: datasets
+
+    return HFList(path, stats, on_record, conf)
+
+
+# data_type -> source(path, stats, on_record, conf)
+SOURCES = {"raw": lambda p, s, r, c: RawList(p, s, r), "kaldi": lambda p, s, r, c: KaldiList(p, s, r),
+           "shard": lambda p, s, r, c: ShardList(p, s, r), "lhotse": _lhotse, "shar": _shar, "hf": _hf}
+
+
+def _detect_dir(path: str) -> str:
+    """shar (cuts.NNNNNN.jsonl.gz), hf (a saved dataset, parquet files), else a Kaldi data dir."""
+    names = os.listdir(path)
+    if any(n.startswith("cuts.") and n.endswith((".jsonl.gz", ".jsonl")) for n in names):
+        return "shar"
+    if {"state.json", "dataset_dict.json"} & set(names) or any(n.endswith(".parquet") for n in names):
+        return "hf"
+    return "kaldi"
 
 
 def detect_data_type(path: str) -> str:
-    """raw | shard | kaldi, from the path and the first non-blank line."""
-    if os.path.isdir(path) or path.endswith(".scp"):
+    """raw | shard | kaldi | lhotse | shar | hf, from the path and the first non-blank line."""
+    if os.path.isdir(path):
+        return _detect_dir(path)
+    if path.endswith(".scp"):
         return "kaldi"
+    if path.endswith(".parquet"):
+        return "hf"
+    if path.endswith(".gz"):   # lhotse writes its manifests gzipped; west's lists are plain text
+        return "lhotse"
     for _, raw in read_lines(path):
-        return "shard" if raw.strip().endswith((b".tar", b".tar.gz", b".tgz")) else "raw"
+        line = raw.strip()
+        if line.endswith((b".tar", b".tar.gz", b".tgz")):
+            return "shard"
+        if line.endswith(b".parquet"):
+            return "hf"   # a list of parquet files
+        return "lhotse" if is_lhotse_item(first_json(path)) else "raw"
     return "raw"
 
 
 def open_list(path: str, stats: DataStats, data_type: str = "auto",
-              on_record: Optional[Callable[[Record], None]] = None) -> Source:
-    """The source for ``path`` (``data_type`` auto detects it)."""
+              on_record: Optional[Callable[[Record], None]] = None, conf: Optional["DataConfig"] = None) -> Source:
+    """The source for ``path`` (``data_type`` auto detects it); ``conf`` names a dataset's columns."""
     kind = detect_data_type(path) if data_type == "auto" else data_type
-    return SOURCES[kind](path, stats, on_record)
+    return SOURCES[kind](path, stats, on_record, conf)
 
 
-def iter_records(path: str, stats: DataStats, data_type: str = "auto") -> Iterator[Record]:
+def iter_records(path: str, stats: DataStats, data_type: str = "auto",
+                 conf: Optional["DataConfig"] = None) -> Iterator[Record]:
     """Every record of any list format, in list order (decoding, CMVN, statistics)."""
-    source = open_list(path, stats, data_type)
+    source = open_list(path, stats, data_type, conf=conf)
     for i in range(len(source)):
         yield source.record(i)

@@ -2,6 +2,7 @@
 
     records -> load_audio -> fbank -> cmvn -> spec_augment -> tokenize      (data.features fbank)
     records -> load_audio -> whisper_features -> spec_augment -> tokenize   (data.features whisper)
+    records -> load_audio -> qwen3_asr_features -> spec_augment -> tokenize (data.features qwen3_asr)
 
 The feature stages are chosen once, from ``data.features`` (``FEATURE_STAGES``).
 
@@ -27,6 +28,7 @@ from west.data.features import GlobalCMVN, compute_fbank
 from west.data.features import load_audio as _load_audio
 from west.data.features import spec_augment as _spec_augment
 from west.data.lengths import check_budget
+from west.data.qwen3_asr_features import qwen3_asr_log_mel
 from west.data.records import Record, Sample
 from west.data.stats import DataStats, SkipSample
 from west.data.tokenize import PromptEncoder
@@ -124,13 +126,26 @@ def cmvn(samples: Iterable[Sample], ctx: DecodeContext) -> Iterator[Sample]:
 def whisper_features(samples: Iterable[Sample], ctx: DecodeContext) -> Iterator[Sample]:
     """Waveforms -> (T, n_mels) Whisper log-mel (no 30 s padding, no CMVN, no dither); longer
     than the model's window: a counted ``too_long`` skip, never truncated."""
-    max_frames = ctx.encoder.shape.max_frames or MAX_FRAMES
+    return _model_log_mel(samples, ctx, whisper_log_mel, MAX_FRAMES)
+
+
+def qwen3_asr_features(samples: Iterable[Sample], ctx: DecodeContext) -> Iterator[Sample]:
+    """Waveforms -> (T, n_mels) Qwen3-ASR log-mel, as its processor computes it (no CMVN, no
+    dither); longer than the model takes: a counted ``too_long`` skip, never truncated."""
+    return _model_log_mel(samples, ctx, qwen3_asr_log_mel, None)
+
+
+def _model_log_mel(samples: Iterable[Sample], ctx: DecodeContext, log_mel: Callable,
+                   default_max: Optional[int]) -> Iterator[Sample]:
+    """A released model's own log-mel of every waveform, ``log_mel(wave, n_mels, max_frames)``; the
+    longest input is the encoder's (``SpeechShape.max_frames``), else ``default_max``."""
+    max_frames = ctx.encoder.shape.max_frames or default_max
 
     def run(s: Sample) -> Sample:
         if s.feats:
-            raise ValueError(f"{s.src} (key {s.key}): data.features whisper computes features from "
+            raise ValueError(f"{s.src} (key {s.key}): data.features {ctx.conf.features} computes features from "
                              "audio; precomputed Kaldi features (feats.scp) cannot be used")
-        s.feats = [whisper_log_mel(w, ctx.conf.num_mel_bins, max_frames) for w in s.waves]
+        s.feats = [log_mel(w, ctx.conf.num_mel_bins, max_frames) for w in s.waves]
         s.waves = []
         return s
 
@@ -161,7 +176,7 @@ def tokenize(samples: Iterable[Sample], ctx: DecodeContext) -> Iterator[Sample]:
     return _each(samples, ctx.stats, run)
 
 
-FEATURE_STAGES = {"fbank": (fbank, cmvn), "whisper": (whisper_features,)}
+FEATURE_STAGES = {"fbank": (fbank, cmvn), "whisper": (whisper_features,), "qwen3_asr": (qwen3_asr_features,)}
 STAGES = (load_audio, *FEATURE_STAGES["fbank"], spec_augment, tokenize)
 
 

@@ -1,8 +1,8 @@
 """The two shapes data takes on its way to a batch: a ``Record`` (what one list line says,
 validated) and a ``Sample`` (that record after audio, features and tokens).
 
-Every list format (jsonl utterances or conversations, tar shards, Kaldi dirs) becomes a
-Record in west.data.lists; the stages of west.data.processors turn it into a Sample, which a
+Every list format (jsonl utterances or conversations, tar shards, Kaldi dirs, Lhotse
+manifests and Shar, Hugging Face datasets) becomes a Record in west.data.lists; the stages of west.data.processors turn it into a Sample, which a
 batching policy collates. Plain classes rather than dicts: a misspelt field is an error where
 it is written, and a reader sees what each stage may rely on.
 """
@@ -34,6 +34,8 @@ class AudioSpec:
     end: Optional[float] = None
     duration: Optional[float] = None
     num_frames: Optional[int] = None  # fbank frames (tools/compute_lengths.py writes them)
+    channels: Optional[tuple[int, ...]] = None  # the file's channels to keep (their mean); None: the first
+    cut: Optional[dict] = None      # a Lhotse cut that lhotse itself loads (transforms, mixes; west.data.lhotse_audio)
 
     def seconds(self) -> Optional[float]:
         """What the list says the part lasts: its duration, else end - start."""

@@ -25,7 +25,8 @@ import os
 import tarfile
 from typing import Callable, Iterator
 
-from west.data.lists import AUDIO_SUFFIXES, decode_utf8, index_path, shard_paths
+from west.data.lists import shard_paths
+from west.data.parsing import AUDIO_SUFFIXES, decode_utf8, index_path
 from west.data.records import AudioSpec
 from west.data.stats import SkipSample
 

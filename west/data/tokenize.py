@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Sequence
 from west.batch import IGNORE_INDEX
 from west.data.records import Record
 from west.data.stats import SkipSample
-from west.shapes import AUDIO_BOS, AUDIO_EOS, AUDIO_PLACEHOLDER, SPEECH_MARKER, SpeechShape
+from west.shapes import AUDIO_PLACEHOLDER, SPEECH_MARKER, SpeechShape
 
 if TYPE_CHECKING:   # the config module checks its keys against the policies, which import this one
     from west.data.config import DataConfig
@@ -59,17 +59,19 @@ class PromptEncoder:
             raise ValueError("the tokenizer has no eos_token: it marks the end of an assistant turn")
         self.end_text: str = tokenizer.eos_token
         self.pad_id: int = pad_token_id(tokenizer)
-        self.placeholder_id: int = speech_placeholder_id(tokenizer)
+        # the model's audio tokens (shape.audio_tokens: Qwen2-Audio's <|audio_bos|> <|AUDIO|> <|audio_eos|>
+        # unless the encoder names its own, e.g. Qwen3-ASR's <|audio_start|> <|audio_pad|> <|audio_end|>)
+        bos, placeholder, eos = shape.audio_tokens
+        self.placeholder_id: int = speech_placeholder_id(tokenizer, placeholder)
         # How a speech part reaches the chat template. A template that renders audio content items
         # (Qwen2-Audio's: "Audio 1: <|audio_bos|><|AUDIO|><|audio_eos|>\n") gets them, and its one
-        # <|AUDIO|> per part marks the slots; otherwise the text holds the marker, between the
+        # placeholder per part marks the slots; otherwise the text holds the marker, between the
         # model's audio delimiters when its tokenizer has them.
         vocab = tokenizer.get_vocab()
-        self.audio_items = _renders_audio_items(tokenizer)
-        self.marker = AUDIO_PLACEHOLDER if self.audio_items else SPEECH_MARKER
+        self.audio_items = _renders_audio_items(tokenizer, placeholder)
+        self.marker = placeholder if self.audio_items else SPEECH_MARKER
         self._split = _splitter(self.marker)
-        self.speech_text = (f"{AUDIO_BOS}{SPEECH_MARKER}{AUDIO_EOS}" if AUDIO_BOS in vocab and AUDIO_EOS in vocab
-                            else SPEECH_MARKER)
+        self.speech_text = f"{bos}{SPEECH_MARKER}{eos}" if bos in vocab and eos in vocab else SPEECH_MARKER
         self.prompt, self.system = conf.prompt, conf.system_prompt
         self.shape = shape
         self._text_cache: dict[str, list[int]] = {}
@@ -266,16 +268,16 @@ def _count_audio(content) -> int:
     return sum(item.get("type") == "audio" for item in content)
 
 
-def _renders_audio_items(tokenizer) -> bool:
-    """Does the tokenizer's chat template render an audio content item as its <|AUDIO|> token?"""
-    if AUDIO_PLACEHOLDER not in tokenizer.get_vocab() or not getattr(tokenizer, "chat_template", None):
+def _renders_audio_items(tokenizer, placeholder: str = AUDIO_PLACEHOLDER) -> bool:
+    """Does the tokenizer's chat template render an audio content item as one ``placeholder`` token?"""
+    if placeholder not in tokenizer.get_vocab() or not getattr(tokenizer, "chat_template", None):
         return False
     probe = [{"role": "user", "content": [AUDIO_ITEM, {"type": "text", "text": "x"}]}]
     try:
         rendered = tokenizer.apply_chat_template(probe, tokenize=False)
     except Exception:   # a template that takes only string contents (jinja raises its own errors)
         return False
-    return rendered.count(AUDIO_PLACEHOLDER) == 1
+    return rendered.count(placeholder) == 1
 
 
 def pad_token_id(tokenizer) -> int:
@@ -283,7 +285,8 @@ def pad_token_id(tokenizer) -> int:
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
-def speech_placeholder_id(tokenizer) -> int:
-    """The id the data pipeline writes into speech slots (``<|AUDIO|>``, ``<|speech|>`` or pad)."""
+def speech_placeholder_id(tokenizer, placeholder: str = AUDIO_PLACEHOLDER) -> int:
+    """The id the data pipeline writes into speech slots (the model's audio ``placeholder``,
+    ``<|speech|>`` or pad)."""
     vocab = tokenizer.get_vocab()
-    return vocab.get(AUDIO_PLACEHOLDER, vocab.get(SPEECH_MARKER, pad_token_id(tokenizer)))
+    return vocab.get(placeholder, vocab.get(SPEECH_MARKER, pad_token_id(tokenizer)))

@@ -48,7 +48,7 @@ def check_cv_data(cfg: Config) -> None:
     require(os.path.exists(path), "run.cv_data", f"no such file: {path}")
     stats = DataStats(max_warnings=0)
     try:
-        n = len(open_list(path, stats, cfg.data.data_type))
+        n = len(open_list(path, stats, cfg.data.data_type, conf=cfg.data))
     except (OSError, ValueError) as e:
         raise ConfigError(f"run.cv_data: cannot read {path}: {e}") from None
     require(n > 0, "run.cv_data", f"no usable utterance in {path}" +
