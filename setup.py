@@ -27,8 +27,13 @@ INSTALL_REQUIRES = [
 EXTRAS = {
     # GPU-only kernels and counters; imported lazily, never required.
     "gpu": ["flash-attn>=2.6", "nvidia-ml-py>=12.0"],
-    # Offline Mandarin synthesis for the built-in corpus.
-    "tts": ["espeakng-loader>=0.2.4", "jieba>=0.42", "pypinyin>=0.50"],
+    # Offline Mandarin synthesis for the built-in corpus; the English demo corpus needs only
+    # espeakng-loader, and its recipe scores with the english normalizer (whisper-normalizer).
+    "tts": ["espeakng-loader>=0.2.4", "jieba>=0.42", "pypinyin>=0.50", "whisper-normalizer>=0.1.12"],
+    # Scoring normalizers (west.infer.scoring): english = Whisper's English normalization,
+    # mandarin = traditional-to-simplified conversion for the mandarin_t2s normalizer.
+    "english": ["whisper-normalizer>=0.1.12"],
+    "mandarin": ["opencc>=1.1.9"],
     # torchaudio pins its own torch (a CUDA build on PyPI): opt-in only.
     "torchaudio": ["torchaudio"],
     # Reference packer compared side by side in tools/bench_packing.py.
@@ -37,7 +42,14 @@ EXTRAS = {
     "lora": ["peft>=0.21"],
     # Packing with TRL's SFTTrainer (west.hf.PackingMixin); also in dev, so its test runs in CI.
     "hf": ["trl>=1.16"],
-    "dev": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "hypothesis>=6.100", "peft>=0.21", "ruff>=0.6", "trl>=1.16"],
+    # Lhotse CutSets and Shar as training lists (data.data_type lhotse / shar); lhotse 1.33 imports
+    # urllib3 without declaring it. Also in dev, so their tests run in CI.
+    "lhotse": ["lhotse>=1.30", "urllib3>=1.26"],
+    # Hugging Face datasets (save_to_disk, parquet) as training lists (data.data_type hf); also in dev.
+    "datasets": ["datasets>=3.0"],
+    "dev": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "hypothesis>=6.100", "peft>=0.21", "ruff>=0.6", "trl>=1.16",
+            "whisper-normalizer>=0.1.12", "opencc>=1.1.9",
+            "lhotse>=1.30", "urllib3>=1.26", "datasets>=3.0"],
 }
 
 setup(
