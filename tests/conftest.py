@@ -21,7 +21,7 @@ from helpers.threads import torch_threads
 # gpu_suite file, 7 minutes in 5 tests, started late and ran on alone. Queued first, its two halves run on the
 # two workers beside everything else, and the workers end together.
 SLOW_FILES = ("test_tools_gpu_suite.py", "test_tools_gpu_suite_bench.py", "test_train_compile.py",
-              "test_bench_benchmark.py", "test_recipes_aishell.py")
+              "test_bench_benchmark.py", "test_recipes_aishell.py", "test_recipes_librispeech.py")
 
 
 def pytest_configure(config):

@@ -73,8 +73,8 @@ def test_tool_function_and_cli(tmp_path):
     hyp.write_text("u1 a x c d\nu2 e f\n")
     tool = load_tool()
     assert tool.compute_cer(str(ref), str(hyp)) == {
-        "mode": "wer", "rate": pytest.approx(1 / 6), "errors": 1, "ref_tokens": 6, "utts": 2,
-        "missing": 0, "extra": 0}
+        "mode": "wer", "normalizer": "none", "rate": pytest.approx(1 / 6), "errors": 1, "ref_tokens": 6,
+        "utts": 2, "missing": 0, "extra": 0}
     out = subprocess.run([sys.executable, str(ROOT / "tools" / "compute_cer.py"), str(ref), str(hyp),
                           "--per_utt"], capture_output=True, text=True, check=True)
     assert "u1\t1/4" in out.stdout and "WER 16.67 %" in out.stdout

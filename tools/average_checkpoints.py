@@ -34,7 +34,7 @@ from west.checkpoint.pretrained import save_speech_llm
 from west.checkpoint.restore import build_from_run
 from west.checkpoint.training import best_checkpoints, eval_metric, list_checkpoints, read_meta
 
-METRICS = ("cv_loss", "cv_cer")
+METRICS = ("cv_loss", "cv_cer", "cv_wer")
 
 
 class AverageError(Exception):
@@ -60,7 +60,7 @@ def select_checkpoints(run_dir: Path, num: int, mode: str, metric: str) -> tuple
             raise AverageError(
                 f"--mode best --metric {metric}: none of the {len(ckpts)} checkpoint(s) in {root} has a "
                 f"dev {metric} in its meta.json (west-train records it with --cv_data and train.keep_best > 0"
-                + (" and train.eval_decode_utts > 0" if metric == "cv_cer" else "")
+                + (" and train.eval_decode_utts > 0" if metric != "cv_loss" else "")
                 + "); use another --metric, or --mode last")
         chosen = scored[:num]
         pool = f"{len(scored)} checkpoint(s) with a dev {metric}"
@@ -106,7 +106,7 @@ def format_figures(meta: dict) -> str:
     for m in METRICS:
         v = eval_metric(meta, m)
         if v is not None:
-            parts.append(f"{m} {100 * v:.2f}%" if m == "cv_cer" else f"{m} {v:.4f}")
+            parts.append(f"{m} {v:.4f}" if m == "cv_loss" else f"{m} {100 * v:.2f}%")
     return ", ".join(parts)
 
 

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Training curves of a west-train run as a PNG: train loss, dev loss and dev CER over steps.
+"""Training curves of a west-train run as a PNG: train loss, dev loss and dev CER (WER) over steps.
 
     python tools/plot_curves.py exp/tiny_cpu [--out exp/tiny_cpu/curves.png]
 
 Reads RUN_DIR/train_log.jsonl: lines without "event" are training steps (loss drawn raw
-and smoothed), lines with "event": "eval" are dev evaluations (cv_loss, and cv_cer on
-a second panel when the run decoded dev utterances). Prints the PNG's path.
+and smoothed), lines with "event": "eval" are dev evaluations (cv_loss, and cv_cer and cv_wer
+on a second panel when the run decoded dev utterances). Prints the PNG's path.
 Exit status 2 when the log is missing or holds no losses.
 """
 from __future__ import annotations
@@ -66,6 +66,7 @@ def plot_curves(run_dir: Path, out: Path) -> Path:
     train, evals = read_log(log)
     dev_loss = [(int(r["step"]), float(r["cv_loss"])) for r in evals if _finite(r.get("cv_loss"))]
     dev_cer = [(int(r["step"]), 100 * float(r["cv_cer"])) for r in evals if _finite(r.get("cv_cer"))]
+    dev_wer = [(int(r["step"]), 100 * float(r["cv_wer"])) for r in evals if _finite(r.get("cv_wer"))]
     if not train and not dev_loss:
         raise ValueError(f"{log}: no training loss and no dev loss to plot")
 
@@ -106,8 +107,15 @@ def plot_curves(run_dir: Path, out: Path) -> Path:
                  label="dev CER" + (f" (first {n} utterances, greedy)" if n else ""))
         best = min(dev_cer, key=lambda sv: sv[1])
         _mark_best(ax2, best, f"best {best[1]:.2f}% @ {best[0]}", "tab:green")
-        ax2.set_ylabel("CER (%)")
-        ax2.set_ylim(0, 1.15 * max(y) or 1.0)   # from 0, with room for the label of the best point
+        top = max(y)
+        if dev_wer:   # space-delimited text: the word error rate beside the character one
+            x, y = zip(*dev_wer)
+            ax2.plot(x, y, "^-", color="tab:purple", markersize=3.5, linewidth=1.4, label="dev WER")
+            best = min(dev_wer, key=lambda sv: sv[1])
+            _mark_best(ax2, best, f"best {best[1]:.2f}% @ {best[0]}", "tab:purple", dy=20)
+            top = max(top, max(y))
+        ax2.set_ylabel("CER / WER (%)" if dev_wer else "CER (%)")
+        ax2.set_ylim(0, 1.15 * top or 1.0)   # from 0, with room for the label of the best point
         ax2.grid(alpha=0.3)
         ax2.legend(loc="upper right", fontsize=8)
     axes[-1][0].set_xlabel("optimizer step")

@@ -21,26 +21,32 @@ utterance: the output is byte-identical for a seed whatever ``--num_workers`` is
 from __future__ import annotations
 
 import argparse
-import ctypes
 import importlib.resources
 import json
-import math
-import multiprocessing as mp
 import re
-import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
+from espeak_corpus import (
+    MARKER,
+    SPLITS,
+    Speaker,
+    Utterance,
+    audio_stats,
+    draw_speaker,
+    draw_utterance,
+    prepare_root,
+    render_all,
+    render_files,
+    same_options,
+    speakers_per_split,
+)
 
-SPLITS = ("train", "dev", "test")
 PREFIX = "BAC009"  # AIShell-1's recording-session prefix of every utterance id
 FIRST_SPEAKER = 2  # AIShell-1's speaker ids start at S0002
 TRANSCRIPT = "transcript/aishell_transcript_v0.8.txt"
-MARKER = "synthesis.json"  # marks a folder this tool made; "complete" once it finished
-NOT_CORPUS_OPTIONS = ("out", "num_workers", "force", "check")  # they do not change the corpus
-SAMPLE_RATE = 16000
 VOICE = "cmn"
 VARIANTS = ("", "f1", "f2", "f3", "f4", "f5", "m1", "m2", "m3", "m4", "m5", "m6", "m7")
 # eSpeak's speaking time ~ OFFSET + chars * SEC_PER_CHAR at rate 175, scaled by
@@ -49,89 +55,7 @@ VARIANTS = ("", "f1", "f2", "f3", "f4", "f5", "m1", "m2", "m3", "m4", "m5", "m6"
 SPEECH_OFFSET_S = 0.15
 SEC_PER_CHAR_175 = 0.249
 RATE_EXPONENT = 1.1
-LOGNORMAL_SIGMA = 0.35  # AIShell-like spread (sd ~1.6 s at mean 4.5 s); not fitted to AIShell
 HAN_WORD = re.compile(r"^[\u4e00-\u9fff]{2,}$")
-
-# speak_lib.h constants
-AUDIO_OUTPUT_SYNCHRONOUS = 2
-POS_CHARACTER = 1
-CHARS_UTF8 = 1
-PARAM_RATE, PARAM_PITCH, PARAM_RANGE = 1, 3, 4
-SYNTH_CALLBACK = ctypes.CFUNCTYPE(
-    ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p
-)
-
-
-@dataclass(frozen=True)
-class Speaker:
-    sid: str  # "S0002"
-    split: str
-    variant: str  # eSpeak voice variant ("" = default voice)
-    rate: int  # words per minute (eSpeak default 175)
-    pitch: int  # 0..100 (default 50)
-    pitch_range: int  # 0..100 (default 50)
-    gain: float  # peak scale of the speech
-    noise_dbfs: float  # white-noise floor, dB re full scale
-
-
-@dataclass(frozen=True)
-class Utterance:
-    uid: str
-    words: tuple[str, ...]
-    lead_s: float  # silence before the speech
-    trail_s: float  # silence after the speech
-    seed: int  # libc rand() seed and noise seed
-
-
-class Espeak:
-    """The process's eSpeak NG engine (libespeak-ng is a singleton with global state)."""
-
-    def __init__(self) -> None:
-        import espeakng_loader  # lazy: only workers and tests need the library
-
-        lib = ctypes.CDLL(espeakng_loader.get_library_path())
-        lib.espeak_Initialize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
-        lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
-        lib.espeak_SetParameter.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
-        lib.espeak_Synth.argtypes = [
-            ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int,
-            ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p,
-        ]
-        data_path = espeakng_loader.get_data_path().encode()
-        rate = lib.espeak_Initialize(AUDIO_OUTPUT_SYNCHRONOUS, 0, data_path, 0)
-        if rate <= 0:
-            raise RuntimeError(f"espeak_Initialize failed ({rate}) with data at {data_path!r}")
-        self.sample_rate = int(rate)
-        self._lib = lib
-        self._libc = ctypes.CDLL(None)
-        self._chunks: list[np.ndarray] = []
-        self._callback = SYNTH_CALLBACK(self._on_audio)  # keep a reference: C holds it
-        lib.espeak_SetSynthCallback(self._callback)
-
-    def _on_audio(self, wav, n, _events) -> int:
-        if n > 0 and wav:
-            self._chunks.append(np.ctypeslib.as_array(wav, shape=(n,)).copy())
-        return 0  # 0 = continue synthesis
-
-    def set_voice(self, variant: str, rate: int, pitch: int, pitch_range: int) -> None:
-        name = VOICE + (f"+{variant}" if variant else "")
-        if self._lib.espeak_SetVoiceByName(name.encode()) != 0:
-            raise RuntimeError(f"eSpeak NG has no voice {name!r}")
-        for param, value in ((PARAM_RATE, rate), (PARAM_PITCH, pitch), (PARAM_RANGE, pitch_range)):
-            if self._lib.espeak_SetParameter(param, int(value), 0) != 0:
-                raise RuntimeError(f"espeak_SetParameter({param}, {value}) failed")
-
-    def synth(self, text: str, seed: int = 0) -> np.ndarray:
-        """int16 samples at ``self.sample_rate`` for UTF-8 ``text``."""
-        self._libc.srand(ctypes.c_uint(seed))  # breathy variants draw from rand()
-        if hasattr(self._lib, "espeak_ng_SetRandSeed"):
-            self._lib.espeak_ng_SetRandSeed(ctypes.c_long(seed))
-        self._chunks = []
-        data = text.encode("utf-8") + b"\0"
-        err = self._lib.espeak_Synth(data, len(data), 0, POS_CHARACTER, 0, CHARS_UTF8, None, None)
-        if err != 0:
-            raise RuntimeError(f"espeak_Synth failed ({err}) on {text!r}")
-        return np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.int16)
 
 
 def load_vocab(size: int, dict_path: str | None = None) -> list[str]:
@@ -163,58 +87,6 @@ def speech_seconds(n_chars: int, rate: int) -> float:
     return (SPEECH_OFFSET_S + n_chars * SEC_PER_CHAR_175) * (175.0 / rate) ** RATE_EXPONENT
 
 
-def speakers_per_split(counts: dict[str, int], num_speakers: int) -> dict[str, int]:
-    """Disjoint speakers per split, roughly proportional to utterances.
-
-    dev/test get at least 2 speakers when there are >= 10 in all (1 otherwise), so their
-    scores do not hinge on one voice.
-    """
-    total = sum(counts.values())
-    floor = 2 if num_speakers >= 10 else 1
-    out = {}
-    for split in ("dev", "test"):
-        share = round(num_speakers * counts[split] / total) if total else 0
-        out[split] = min(counts[split], max(share, floor))
-    out["train"] = num_speakers - out["dev"] - out["test"]
-    if out["train"] < (1 if counts["train"] else 0):
-        raise ValueError(f"--num_speakers {num_speakers} leaves no train speaker "
-                         f"(dev {out['dev']}, test {out['test']})")
-    out["train"] = min(out["train"], counts["train"])
-    return out
-
-
-def draw_speaker(rng: np.random.Generator, sid: str, split: str) -> Speaker:
-    """A voice: eSpeak variant, speaking rate, pitch and level of one speaker."""
-    return Speaker(
-        sid=sid, split=split, variant=VARIANTS[int(rng.integers(len(VARIANTS)))],
-        rate=int(rng.integers(140, 221)), pitch=int(rng.integers(25, 76)),
-        pitch_range=int(rng.integers(20, 81)), gain=round(float(rng.uniform(0.3, 0.9)), 3),
-        noise_dbfs=round(float(rng.uniform(-70.0, -50.0)), 1),
-    )
-
-
-def draw_utterance(rng: np.random.Generator, uid: str, rate: int, vocab: list[str],
-                   mean_duration: float) -> Utterance:
-    """Words whose estimated speaking time (plus silences) is closest to a lognormal target."""
-    mu = math.log(mean_duration) - LOGNORMAL_SIGMA**2 / 2  # so that E[target] = mean_duration
-    lo, hi = 0.35 * mean_duration, 3.0 * mean_duration  # 1.6..13.5 s at 4.5 s
-    target = float(np.clip(rng.lognormal(mu, LOGNORMAL_SIGMA), lo, hi))
-    lead, trail = (round(float(x), 3) for x in rng.uniform(0.1, 0.5, size=2))
-    speech = max(target - lead - trail, 0.5)
-    words: list[str] = []
-    chars = 0
-    while True:  # add words while that brings the estimate closer to the target
-        word = vocab[int(rng.integers(len(vocab)))]
-        now = abs(speech_seconds(chars, rate) - speech)
-        after = abs(speech_seconds(chars + len(word), rate) - speech)
-        if words and after >= now:
-            break
-        words.append(word)
-        chars += len(word)
-    return Utterance(uid=uid, words=tuple(words), lead_s=lead, trail_s=trail,
-                     seed=int(rng.integers(2**31)))
-
-
 def plan_corpus(counts: dict[str, int], num_speakers: int, vocab: list[str], seed: int,
                 mean_duration: float = 4.5) -> list[tuple[Speaker, list[Utterance]]]:
     """Every random choice of the corpus, drawn in a fixed order from ``seed``."""
@@ -223,63 +95,29 @@ def plan_corpus(counts: dict[str, int], num_speakers: int, vocab: list[str], see
     plan, next_id = [], FIRST_SPEAKER
     for split in SPLITS:
         for k in range(n_spk[split]):
-            spk = draw_speaker(rng, f"S{next_id:04d}", split)
+            spk = draw_speaker(rng, f"S{next_id:04d}", split, VARIANTS, VOICE)
             next_id += 1
             n_utt = counts[split] // n_spk[split] + (k < counts[split] % n_spk[split])
-            utts = [draw_utterance(rng, f"{PREFIX}{spk.sid}W{w + 1:04d}", spk.rate, vocab,
-                                   mean_duration) for w in range(n_utt)]
+
+            def seconds(words: list[str], rate: int = spk.rate) -> float:
+                return speech_seconds(sum(map(len, words)), rate)
+
+            utts = [draw_utterance(rng, f"{PREFIX}{spk.sid}W{w + 1:04d}", vocab, mean_duration, seconds)
+                    for w in range(n_utt)]
             plan.append((spk, utts))
     return plan
 
 
-def render(engine: Espeak, spk: Speaker, utt: Utterance) -> np.ndarray:
-    """int16 16 kHz waveform of one utterance (speech + silences + the speaker's noise floor)."""
-    import soxr
-
-    raw = engine.synth("".join(utt.words), utt.seed)
-    if raw.size == 0:
-        raise RuntimeError(f"eSpeak NG produced no audio for {utt.uid} ({''.join(utt.words)!r})")
-    speech = soxr.resample(raw.astype(np.float32) / 32768.0, engine.sample_rate, SAMPLE_RATE)
-    speech *= spk.gain / max(float(np.abs(speech).max()), 1e-6)
-    lead, trail = round(utt.lead_s * SAMPLE_RATE), round(utt.trail_s * SAMPLE_RATE)
-    wav = np.concatenate([np.zeros(lead, np.float32), speech, np.zeros(trail, np.float32)])
-    noise = np.random.default_rng(utt.seed).standard_normal(wav.size)
-    wav += (10.0 ** (spk.noise_dbfs / 20.0)) * noise.astype(np.float32)
-    return np.clip(np.round(wav * 32767.0), -32768, 32767).astype(np.int16)
-
-
 def render_speaker(job: tuple[str, Speaker, list[Utterance]]) -> list[tuple[str, float]]:
-    """Worker: render one speaker's utterances in order; returns (uid, seconds) per file."""
-    import soundfile as sf
-
+    """Worker: render one speaker's utterances in order to wav/SPLIT/SPEAKER/UTTID.wav under the
+    root; returns (uid, seconds) per file."""
     root, spk, utts = job
-    engine = Espeak()
-    engine.set_voice(spk.variant, spk.rate, spk.pitch, spk.pitch_range)
     spk_dir = Path(root) / "wav" / spk.split / spk.sid
-    spk_dir.mkdir(parents=True, exist_ok=True)
-    out = []
-    for utt in utts:
-        wav = render(engine, spk, utt)
-        sf.write(spk_dir / f"{utt.uid}.wav", wav, SAMPLE_RATE, subtype="PCM_16")
-        out.append((utt.uid, wav.size / SAMPLE_RATE))
-    return out
-
-
-def prepare_root(root: Path, force: bool) -> None:
-    """Refuse to mix with an existing directory; --force only deletes one we made."""
-    if root.exists() and any(root.iterdir()):
-        if not force:
-            raise SystemExit(f"{root} exists and is not empty; use --force to replace it")
-        if not (root / MARKER).is_file():
-            raise SystemExit(f"{root} has no {MARKER}: not a synthesized corpus, not deleting it")
-        shutil.rmtree(root)
-    root.mkdir(parents=True, exist_ok=True)
+    return render_files(spk, [(u, "".join(u.words), spk_dir / f"{u.uid}.wav") for u in utts])
 
 
 def synthesize(args: argparse.Namespace) -> dict:
     """Plan, render in worker processes, write the transcript; returns summary statistics."""
-    from tqdm import tqdm
-
     counts = {"train": args.num_train, "dev": args.num_dev, "test": args.num_test}
     vocab = load_vocab(args.vocab_size, args.dict)
     plan = plan_corpus(counts, args.num_speakers, vocab, args.seed, args.mean_duration)
@@ -289,29 +127,19 @@ def synthesize(args: argparse.Namespace) -> dict:
     (root / MARKER).write_text(json.dumps({"complete": False, "args": vars(args)}))
     jobs = sorted(((str(root), spk, utts) for spk, utts in plan if utts),
                   key=lambda job: -len(job[2]))
-    durations: dict[str, float] = {}
     start = time.perf_counter()
-    # A fresh process per speaker: see the module docstring (eSpeak state, determinism).
-    with mp.Pool(max(1, args.num_workers), maxtasksperchild=1) as pool, \
-            tqdm(total=sum(counts.values()), unit="utt", desc="synthesize") as bar:
-        for result in pool.imap_unordered(render_speaker, jobs):
-            durations.update(result)
-            bar.update(len(result))
+    # A fresh process per speaker: see tools/espeak_corpus.py (eSpeak state, determinism).
+    durations = render_all(render_speaker, jobs, args.num_workers, sum(counts.values()))
     wall = time.perf_counter() - start
 
     lines = sorted(f"{u.uid} {' '.join(u.words)}" for _, utts in plan for u in utts)
     (root / TRANSCRIPT).parent.mkdir(parents=True, exist_ok=True)
     (root / TRANSCRIPT).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    secs = np.array(list(durations.values())) if durations else np.zeros(1)
     stats = {
         "utterances": {s: counts[s] for s in SPLITS},
         "speakers": {s: sum(1 for spk, u in plan if spk.split == s and u) for s in SPLITS},
-        "hours": round(float(secs.sum()) / 3600, 3),
-        "mean_s": round(float(secs.mean()), 2), "min_s": round(float(secs.min()), 2),
-        "max_s": round(float(secs.max()), 2),
         "vocab_words": len(vocab), "vocab_chars": len(set("".join(vocab))),
-        "wall_s": round(wall, 1), "workers": args.num_workers,
-        "audio_s_per_wall_s": round(float(secs.sum()) / max(wall, 1e-9), 1),
+        **audio_stats(durations, wall, args.num_workers),
     }
     meta = {"complete": True, "args": vars(args), "stats": stats, "speakers": [asdict(s) for s, _ in plan]}
     (root / MARKER).write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")
@@ -321,9 +149,7 @@ def synthesize(args: argparse.Namespace) -> dict:
 def already_synthesized(args: argparse.Namespace) -> bool:
     """OUT/data_aishell holds a complete corpus made with these options (so the recipe
     can reuse it); raises OSError / ValueError when there is no readable marker."""
-    done = json.loads((Path(args.out) / "data_aishell" / MARKER).read_text(encoding="utf-8"))
-    return bool(done.get("complete")) and all(done["args"].get(k) == v for k, v in vars(args).items()
-                                              if k not in NOT_CORPUS_OPTIONS)
+    return same_options(Path(args.out) / "data_aishell", vars(args))
 
 
 def get_parser() -> argparse.ArgumentParser:

@@ -34,8 +34,8 @@
 #   7  average: tools/average_checkpoints.py averages the --average_num best checkpoints by
 #      --best_metric (--average_mode last: the newest ones) -> exp/EXP_NAME/avg_N; decodes
 #      DECODE_SETS with it -> exp/EXP_NAME/decode_averaged_*/.
-#   8  score: tools/compute_cer.py for every decode; prints untrained / trained / averaged CER
-#      -> exp/EXP_NAME/cer_summary.json.
+#   8  score: tools/compute_cer.py --normalizer NORMALIZER for every decode; prints untrained /
+#      trained / averaged CER -> exp/EXP_NAME/cer_summary.json.
 #   9  curves: tools/plot_curves.py -> exp/EXP_NAME/curves.png (train and dev loss, dev CER over
 #      steps); its path is printed again at the end.
 #   10 benchmark: python -m west.bin.benchmark trains the same init on the same --bench_utts
@@ -83,6 +83,10 @@
 #   --keep_best N                 also keep the N best checkpoints by --best_metric [3]
 #   --best_metric cv_loss|cv_cer  ranks checkpoints for --keep_best and stage 7 (cv_cer needs
 #                                 --eval_decode_utts > 0) [cv_cer]
+#   --normalizer NAME             text normalizer of the dev CER, west-decode and stage 8: none,
+#                                 mandarin (full-width to half-width, punctuation removed),
+#                                 mandarin_t2s (also traditional to simplified; needs OpenCC,
+#                                 tools/setup_env.sh mandarin) [mandarin]
 #   --train_opts "..."            more west-train options, e.g. "--train.lr 2e-3" []
 #   --decode_sets "..."           [dev test]
 #   --decode_batch_size N         [32]
@@ -139,6 +143,7 @@ eval_every=100
 eval_decode_utts=100
 keep_best=3
 best_metric=cv_cer
+normalizer=mandarin
 train_opts=
 decode_sets="dev test"
 decode_batch_size=32
@@ -172,17 +177,7 @@ run_dir=$exp/$exp_name
 llm=${llm_path:-$exp/tiny_llm}
 cmvn=$data/train/global_cmvn.json
 mkdir -p "$work_dir"
-log() { echo "[run.sh $(date +%H:%M:%S)] $*"; }
-runs() { [ "$stage" -le "$1" ] && [ "$stop_stage" -ge "$1" ]; }
-
-online() {  # a cheap reachability check of the download mirror (3 s)
-  if command -v curl >/dev/null 2>&1; then
-    curl -sfIL --max-time 3 -o /dev/null "$aishell_url"
-  else
-    "$python" -c "import sys, urllib.request as u; u.urlopen(u.Request(sys.argv[1], method='HEAD'), timeout=3)" \
-      "$aishell_url" >/dev/null 2>&1
-  fi
-}
+. "$repo/tools/recipe_stages.sh"   # log, runs, online and stages 4-9 (shared with recipes/librispeech)
 
 # Which corpus the stages use (decided without the network when a corpus is already there).
 synth_root=$work_dir/corpus/synth
@@ -194,7 +189,7 @@ else
   if [ "$synthetic" = auto ]; then
     if [ -f "$synth_root/data_aishell/synthesis.json" ]; then synthetic=true
     elif [ -d "$download_root/data_aishell" ]; then synthetic=false
-    elif online; then synthetic=false
+    elif online "$aishell_url"; then synthetic=false
     else log "offline (no answer from $aishell_url within 3 s): using a synthesized corpus"; synthetic=true
     fi
   fi
@@ -251,82 +246,14 @@ if runs 3; then
   "$python" "$repo/tools/compute_cmvn.py" "$data/train/data.list" "$cmvn" --num_utts "$cmvn_utts"
 fi
 
-if runs 4; then
-  if [ -n "$llm_path" ]; then
-    [ -f "$llm_path/config.json" ] || { echo "run.sh: --llm_path $llm_path has no config.json" >&2; exit 1; }
-    log "stage 4: using the LLM in $llm_path"
-  else
-    log "stage 4: tiny tokenizer (vocab $llm_vocab_size) + Qwen2 pretrained for $llm_pretrain_steps steps on the train transcripts -> $llm"
-    "$python" "$recipe_dir/local/make_tiny_llm.py" "$data/train/text" "$llm" "$llm_vocab_size" "$llm_pretrain_steps" \
-      --config "$config"
-  fi
-fi
-
-if runs 5; then
-  opts=()
-  for name in batch_type batch_size max_tokens_in_batch pack_tokens max_steps seed; do
-    [ -n "${!name}" ] && opts+=("--$name" "${!name}")
-  done
-  eval_opts=(--cv_data "$data/dev/data.list" --train.eval_every "$eval_every"
-             --train.eval_decode_utts "$eval_decode_utts" --train.eval_max_new_tokens "$max_new_tokens"
-             --train.keep_best "$keep_best" --train.best_metric "$best_metric")
-  threads=(); [ "$train_threads" -gt 0 ] && threads=(env OMP_NUM_THREADS="$train_threads")
-  log "stage 5: west-train -> $run_dir ${opts[*]} ${eval_opts[*]} $train_opts"
-  # shellcheck disable=SC2086  # train_opts is a list of options
-  "${threads[@]}" "$python" -m west.bin.train --config "$config" --model.llm.path "$llm" \
-    --train_data "$train_list" --output_dir "$run_dir" --data.cmvn "$cmvn" --data.num_workers "$num_workers" \
-    --train.progress_bar false "${opts[@]}" "${eval_opts[@]}" $train_opts
-  "$python" "$recipe_dir/local/loss_summary.py" "$run_dir/train_log.jsonl"
-fi
-
-decode() {  # decode MODEL_DIR WHICH: every decode set -> RUN/decode_WHICH_SET/result.jsonl
-  local x
-  for x in $decode_sets; do
-    log "stage $stage_now: decoding $x with the $2 model"
-    "$python" -m west.bin.decode --checkpoint "$1" --data "$data/$x/data.list" \
-      --result "$run_dir/decode_$2_$x/result.jsonl" --batch_size "$decode_batch_size" \
-      --max_new_tokens "$max_new_tokens" --beam_size "$beam_size" --quiet
-  done
-}
-
-if runs 6; then
-  stage_now=6
-  init=$run_dir/untrained_init
-  if [ ! -f "$init/west_model.json" ]; then
-    log "stage 6: exporting the untrained (step-0) model -> $init"
-    "$python" "$recipe_dir/local/export_untrained.py" "$run_dir/config.yaml" "$init"
-  fi
-  decode "$run_dir" trained
-  decode "$init" untrained
-fi
-
-avg_dir=$run_dir/avg_$average_num
-if runs 7; then
-  stage_now=7
-  log "stage 7: averaging the $average_num $average_mode checkpoints (by $best_metric) -> $avg_dir"
-  "$python" "$repo/tools/average_checkpoints.py" "$run_dir" "$avg_dir" --num "$average_num" \
-    --mode "$average_mode" --metric "$best_metric"
-  decode "$avg_dir" averaged
-fi
-
-if runs 8; then
-  for x in $decode_sets; do
-    for which in untrained trained averaged; do
-      d=$run_dir/decode_${which}_$x
-      [ -f "$d/result.jsonl" ] || continue   # averaged: only after stage 7
-      "$python" "$repo/tools/compute_cer.py" "$data/$x/text" "$d/result.jsonl" --json "$d/cer.json" > "$d/cer.txt"
-    done
-  done
-  # shellcheck disable=SC2086  # decode_sets is a list of set names
-  "$python" "$recipe_dir/local/cer_summary.py" "$run_dir" $decode_sets
-fi
-
+# (if, not &&: bash ignores set -e inside a function called on the left of &&)
+if runs 4; then stage_llm "$data/train/text"; fi
+if runs 5; then stage_train "$train_list" "$data/dev/data.list"; fi
+if runs 6; then stage_decode 6; fi
+if runs 7; then stage_average 7; fi
+if runs 8; then stage_score cer; fi
 curves=
-if runs 9; then
-  log "stage 9: training curves -> $run_dir/curves.png"
-  curves=$("$python" "$repo/tools/plot_curves.py" "$run_dir" --out "$run_dir/curves.png")
-  echo "$curves"
-fi
+if runs 9; then stage_curves; fi
 
 if runs 10; then
   for bench in ${bench_configs//,/ }; do

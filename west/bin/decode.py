@@ -3,7 +3,8 @@
 Loads a training checkpoint (with the run's config.yaml) or a save_pretrained
 export, builds prompt-only inputs through the data pipeline, generates with the
 LLM's ``generate(inputs_embeds=...)`` and writes one ``{key, hyp, ref}`` line per
-utterance; prints CER/WER against the list's transcripts (or ``--ref``).
+utterance (the raw texts); prints CER/WER against the list's transcripts (or ``--ref``)
+after ``--normalizer`` (default: the run's ``train.eval_normalizer``).
 """
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--max_new_tokens", type=int, default=200)
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--ref", help="reference transcripts to score against (default: the list's own)")
+    p.add_argument("--normalizer", help="text normalizer applied to both sides before scoring: none, english, "
+                                        "mandarin, mandarin_t2s (default: the run's train.eval_normalizer, else none)")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     return p
 
@@ -56,8 +59,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             prepare_output_dir(Path(args.result).resolve().parent)
         except ConfigError as e:
             raise OSError(str(e).replace("run.output_dir", "--result")) from None
-        from west.infer.load import load_for_decoding  # heavy
+        from west.infer.load import load_for_decoding, run_normalizer  # heavy
+        from west.infer.scoring import get_normalizer  # light, but only past the cheap checks
 
+        normalizer = args.normalizer or run_normalizer(args.checkpoint, args.config)
+        try:
+            get_normalizer(normalizer)
+        except ValueError as e:
+            raise ValueError(f"--normalizer: {e}") from None
         model, tokenizer, conf = load_for_decoding(args.checkpoint, args.config, args.device, args.llm_path)
     except (OSError, ValueError) as e:
         print(f"west-decode: error: {e}", file=sys.stderr)
@@ -66,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     s = decode_list(model, tokenizer, conf, args.data, args.result, beam_size=args.beam_size,
                     batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, ref=args.ref,
-                    progress=not args.quiet)
+                    progress=not args.quiet, normalizer=normalizer)
     skipped = f", skipped {s.skipped}" if s.skipped else ""
     print(f"west-decode: {s.utterances} utterances in {s.seconds:.1f} s{skipped} -> {s.result}")
     if s.score is not None:

@@ -38,8 +38,9 @@ class DecodeSummary:
 @torch.no_grad()
 def decode_list(model: SpeechLLM, tokenizer, conf: DataConfig, data_list: str, result: str, *,
                 beam_size: int = 1, batch_size: int = 8, max_new_tokens: int = 200,
-                ref: Optional[str] = None, progress: bool = True) -> DecodeSummary:
-    """Write ``{key, hyp, ref}`` per utterance to ``result`` (atomically) and score it."""
+                ref: Optional[str] = None, progress: bool = True, normalizer: str = "none") -> DecodeSummary:
+    """Write ``{key, hyp, ref}`` per utterance to ``result`` (atomically, the raw texts) and score
+    it after ``normalizer`` (west.infer.scoring.NORMALIZERS)."""
     device = next(model.parameters()).device
     shape = model.cfg.speech_shape()   # how many LLM slots a speech segment takes: the model's fact
     out = Path(result)
@@ -64,7 +65,7 @@ def decode_list(model: SpeechLLM, tokenizer, conf: DataConfig, data_list: str, r
         print(file=sys.stderr)
     score = None
     if ref is not None:
-        score = error_rate(read_transcripts(ref), hyps)
+        score = error_rate(read_transcripts(ref), hyps, normalizer=normalizer)
     elif refs and any(refs.values()):
-        score = error_rate(refs, hyps)
+        score = error_rate(refs, hyps, normalizer=normalizer)
     return DecodeSummary(n, stats.as_dict(), time.perf_counter() - t0, str(out), score)

@@ -40,3 +40,10 @@ def load_for_decoding(checkpoint: str, config: Optional[str] = None, device: str
     disable_cudnn_attention()
     # The data section alone: the speech geometry is the model's (model.cfg.speech_shape()).
     return model.to(dev).eval(), tokenizer, DataConfig.from_dict(dict(raw.get("data") or {}))
+
+
+def run_normalizer(checkpoint: str, config: Optional[str] = None) -> str:
+    """The text normalizer the run scored its dev set with (``train.eval_normalizer``), "none"
+    for a run or export that names none: west-decode's default for ``--normalizer``."""
+    raw = read_run_config(resolve_checkpoint(checkpoint), config)
+    return str((raw.get("train") or {}).get("eval_normalizer") or "none")

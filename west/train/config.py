@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 from typing import Optional
 
+from west.infer.scoring import NORMALIZERS
 from west.schema import section, setting
 from west.train.preempt import is_catchable
 
@@ -66,9 +67,12 @@ class TrainConfig:
     eval_every: int = setting(0, min=0)             # steps between dev evaluations; 0 = epoch ends only
     eval_decode_utts: int = setting(0, min=0)       # greedy-decode the first N dev utterances (CER/WER)
     eval_max_new_tokens: int = setting(64, min=1)
+    eval_normalizer: str = setting("none", choices=tuple(NORMALIZERS))  # text normalizer of the dev CER/WER
+    #   (west.infer.scoring; also west-decode's default for the run)
     keep_best: int = setting(0, min=0)              # also keep the N best checkpoints by best_metric
-    best_metric: str = setting("cv_loss", choices=("cv_loss", "cv_cer"), rule=(
-        lambda v, t: v != "cv_cer" or t.eval_decode_utts > 0, "cv_cer needs dev decoding: train.eval_decode_utts > 0"))
+    best_metric: str = setting("cv_loss", choices=("cv_loss", "cv_cer", "cv_wer"), rule=(
+        lambda v, t: v == "cv_loss" or t.eval_decode_utts > 0, "cv_cer and cv_wer need dev decoding: "
+        "train.eval_decode_utts > 0"))
     tensorboard: bool = True
     progress_bar: bool = True
     nvml: bool = True                               # GPU busy %/memory sampler on CUDA

@@ -11,7 +11,8 @@ Decoding (``train.eval_decode_utts`` > 0): greedy search over the first N dev re
 record i on rank i % W; every rank calls ``generate`` as often as the busiest one (a
 dummy prompt fills in) with ``synced_gpus`` so FSDP ranks gather weights together.
 Edit distances and reference lengths are summed over ranks: CER always, WER too when
-the references are space-delimited (no CJK text).
+the references are space-delimited (no CJK text), both after ``train.eval_normalizer``
+(west.infer.scoring) on the hypotheses and the references.
 
 The evaluation is invisible to training: no_grad, ``eval()`` then back to ``train()``,
 and the global RNG states (torch, CUDA, numpy, python) are restored afterwards, so a
@@ -33,9 +34,9 @@ from west.data.dataset import build_dataloader
 from west.data.generation import dummy_prompt_batch, prompt_batches
 from west.data.stats import DataStats
 from west.data.tokenize import pad_token_id
-from west.infer.scoring import detect_mode, error_rate
+from west.infer.scoring import detect_mode, error_rate, get_normalizer
 from west.ranks import all_reduce_max, all_reduce_sum, sum_counts_over_ranks, unwrap
-from west.schema import require
+from west.schema import ConfigError, require
 from west.train.distributed import DistInfo
 from west.train.preempt import shield_loader_workers
 from west.train.step import AUX_KEYS, autocast
@@ -70,9 +71,10 @@ class Evaluator:
     """Runs one dev evaluation on every rank; returns the global figures (same on all ranks)."""
 
     def __init__(self, dev: DevLoss, decoder: Optional[DevDecoder], info: DistInfo, *,
-                 precision: str = "fp32", max_new_tokens: int = 64) -> None:
+                 precision: str = "fp32", max_new_tokens: int = 64, normalizer: str = "none") -> None:
         self.dev, self.decoder, self.info = dev, decoder, info
         self.precision, self.max_new_tokens = precision, max_new_tokens
+        self.normalize = get_normalizer(normalizer)   # a missing library fails here, not at the first evaluation
         self._fsdp_registered = False
 
     def evaluate(self, model: nn.Module) -> dict:
@@ -153,6 +155,8 @@ class Evaluator:
             for row, ref in zip(ids, texts):
                 key = str(len(refs))
                 refs[key], hyps[key] = ref, dec.text(row)
+        refs = {k: self.normalize(v) for k, v in refs.items()}
+        hyps = {k: self.normalize(v) for k, v in hyps.items()}
         cer, wer = error_rate(refs, hyps, "cer"), error_rate(refs, hyps, "wer")
         cjk = bool(refs) and detect_mode(refs) == "cer"
         total = all_reduce_sum([cer.errors, cer.ref_tokens, wer.errors, wer.ref_tokens, len(refs), cjk])
@@ -221,6 +225,10 @@ def build_evaluator(cfg: Config, tokenizer, shape: SpeechShape, info: DistInfo) 
     the train lists' weights. A list left with no usable utterance is a ConfigError."""
     if not cfg.run.cv_data:
         return None
+    try:
+        get_normalizer(cfg.train.eval_normalizer)
+    except ValueError as e:   # its library is missing
+        raise ConfigError(f"train.eval_normalizer: {e}") from None
     conf = dataclasses.replace(cfg.data, weights=None)
     loader, dataset = build_dataloader(cfg.run.cv_data, tokenizer, conf, shape, info.rank, info.world_size,
                                        seed=cfg.train.seed, epoch=0, training=False)
@@ -233,4 +241,4 @@ def build_evaluator(cfg: Config, tokenizer, shape: SpeechShape, info: DistInfo) 
     decoder = PromptDecoder(cfg.run.cv_data, tokenizer, conf, shape, t.eval_decode_utts, info) \
         if t.eval_decode_utts > 0 else None
     return Evaluator(LoaderDevLoss(loader, dataset), decoder, info, precision=t.precision,
-                     max_new_tokens=t.eval_max_new_tokens)
+                     max_new_tokens=t.eval_max_new_tokens, normalizer=t.eval_normalizer)

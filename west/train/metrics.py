@@ -206,8 +206,9 @@ class MetricsLogger:
                 if k.startswith("cv_") and isinstance(v, (int, float)) and not isinstance(v, bool):
                     self._tb.add_scalar(f"eval/{k[3:]}", v, rec["step"])
         self._cv = {"cv_loss": _fmt(rec.get("cv_loss"))}
-        if "cv_cer" in rec:
-            self._cv["cv_cer"] = _pct(rec["cv_cer"])
+        for key in ("cv_cer", "cv_wer"):
+            if key in rec:
+                self._cv[key] = _pct(rec[key])
         if self._bar is not None:
             self._bar.set_postfix({**self._postfix, **self._cv})
         else:
@@ -349,8 +350,9 @@ def done_sentence(summary: dict) -> str:
     best = summary.get("best")
     if best:
         cer = best.get("cv_cer")
-        if best.get("metric") == "cv_cer":
-            main, other = f"dev CER {_pct(cer)}", f"loss {_fmt(best.get('cv_loss'))}"
+        if best.get("metric") in ("cv_cer", "cv_wer"):
+            name = best["metric"][3:].upper()
+            main, other = f"dev {name} {_pct(best.get(best['metric']))}", f"loss {_fmt(best.get('cv_loss'))}"
         else:
             main, other = f"dev loss {_fmt(best.get('cv_loss'))}", f"CER {_pct(cer)}" if cer is not None else ""
         text += f"; best {main}{f' ({other})' if other else ''} at step {best['step']:,}"

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Stage 4: a tiny tokenizer + random Qwen2 built from the train transcripts, then (with
+"""Recipe stage 4: a tiny tokenizer + random Qwen2 built from the train transcripts, then (with
 STEPS > 0) pretrained on them, text only, as the stand-in for a pretrained LLM.
 
-    python local/make_tiny_llm.py data/train/text exp/tiny_llm VOCAB_SIZE STEPS --config conf/tiny_cpu.yaml
+    python tools/make_tiny_llm.py data/train/text exp/tiny_llm VOCAB_SIZE STEPS --config conf/tiny_cpu.yaml
 
-The pretraining streams match what the training config's projector will send: compact
+TEXT may name several Kaldi text files, comma-separated (several train subsets). The pretraining streams match what the training config's projector will send: compact
 streams (tokens first, blanks after) for ``ctc_compact``, CTC-like ones otherwise.
 """
 from __future__ import annotations
@@ -17,15 +17,18 @@ from west.models.tiny_llm import build_tiny_llm, pretrain_transcriber
 PROMPT = "Transcribe the speech."  # the recipe's prompt: its characters need tokens too
 
 
-def read_texts(path: str) -> list[str]:
-    """Transcripts of a Kaldi ``text`` file; keys without text are left out."""
-    with open(path, encoding="utf-8") as f:
-        return [p[1] for p in (line.rstrip("\n").split(maxsplit=1) for line in f) if len(p) == 2]
+def read_texts(paths: str) -> list[str]:
+    """Transcripts of comma-separated Kaldi ``text`` files; keys without text are left out."""
+    texts = []
+    for path in paths.split(","):
+        with open(path, encoding="utf-8") as f:
+            texts += [p[1] for p in (line.rstrip("\n").split(maxsplit=1) for line in f) if len(p) == 2]
+    return texts
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("text", help="Kaldi text file (key transcript)")
+    p.add_argument("text", help="Kaldi text file(s) (key transcript), comma-separated")
     p.add_argument("out", help="LLM dir to write (tokenizer + weights)")
     p.add_argument("vocab_size", type=int)
     p.add_argument("steps", type=int, help="text-only pretraining steps, 0 = keep it random")

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Stage 5: how the training loss fell, from the run's train_log.jsonl (about ten marks,
+"""Recipe stage 5: how the training loss fell, from the run's train_log.jsonl (about ten marks,
 and the mean of the first vs the last tenth of the steps), and the dev evaluations
-(lines with "event": "eval": dev loss and CER by step, the best step).
+(lines with "event": "eval": dev loss, CER and, for space-delimited text, WER by step, the best step).
 
-    python local/loss_summary.py exp/tiny_cpu/train_log.jsonl
+    python tools/loss_summary.py exp/tiny_cpu/train_log.jsonl
 """
 from __future__ import annotations
 
@@ -22,23 +22,26 @@ def marks(points: list, k: int) -> list:
 
 
 def dev_summary(evals: list[dict]) -> list[str]:
-    """Lines on the dev evaluations: loss (and CER) by step, and the best of each."""
+    """Lines on the dev evaluations: loss (and CER, WER) by step, and the best of each."""
     loss = [(r["step"], r["cv_loss"]) for r in evals if _finite(r.get("cv_loss"))]
-    cer = [(r["step"], 100 * r["cv_cer"]) for r in evals if _finite(r.get("cv_cer"))]
+    rates = {name: [(r["step"], 100 * r[key]) for r in evals if _finite(r.get(key))]
+             for name, key in (("CER", "cv_cer"), ("WER", "cv_wer"))}
     lines = []
     if loss:
         k = max(1, len(loss) // 10)
         lines.append("[run.sh] dev loss by step: " + ", ".join(f"{s}: {v:.3f}" for s, v in marks(loss, k)))
-    if cer:
-        k = max(1, len(cer) // 10)
-        lines.append("[run.sh] dev CER by step: " + ", ".join(f"{s}: {v:.1f}%" for s, v in marks(cer, k)))
+    for name, points in rates.items():
+        if points:
+            k = max(1, len(points) // 10)
+            lines.append(f"[run.sh] dev {name} by step: " + ", ".join(f"{s}: {v:.1f}%" for s, v in marks(points, k)))
     best = []
     if loss:
         s, v = min(loss, key=lambda sv: sv[1])
         best.append(f"dev loss {v:.3f} at step {s}")
-    if cer:
-        s, v = min(cer, key=lambda sv: sv[1])
-        best.append(f"dev CER {v:.2f}% at step {s}")
+    for name, points in rates.items():
+        if points:
+            s, v = min(points, key=lambda sv: sv[1])
+            best.append(f"dev {name} {v:.2f}% at step {s}")
     if best:
         lines.append("[run.sh] best " + "; best ".join(best))
     return lines

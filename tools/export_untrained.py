@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Stage 6: save the untrained (step-0) model of a run, the baseline its CER is compared with.
+"""Recipe stage 6: save the untrained (step-0) model of a run, the baseline its CER is compared with.
 
 It is what west-train starts from: the same config, the same build function, the same seed.
 The run's config.yaml is copied next to the export so west-decode prompts it the same way.
 
-    python local/export_untrained.py exp/tiny_cpu/config.yaml exp/tiny_cpu/untrained_init
+    python tools/export_untrained.py exp/tiny_cpu/config.yaml exp/tiny_cpu/untrained_init
 """
 from __future__ import annotations
 
