@@ -109,7 +109,9 @@ def cut_record(cut, src: str, base: str, audio: Optional[AudioSpec] = None) -> R
 
 
 class PickledRecords:
-    """Records kept as one pickled bytes object each (compact; workers share them on fork)."""
+    """Records kept as one pickled bytes object each (compact; workers share them on fork). The bytes
+    are only ever this process's own ``pickle.dumps`` of a Record built from the manifest, never read
+    from a file, so unpickling them runs nothing a manifest could inject."""
 
     def __init__(self, path: str):
         self.path = path

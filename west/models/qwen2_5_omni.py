@@ -40,6 +40,7 @@ from west.models.qwen2_audio import _FEATURES, QWEN2_AUDIO_STAGES, pool_pairs
 from west.models.whisper_encoder import (
     WhisperPackedEncoder,
     check_feature_extractor,
+    load_hf_part,
     packed_convs,
     read_hf_config,
     whisper_encoder_frames,
@@ -102,21 +103,10 @@ def load_thinker_part(path: str, part: str, dtype: torch.dtype = torch.float32, 
     """The thinker's ``part`` (audio_tower or visual) of a local Qwen2.5-Omni dir: its rows only
     (``thinker.PART.*`` of a full release, ``PART.*`` of a thinker alone) are read."""
     from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as omni  # heavy
-    from transformers.utils import logging as hf_logging  # heavy
 
     cls, attr = _PARTS[part]
-    conf = getattr(read_thinker_config(path), attr)
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()   # every other row is "unexpected" by design
-    try:
-        module, info = getattr(omni, cls).from_pretrained(path, config=conf, key_mapping={rf"^(thinker\.)?{part}\.": ""},
-                                                          output_loading_info=True, dtype=dtype, **kw)
-    finally:
-        hf_logging.set_verbosity(level)
-    missing = sorted(info["missing_keys"])
-    if missing:
-        raise ValueError(f"model.path {path!r}: the checkpoint lacks the thinker's {part} weights {missing[:5]}")
-    return module
+    return load_hf_part(getattr(omni, cls), path, f"the thinker's {part}", config=getattr(read_thinker_config(path), attr),
+                        key_mapping={rf"^(thinker\.)?{part}\.": ""}, dtype=dtype, **kw)
 
 
 def load_hf_omni_tower(path: str, dtype: torch.dtype = torch.float32) -> nn.Module:

@@ -25,7 +25,13 @@ import torch.nn as nn
 
 from west.batch import to_device
 from west.models.hf_attention import register
-from west.models.whisper_encoder import WHISPER_STAGES, WhisperPackedEncoder, read_hf_config, read_processor
+from west.models.whisper_encoder import (
+    WHISPER_STAGES,
+    WhisperPackedEncoder,
+    load_hf_part,
+    read_hf_config,
+    read_processor,
+)
 from west.schema import require
 from west.shapes import AUDIO_TOKENS, frames_after
 
@@ -67,21 +73,9 @@ def qwen2_audio_geometry(path: str) -> tuple[int, int, int]:
 def load_hf_qwen2_audio_tower(path: str, dtype: torch.dtype = torch.float32) -> nn.Module:
     """The audio tower of a local Qwen2-Audio directory, with west's varlen attention registered."""
     from transformers.models.qwen2_audio.modeling_qwen2_audio import Qwen2AudioEncoder  # heavy
-    from transformers.utils import logging as hf_logging  # heavy
 
-    conf = read_qwen2_audio_config(path)
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()   # the language model's rows are "unexpected" by design
-    try:
-        tower, info = Qwen2AudioEncoder.from_pretrained(path, config=conf.audio_config, key_mapping=_TOWER_KEYS,
-                                                        output_loading_info=True, attn_implementation=register(),
-                                                        dtype=dtype)
-    finally:
-        hf_logging.set_verbosity(level)
-    missing = sorted(info["missing_keys"])
-    if missing:
-        raise ValueError(f"model.path {path!r}: the checkpoint lacks audio tower weights {missing[:5]}")
-    return tower
+    return load_hf_part(Qwen2AudioEncoder, path, "audio tower", config=read_qwen2_audio_config(path).audio_config,
+                        key_mapping=_TOWER_KEYS, attn_implementation=register(), dtype=dtype)
 
 
 class Qwen2AudioPackedEncoder(WhisperPackedEncoder):

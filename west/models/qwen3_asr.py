@@ -32,7 +32,7 @@ from west.batch import to_device
 from west.models.hf_attention import ATTN_NAME, packed_kwargs, register
 from west.models.layout import FlatEncoder, FrameLayout
 from west.models.llm import hf_checkpointing
-from west.models.whisper_encoder import read_hf_config, read_processor
+from west.models.whisper_encoder import load_hf_part, read_hf_config, read_processor
 from west.schema import ConfigError, require
 from west.shapes import SpeechShape, chunked_frames
 
@@ -77,21 +77,9 @@ def qwen3_asr_geometry(path: str) -> tuple[int, int, int, tuple[str, str, str]]:
 def load_hf_qwen3_asr_encoder(path: str, dtype: torch.dtype = torch.float32) -> nn.Module:
     """The audio encoder of a local Qwen3-ASR directory, with west's varlen attention registered."""
     from transformers.models.qwen3_asr.modeling_qwen3_asr import Qwen3ASREncoder  # heavy
-    from transformers.utils import logging as hf_logging  # heavy
 
-    conf = read_qwen3_asr_config(path)
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()   # the language model's rows are "unexpected" by design
-    try:
-        enc, info = Qwen3ASREncoder.from_pretrained(path, config=conf.audio_config, key_mapping=_TOWER_KEYS,
-                                                    output_loading_info=True, attn_implementation=register(),
-                                                    dtype=dtype)
-    finally:
-        hf_logging.set_verbosity(level)
-    missing = sorted(info["missing_keys"])
-    if missing:
-        raise ValueError(f"model.path {path!r}: the checkpoint lacks audio encoder weights {missing[:5]}")
-    return enc
+    return load_hf_part(Qwen3ASREncoder, path, "audio encoder", config=read_qwen3_asr_config(path).audio_config,
+                        key_mapping=_TOWER_KEYS, attn_implementation=register(), dtype=dtype)
 
 
 class Qwen3ASRPackedEncoder(FlatEncoder):

@@ -102,25 +102,32 @@ def whisper_geometry(path: str) -> tuple[int, int, int]:
     return int(conf.num_mel_bins), whisper_max_frames(conf), int(conf.encoder_layers)
 
 
+def load_hf_part(cls, path: str, what: str, key: str = "model.path", **kw) -> nn.Module:
+    """``cls.from_pretrained(path, **kw)`` for one part of a released directory: the rows of its
+    other parts are "unexpected" by design (not logged); a row of this part missing is an error
+    naming ``key`` and ``what`` the part is."""
+    from transformers.utils import logging as hf_logging  # heavy
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        module, info = cls.from_pretrained(path, output_loading_info=True, **kw)
+    finally:
+        hf_logging.set_verbosity(level)
+    missing = sorted(info["missing_keys"])
+    if missing:
+        raise ValueError(f"{key} {path!r}: the checkpoint lacks {what} weights {missing[:5]}"
+                         f"{' ...' if len(missing) > 5 else ''}")
+    return module
+
+
 def load_hf_whisper_encoder(path: str, dtype: torch.dtype = torch.float32) -> nn.Module:
     """The encoder half of a local Whisper directory, with west's varlen attention registered."""
     from transformers.models.whisper.modeling_whisper import WhisperEncoder  # heavy
-    from transformers.utils import logging as hf_logging  # heavy
 
     read_whisper_config(path)
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # the decoder's rows are "unexpected" by design
-    try:
-        enc, info = WhisperEncoder.from_pretrained(
-            path, key_mapping=_KEY_MAPPING, output_loading_info=True,
-            attn_implementation=register(), dtype=dtype)
-    finally:
-        hf_logging.set_verbosity(level)
-    missing = [k for k in info["missing_keys"]]
-    if missing:
-        raise ValueError(f"model.encoder.path {path!r}: the Whisper checkpoint lacks encoder weights {missing[:5]}"
-                         f"{' ...' if len(missing) > 5 else ''}")
-    return enc
+    return load_hf_part(WhisperEncoder, path, "the Whisper encoder's", key="model.encoder.path",
+                        key_mapping=_KEY_MAPPING, attn_implementation=register(), dtype=dtype)
 
 
 def packed_convs(conv1: nn.Conv1d, conv2: nn.Conv1d, mel: torch.Tensor, lens: list[int],
@@ -299,5 +306,5 @@ class WhisperPackedEncoder(FlatEncoder):
         return y.reshape(-1, y.shape[-1]).index_select(0, to_device(keep, dev)), out_lens
 
 
-__all__ = ["WhisperPackedEncoder", "load_hf_whisper_encoder", "packed_convs", "read_whisper_config",
+__all__ = ["WhisperPackedEncoder", "load_hf_part", "load_hf_whisper_encoder", "packed_convs", "read_whisper_config",
            "whisper_encoder_frames", "whisper_max_frames"]
