@@ -20,12 +20,18 @@ def test_every_part_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert "time on training 10,000 utts (extrapolated from" in suite   # bench: the seed's table
     for run in ("train_configured", "train_configured_again", "train_encoder_eager", "train_readback",
                 "train_scope_layer", "train_stock_norm", "train_nodrop_eager", "train_nodrop_graphs", "train_lora",
-                "train_prompt_whole", "train_prompt_shared"):
+                "train_prompt_whole", "train_prompt_shared", "train_op_times", "train_op_times_preloaded"):
         assert f"| {run} |" in suite, run
+    assert "#### with the loader" in suite and "#### the loop alone" in suite and "**projector**" in suite  # host_wait
     assert "x the benchmark's" in suite and "- benchmark, pack token 1024, encoder packed" in suite   # configured
     assert "| sequence pack |" in (out / "benchmark_best.md").read_text(encoding="utf-8")            # best
     big = (out / "benchmark_big.md").read_text(encoding="utf-8")                                      # big_bench
     assert "| sequence pack |" in big and "padded to 30 s" in big
+    released = (out / "benchmark_released.md").read_text(encoding="utf-8")   # qwen2_audio, qwen3_asr, qwen2_5_omni
+    tables = re.split(r"^## (\w+) \(tiny shape\)$", released, flags=re.M)[1:]
+    assert tables[::2] == ["qwen2_audio", "qwen3_asr", "qwen2_5_omni"]
+    assert "padded to 30 s" in tables[1] and all("| sequence pack |" in t for t in tables[1::2])
+    assert all("| static batch |" in t for t in tables[3::2])
     assert "### Attention kernels the runs chose (suite.log)" in suite
     assert "FAILED" not in log and "skipped" not in log.splitlines()[-1]
     jsons = {p.name for p in out.glob("*.json")} or set(bundled_jsons(out))

@@ -13,18 +13,20 @@
 #        [--plan]             # print what the call would run by the estimates and --budget; run nothing
 #
 # Parts: build, bench, attention, train, train_again (the run-to-run spread), configured (west-train against the
-# benchmark on the same configuration), encoder_graphs, encoder_graphs_exact, late_readback, ckpt, norm, compile
+# benchmark on the same configuration), host_wait (where west-train's host waits: syncs and per-operator host time
+# with and without the loader), encoder_graphs, encoder_graphs_exact, late_readback, ckpt, norm, compile
 # (each the A/B run behind a key the configs set), lora, prefix, best (MFU at the fastest configuration), big
 # (Whisper-large-v3 + Qwen2-7B LoRA: west-train at pack 8192, then big_bench), big_bench (pack against Whisper
 # padded to 30 s, timed), qwen2_audio (Qwen2-Audio-7B's shape: its tower packed against padded to 30 s,
-# timed). On a machine without west's data stack, first run `bash tools/gpu_wheels.sh` where pip works (wheels
-# into .whl/, installed into /tmp/site). Tested on the CPU with toy sizes (--tiny --device cpu).
+# timed), qwen3_asr and qwen2_5_omni (Qwen3-ASR-1.7B's and Qwen2.5-Omni-7B's shapes: pack against static
+# and dynamic batches, timed). On a machine without west's data stack, first run `bash tools/gpu_wheels.sh`
+# where pip works (wheels into .whl/, installed into /tmp/site). Tested on the CPU with toy sizes (--tiny --device cpu).
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-[ $# -ge 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -ge 1 ] && [ "${1#--}" = "$1" ] || { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
 seed_parts=build,bench,attention,train
-all_parts=build,bench,attention,train,configured,encoder_graphs,late_readback,ckpt,norm,best,big_bench,encoder_graphs_exact,lora,prefix,compile,train_again,qwen2_audio
+all_parts=build,bench,attention,train,configured,encoder_graphs,late_readback,ckpt,norm,best,big_bench,encoder_graphs_exact,lora,prefix,compile,train_again,host_wait,qwen2_audio,qwen3_asr,qwen2_5_omni
 parts=seed
 num_utts=700
 num_train=3200   # ~40 packs of 8,192 per epoch: 20- and 40-step runs cross no epoch's start
@@ -46,11 +48,12 @@ while [ $# -gt 0 ]; do
   esac
 done
 case $parts in seed) parts=$seed_parts ;; all) parts=$all_parts ;; esac
-# seconds on one H200 (measured 2026-12-04, or on earlier runs of the same part; big 300 by estimate)
+# seconds on one H200 (measured 2026-12-04, or on earlier runs of the same part; big, qwen3_asr and
+# qwen2_5_omni and host_wait by estimate)
 declare -A estimate=([build]=50 [bench]=200 [attention]=90 [train]=40 [train_again]=40 [configured]=80
                      [encoder_graphs]=45 [encoder_graphs_exact]=65 [late_readback]=65 [ckpt]=45 [norm]=45
                      [compile]=120 [lora]=45 [prefix]=90 [best]=45 [big]=300 [big_bench]=200
-                     [qwen2_audio]=240)
+                     [host_wait]=150 [qwen2_audio]=240 [qwen3_asr]=150 [qwen2_5_omni]=300)
 failed=(); skipped=(); fallback=
 if $plan; then   # what a call would run by the estimates, as --budget decides it; nothing is run
   t=0

@@ -109,17 +109,37 @@ pair_benchmark() {   # config, out dir, extra args...: a 7B pair's west-benchmar
     --profile never --modes pack,whisper_padded_30s --pack_tokens "$big_pack" --batch_size "$big_batch" \
     --no-count_ops >>"$out/suite.log" 2>&1
 }
-part_qwen2_audio() {   # Qwen2-Audio-7B's shape, random (tiny: a toy one): the released model's path (model.type
-  # qwen2_audio, LoRA on the bf16 LLM, tower trained), its tower packed against padded to 30 s, timed
-  local size=7b qa=$exp/qwen2_audio_7b
-  $tiny && { size=tiny; qa=$exp/qwen2_audio_tiny; }
-  log "qwen2_audio: random Qwen2-Audio ($size), west-benchmark pack vs the tower padded to 30 s"
-  [ -f "$qa/config.json" ] || "$python" "$repo/tools/make_random_qwen2_audio.py" "$qa" --shape "$size" \
+released_part() {   # model.type, its LoRA recipe config, west-benchmark modes: a released speech LLM's
+  # published shape with random bf16 weights (tiny: a toy one), LoRA on the LLM, its audio tower trained,
+  # timed in the modes given (pack 16,384 tokens, static batch 64, dynamic 16,384 tokens; tiny: the toy sizes)
+  local type=$1 config=$repo/recipes/aishell/conf/$2 modes=$3 size=release dir=$exp/${1}_release
+  $tiny && { size=tiny; dir=$exp/${1}_tiny; }
+  log "$type: random $type ($size), west-benchmark $modes"
+  [ -f "$dir/config.json" ] || "$python" "$repo/tools/make_random_released.py" "$type" "$dir" --shape "$size" \
     --device "$device" >>"$out/suite.log" 2>&1
   local common=(--train.device "$device")   # the directory is the model: no model.llm.path
-  pair_benchmark "$repo/recipes/aishell/conf/qwen2_audio_lora.yaml" "$exp/bench_qwen2_audio" --model.path "$qa"
-  cp "$exp/bench_qwen2_audio/benchmark.md" "$out/benchmark_qwen2_audio.md"
-  tail -n 20 "$out/benchmark_qwen2_audio.md"
+  if [ "$modes" = pack,whisper_padded_30s ]; then
+    pair_benchmark "$config" "$exp/bench_$type" --model.path "$dir"
+  else
+    local p=16384 b=64 m=16384
+    $tiny && { p=$pack; b=$batch; m=$max_tokens; }
+    "$python" -m west.bin.benchmark --config "$config" "${common[@]}" --model.path "$dir" \
+      --data "$data/train/data.list" --data.cmvn null --num_utts "$(( num_utts < 200 ? num_utts : 200 ))" \
+      --out_dir "$exp/bench_$type" --repeats 2 --profile never --modes "$modes" --pack_tokens "$p" \
+      --batch_size "$b" --max_tokens_in_batch "$m" --no-count_ops >>"$out/suite.log" 2>&1
+  fi
+  # one file for every released model's table: a call returns at most 8 files
+  { printf '\n## %s (%s shape)\n\n' "$type" "$size"; cat "$exp/bench_$type/benchmark.md"; } >>"$out/benchmark_released.md"
+  tail -n 20 "$exp/bench_$type/benchmark.md"
+}
+part_qwen2_audio() {   # Qwen2-Audio-7B: its Whisper-style tower packed against padded to its 30 s window
+  released_part qwen2_audio qwen2_audio_lora.yaml pack,whisper_padded_30s
+}
+part_qwen3_asr() {   # Qwen3-ASR-1.7B (no 30 s window: its tower reads 1 s chunks): pack against the padded batches
+  released_part qwen3_asr qwen3_asr_lora.yaml static,dynamic,pack
+}
+part_qwen2_5_omni() {   # Qwen2.5-Omni-7B's thinker (its tower reads 2 s chunks): pack against the padded batches
+  released_part qwen2_5_omni qwen2_5_omni_lora.yaml static,dynamic,pack
 }
 part_big() {   # fits 40 GiB at pack 8192 (west-train), then the timed pack vs Whisper padded to 30 s
   big_models

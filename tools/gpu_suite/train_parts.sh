@@ -1,10 +1,11 @@
 # tools/gpu_suite.sh's west-train parts: train_run (one short run with the real loader, its step summary
 # into suite.md), west-train as configured, and the A/B runs behind the keys seed_gpu*.yaml set. Sourced by
 # gpu_suite.sh, whose variables (python, repo, conf, common, data, exp, out, pack, steps, workers, tiny, ...) they read.
+trainer=(-m west.bin.train)   # what train_run runs: west-train, or a lab tool wrapping it (part host_wait)
 train_run() {   # name, extra args... (rows packed to $pack tokens)
   local name=$1 sizing=(--batch_type pack --pack_tokens "$pack"); shift
   rm -rf "$exp/$name"
-  "$python" -m west.bin.train --config "$conf" "${common[@]}" --train_data "$data/train/data.list" \
+  "$python" "${trainer[@]}" --config "$conf" "${common[@]}" --train_data "$data/train/data.list" \
     --data.cmvn "$data/train/global_cmvn.json" --output_dir "$exp/$name" "${sizing[@]}" \
     --max_steps "$steps" --train.save_every 0 --train.save_at_epoch_end false --train.save_at_end false --train.warmup_steps 5 \
     --train.log_every 5 --train.tensorboard false --train.progress_bar false --data.num_workers "$workers" \
@@ -73,4 +74,22 @@ part_prefix() {   # data.shared_prefix: the prompt's tokens before the speech on
       --out "$out/attention_prefix.json" 2>>"$out/suite.log" | tail -n 6; echo '```'; } >>"$out/suite.md"
   train_run train_prompt_whole --data.shared_prefix false
   train_run train_prompt_shared --data.shared_prefix true
+}
+part_host_wait() {   # why west-train's step is longer than the benchmark's on the same configuration: the host's
+  # synchronisations by source line over a run (CUDA only), then the host's time per operator in the projector,
+  # splice and loss phases with the real loader and with the loop alone (the loader's first batches from memory)
+  log "host_wait: west-train as configured under train_syncs.py, then train_op_times.py with the loader and without"
+  local n=$(( steps < 20 ? steps : 20 ))
+  steps=$n
+  if [ "$device" = cuda ]; then
+    trainer=("$repo/tools/train_syncs.py" --steps "$n" --md "$exp/syncs.md" --out "$out/syncs_train.json" --)
+    train_run train_syncs && { echo; cat "$exp/syncs.md"; } >>"$out/suite.md"
+  else
+    log "host_wait: train_syncs.py needs CUDA; left out on $device"
+  fi
+  trainer=("$repo/tools/train_op_times.py" --md "$exp/op_times.md" --out "$out/op_times_loader.json" --)
+  train_run train_op_times && { echo; echo "#### with the loader"; cat "$exp/op_times.md"; } >>"$out/suite.md"
+  trainer=("$repo/tools/train_op_times.py" --preload "$n" --md "$exp/op_times.md" \
+    --out "$out/op_times_preloaded.json" --)
+  train_run train_op_times_preloaded && { echo; echo "#### the loop alone"; cat "$exp/op_times.md"; } >>"$out/suite.md"
 }

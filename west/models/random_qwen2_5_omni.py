@@ -23,6 +23,14 @@ from west.models.tiny_llm import build_tokenizer
 from west.shapes import AUDIO_TOKENS
 
 DEFAULT_TEXTS = ("hello world", "speech data", "Transcribe the speech.")
+# Qwen2.5-Omni-7B's thinker as published (its config.json): a 32-layer Whisper-style audio tower and a
+# Qwen2.5-7B; the vocabulary as released. The vision tower stays a toy one: west never reads it.
+SHAPE_7B = dict(audio=dict(d_model=1280, encoder_layers=32, encoder_attention_heads=20, encoder_ffn_dim=5120,
+                           n_window=100),
+                text=dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                          num_attention_heads=28, num_key_value_heads=4, rms_norm_eps=1e-6,
+                          max_position_embeddings=32768, tie_word_embeddings=False,
+                          rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]}))
 # the tokens Qwen2_5OmniProcessor reads from its tokenizer by name
 NAMED_TOKENS = {"audio_bos_token": AUDIO_TOKENS[0], "audio_token": AUDIO_TOKENS[1], "audio_eos_token": AUDIO_TOKENS[2],
                 "vision_bos_token": "<|vision_bos|>", "image_token": "<|IMAGE|>", "vision_eos_token": "<|vision_eos|>",
@@ -72,17 +80,26 @@ def _processor_files(path: str, n_mels: int, chunk_length: int) -> None:
     (Path(path) / "chat_template.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE}, indent=2) + "\n")
 
 
-def thinker_config(tok, n_mels: int = 80, d_model: int = 32, layers: int = 2, n_window: int = 5):
-    """A toy Qwen2_5OmniThinkerConfig for the tokenizer ``tok``: a ``d_model`` x ``layers`` audio tower
-    attending in chunks of 2 * ``n_window`` mel frames, a one-block vision tower, a 2-layer LLM."""
+def thinker_config(tok, n_mels: int = 80, d_model: int = 32, layers: int = 2, n_window: int = 5,
+                   shape: str = "tiny"):
+    """A Qwen2_5OmniThinkerConfig for the tokenizer ``tok`` and a one-block vision tower: ``shape`` tiny
+    (a ``d_model`` x ``layers`` audio tower attending in chunks of 2 * ``n_window`` mel frames, a
+    2-layer LLM) or 7b (:data:`SHAPE_7B`, 128 mel bins)."""
     from transformers import Qwen2_5OmniThinkerConfig  # heavy
 
+    if shape not in ("tiny", "7b"):
+        raise ValueError(f"shape {shape!r}: tiny or 7b")
     ids = {k: tok.convert_tokens_to_ids(v) for k, v in NAMED_TOKENS.items()}
-    text = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=False,
-                rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 1, 1]})
-    audio = dict(d_model=d_model, encoder_layers=layers, encoder_attention_heads=4, encoder_ffn_dim=2 * d_model,
-                 num_mel_bins=n_mels, output_dim=text["hidden_size"], n_window=n_window)
+    if shape == "7b":
+        text, audio = SHAPE_7B["text"], dict(SHAPE_7B["audio"], num_mel_bins=128)
+    else:
+        text = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                    tie_word_embeddings=False,
+                    rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 1, 1]})
+        audio = dict(d_model=d_model, encoder_layers=layers, encoder_attention_heads=4, encoder_ffn_dim=2 * d_model,
+                     num_mel_bins=n_mels, n_window=n_window)
+    audio["output_dim"] = text["hidden_size"]
     vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=text["hidden_size"],
                   fullatt_block_indexes=[0])
     return Qwen2_5OmniThinkerConfig(
@@ -116,28 +133,32 @@ def full_config(thinker, vocab: int):
 
 def write_random_qwen2_5_omni(path: str | Path, texts: Iterable[str] = DEFAULT_TEXTS, n_mels: int = 80,
                               d_model: int = 32, layers: int = 2, n_window: int = 5, full: bool = False,
-                              chunk_length: int = 300, tower_std: float = 0.2, seed: int = 0) -> str:
-    """Write a toy Qwen2.5-Omni to ``path``: its thinker alone, or with ``full`` the whole model
-    (talker and token2wav too, rows ``thinker.*`` ...). The audio tower's weights are drawn from
-    N(0, ``tower_std``) so that its attention and positions matter (transformers' 0.02 init leaves
-    it nearly uniform)."""
+                              chunk_length: int = 300, tower_std: float = 0.2, seed: int = 0, shape: str = "tiny",
+                              device: str = "cpu", dtype: torch.dtype = torch.float32) -> str:
+    """Write a Qwen2.5-Omni to ``path``: its thinker alone, or with ``full`` the whole model (a toy
+    talker and token2wav too, rows ``thinker.*`` ...); the thinker's ``shape`` as
+    :func:`thinker_config` takes it, drawn on ``device`` in ``dtype``. The audio tower's weights are
+    drawn from N(0, ``tower_std``) so that its attention and positions matter (transformers' 0.02
+    init leaves it nearly uniform)."""
     from transformers import Qwen2_5OmniForConditionalGeneration, Qwen2_5OmniThinkerForConditionalGeneration  # heavy
     from transformers.utils import logging as hf_logging  # heavy
 
     path = str(path)
+    n_mels = 128 if shape == "7b" else n_mels
     tok = _tokenizer(path, texts)
     _processor_files(path, n_mels, chunk_length)
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()   # toy talker ids outside the talker's toy vocabulary: warnings only
     try:
-        conf = thinker_config(tok, n_mels, d_model, layers, n_window)
+        conf = thinker_config(tok, n_mels, d_model, layers, n_window, shape)
         torch.manual_seed(seed)
-        if full:
-            model = Qwen2_5OmniForConditionalGeneration(full_config(conf, len(tok)))
-            tower = model.thinker.model.audio_tower
-        else:
-            model = Qwen2_5OmniThinkerForConditionalGeneration(conf)
-            tower = model.model.audio_tower
+        with torch.device(device):
+            if full:
+                model = Qwen2_5OmniForConditionalGeneration(full_config(conf, len(tok))).to(dtype)
+                tower = model.thinker.model.audio_tower
+            else:
+                model = Qwen2_5OmniThinkerForConditionalGeneration(conf).to(dtype)
+                tower = model.model.audio_tower
         with torch.no_grad():
             for p in tower.parameters():
                 p.normal_(0.0, tower_std)
