@@ -14,10 +14,12 @@ same engine, speakers, duration targets, rendering and safety rules, which live 
   from libc rand(), which is seeded per utterance);
 - ``prepare_root`` / ``same_options``: a corpus folder carries MARKER (its options and, once
   finished, its statistics), so ``--force`` deletes only what a synthesizer wrote and a
-  recipe can reuse a corpus made with the same options.
+  recipe can reuse a corpus made with the same options;
+- ``add_corpus_options`` / ``run_cli``: the options and the command line both tools take.
 """
 from __future__ import annotations
 
+import argparse
 import ctypes
 import json
 import math
@@ -250,3 +252,45 @@ def same_options(root: Path, options: dict) -> bool:
     done = json.loads((Path(root) / MARKER).read_text(encoding="utf-8"))
     return bool(done.get("complete")) and all(done["args"].get(k) == v for k, v in options.items()
                                               if k not in NOT_CORPUS_OPTIONS)
+
+
+def add_corpus_options(p: argparse.ArgumentParser, split_names: dict[str, str]) -> None:
+    """The options every synthesizer takes (``split_names``: how its help names train/dev/test)."""
+    for split, default in (("train", 1500), ("dev", 100), ("test", 100)):
+        p.add_argument(f"--num_{split}", type=int, default=default, help=f"{split_names[split]} utterances")
+    p.add_argument("--num_speakers", type=int, default=40, help="speakers in all; train/dev/test get disjoint ones")
+    p.add_argument("--seed", type=int, default=0, help="same seed, same bytes")
+    p.add_argument("--mean_duration", type=float, default=4.5, help="mean utterance seconds (lognormal target)")
+    p.add_argument("--num_workers", type=int, default=2, help="worker processes")
+    p.add_argument("--force", action="store_true", help="replace an earlier synthesized corpus")
+    p.add_argument("--check", action="store_true",
+                   help="synthesize nothing: print True when OUT already holds a complete corpus made "
+                        "with these options, else False (fails when OUT has none)")
+
+
+def run_cli(tool: str, args: argparse.Namespace, folder: str, synthesize: Callable[[argparse.Namespace], dict],
+            check: Callable[[argparse.Namespace], None]) -> dict:
+    """A synthesizer's main: ``--check`` against OUT/``folder``'s marker, else the counts checked
+    (then ``check``, the tool's own), ``synthesize``, one summary line."""
+    if args.check:
+        same = same_options(Path(args.out) / folder, vars(args))
+        print(same)
+        return {"same": same}
+    for name in ("num_train", "num_dev", "num_test"):
+        if getattr(args, name) < 0:
+            raise SystemExit(f"--{name} must be >= 0")
+    if args.num_train + args.num_dev + args.num_test == 0:
+        raise SystemExit("nothing to synthesize: all of --num_train/--num_dev/--num_test are 0")
+    if args.mean_duration <= 0 or args.num_speakers < 1:
+        raise SystemExit("--mean_duration and --num_speakers must be positive")
+    check(args)
+    try:
+        stats = synthesize(args)
+    except ValueError as e:
+        raise SystemExit(str(e)) from e
+    u = stats["utterances"]
+    print(f"[{tool}] {sum(u.values())} utterances (" + " / ".join(f"{k} {v}" for k, v in u.items())
+          + f"), {stats['hours']:.2f} h, mean {stats['mean_s']:.2f} s (min {stats['min_s']:.2f}, "
+          f"max {stats['max_s']:.2f}), vocab {stats['vocab_words']} words, {stats['wall_s']:.1f} s wall = "
+          f"{stats['audio_s_per_wall_s']:.0f}x real time -> {Path(args.out) / folder}")
+    return stats

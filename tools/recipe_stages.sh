@@ -12,6 +12,10 @@
 #   normalizer                                    text normalizer of the dev scores and the table
 #   decode_sets decode_batch_size max_new_tokens beam_size average_num average_mode
 #
+#   recipe_paths               after the options: absolute work_dir, llm_path and config, path.sh, python
+#   pick_corpus GIVEN NAME URL sets corpus (GIVEN, else WORK_DIR/corpus/{synth,download}/NAME) and
+#                              synthetic (auto: a corpus already there, else whether URL answers)
+#   stage_synthesize TOOL NAME WHAT   stage 0's synthesis with TOOL, skipped when the same options made it
 #   runs N                     true when stage N is in stage..stop_stage
 #   log MESSAGE                "[run.sh HH:MM:SS] MESSAGE"
 #   online URL                 the URL answers within 3 s (a cheap reachability check)
@@ -32,6 +36,52 @@ online() {  # a cheap reachability check of a download mirror (3 s)
   else
     "$python" -c "import sys, urllib.request as u; u.urlopen(u.Request(sys.argv[1], method='HEAD'), timeout=3)" \
       "$1" >/dev/null 2>&1
+  fi
+}
+
+abspath() { case "$1" in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
+
+recipe_paths() {
+  work_dir=$(abspath "$work_dir")
+  [ -z "$llm_path" ] || llm_path=$(abspath "$llm_path")
+  case "$config" in /*) ;; *) if [ -f "$recipe_dir/$config" ]; then config=$recipe_dir/$config; else config=$(abspath "$config"); fi ;; esac
+  # shellcheck source=/dev/null
+  . "$recipe_dir/path.sh"
+  if [ -z "$python" ]; then
+    if [ -x "$repo/.venv/bin/python" ]; then python=$repo/.venv/bin/python; else python=python3; fi
+  fi
+  mkdir -p "$work_dir"
+}
+
+pick_corpus() {  # pick_corpus GIVEN_DIR NAME URL (decided without the network when a corpus is already there)
+  synth_root=$work_dir/corpus/synth
+  download_root=$work_dir/corpus/download
+  if [ -n "$1" ]; then corpus=$1; synthetic=false; return; fi
+  if [ "$synthetic" = auto ]; then
+    if [ -f "$synth_root/$2/synthesis.json" ]; then synthetic=true
+    elif [ -d "$download_root/$2" ]; then synthetic=false
+    elif online "$3"; then synthetic=false
+    else log "offline (no answer from $3 within 3 s): using a synthesized corpus"; synthetic=true
+    fi
+  fi
+  case "$synthetic" in
+    true) corpus=$synth_root/$2 ;;
+    false) corpus=$download_root/$2 ;;
+    *) echo "run.sh: --synthetic must be auto, true or false" >&2; exit 1 ;;
+  esac
+}
+
+stage_synthesize() {  # stage_synthesize TOOL NAME WHAT: TOOL (tools/synthesize_*.py) writes synth_root/NAME
+  # shellcheck disable=SC2206  # synth_opts is a list of options
+  local args=(--out "$synth_root" --num_train "$num_train" --num_dev "$num_dev" --num_test "$num_test"
+              --num_speakers "$num_speakers" --vocab_size "$vocab_size" --seed "$synth_seed"
+              --num_workers "$nj" $synth_opts) force=
+  if [ "$("$python" "$repo/tools/$1" "${args[@]}" --check 2>/dev/null || true)" = True ]; then
+    log "stage 0: corpus: synthesized $3 with these options, already in $synth_root/$2"
+  else
+    log "stage 0: corpus: synthesizing $3, $num_train/$num_dev/$num_test utterances -> $synth_root"
+    [ -e "$synth_root/$2" ] && force=--force
+    "$python" "$repo/tools/$1" "${args[@]}" $force
   fi
 }
 

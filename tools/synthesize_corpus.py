@@ -34,13 +34,14 @@ from espeak_corpus import (
     SPLITS,
     Speaker,
     Utterance,
+    add_corpus_options,
     audio_stats,
     draw_speaker,
     draw_utterance,
     prepare_root,
     render_all,
     render_files,
-    same_options,
+    run_cli,
     speakers_per_split,
 )
 
@@ -146,59 +147,24 @@ def synthesize(args: argparse.Namespace) -> dict:
     return stats
 
 
-def already_synthesized(args: argparse.Namespace) -> bool:
-    """OUT/data_aishell holds a complete corpus made with these options (so the recipe
-    can reuse it); raises OSError / ValueError when there is no readable marker."""
-    return same_options(Path(args.out) / "data_aishell", vars(args))
-
-
 def get_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--out", required=True, help="writes OUT/data_aishell/")
-    p.add_argument("--num_train", type=int, default=1500, help="train utterances")
-    p.add_argument("--num_dev", type=int, default=100, help="dev utterances")
-    p.add_argument("--num_test", type=int, default=100, help="test utterances")
-    p.add_argument("--num_speakers", type=int, default=40,
-                   help="speakers in all; train/dev/test get disjoint ones")
-    p.add_argument("--seed", type=int, default=0, help="same seed, same bytes")
+    add_corpus_options(p, {"train": "train", "dev": "dev", "test": "test"})
     p.add_argument("--vocab_size", type=int, default=300, help="most frequent words used")
-    p.add_argument("--mean_duration", type=float, default=4.5,
-                   help="mean utterance seconds (lognormal target)")
     p.add_argument("--dict", default=None,
                    help="jieba-format 'word freq [tag]' file; unset = jieba's dict.txt")
-    p.add_argument("--num_workers", type=int, default=2, help="worker processes")
-    p.add_argument("--force", action="store_true", help="replace an earlier synthesized corpus")
-    p.add_argument("--check", action="store_true",
-                   help="synthesize nothing: print True when OUT already holds a complete corpus made "
-                        "with these options, else False (fails when OUT has none)")
     return p
 
 
+def _check(args: argparse.Namespace) -> None:
+    if args.vocab_size < 1:
+        raise SystemExit("--vocab_size must be positive")
+
+
 def main(argv: list[str] | None = None) -> dict:
-    args = get_parser().parse_args(argv)
-    if args.check:
-        same = already_synthesized(args)
-        print(same)
-        return {"same": same}
-    for name in ("num_train", "num_dev", "num_test"):
-        if getattr(args, name) < 0:
-            raise SystemExit(f"--{name} must be >= 0")
-    if args.num_train + args.num_dev + args.num_test == 0:
-        raise SystemExit("nothing to synthesize: all of --num_train/--num_dev/--num_test are 0")
-    if args.vocab_size < 1 or args.mean_duration <= 0 or args.num_speakers < 1:
-        raise SystemExit("--vocab_size, --mean_duration and --num_speakers must be positive")
-    try:
-        stats = synthesize(args)
-    except ValueError as e:
-        raise SystemExit(str(e)) from e
-    u = stats["utterances"]
-    print(f"[synthesize_corpus] {sum(u.values())} utterances (train {u['train']} / dev {u['dev']}"
-          f" / test {u['test']}), {stats['hours']:.2f} h, mean {stats['mean_s']:.2f} s "
-          f"(min {stats['min_s']:.2f}, max {stats['max_s']:.2f}), vocab {stats['vocab_words']} "
-          f"words, {stats['wall_s']:.1f} s wall = {stats['audio_s_per_wall_s']:.0f}x real time "
-          f"-> {Path(args.out) / 'data_aishell'}")
-    return stats
+    return run_cli("synthesize_corpus", get_parser().parse_args(argv), "data_aishell", synthesize, _check)
 
 
 if __name__ == "__main__":

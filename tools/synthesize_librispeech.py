@@ -34,13 +34,14 @@ from espeak_corpus import (
     SPLITS,
     Speaker,
     Utterance,
+    add_corpus_options,
     audio_stats,
     draw_speaker,
     draw_utterance,
     prepare_root,
     render_all,
     render_files,
-    same_options,
+    run_cli,
     speakers_per_split,
 )
 
@@ -172,51 +173,22 @@ def get_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--out", required=True, help="writes OUT/LibriSpeech/")
-    p.add_argument("--num_train", type=int, default=1500, help=f"{SUBSETS['train']} utterances")
-    p.add_argument("--num_dev", type=int, default=100, help=f"{SUBSETS['dev']} utterances")
-    p.add_argument("--num_test", type=int, default=100, help=f"{SUBSETS['test']} utterances")
-    p.add_argument("--num_speakers", type=int, default=40,
-                   help="speakers in all; train/dev/test get disjoint ones")
+    add_corpus_options(p, SUBSETS)
     p.add_argument("--chapters_per_speaker", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0, help="same seed, same bytes")
     p.add_argument("--vocab_size", type=int, default=len(WORDS),
                    help=f"the first N of the tool's {len(WORDS)} words")
-    p.add_argument("--mean_duration", type=float, default=4.5,
-                   help="mean utterance seconds (lognormal target)")
-    p.add_argument("--num_workers", type=int, default=2, help="worker processes")
-    p.add_argument("--force", action="store_true", help="replace an earlier synthesized corpus")
-    p.add_argument("--check", action="store_true",
-                   help="synthesize nothing: print True when OUT already holds a complete corpus made "
-                        "with these options, else False (fails when OUT has none)")
     return p
 
 
-def main(argv: list[str] | None = None) -> dict:
-    args = get_parser().parse_args(argv)
-    if args.check:
-        same = same_options(Path(args.out) / "LibriSpeech", vars(args))
-        print(same)
-        return {"same": same}
-    for name in ("num_train", "num_dev", "num_test"):
-        if getattr(args, name) < 0:
-            raise SystemExit(f"--{name} must be >= 0")
-    if args.num_train + args.num_dev + args.num_test == 0:
-        raise SystemExit("nothing to synthesize: all of --num_train/--num_dev/--num_test are 0")
+def _check(args: argparse.Namespace) -> None:
     if not 1 <= args.vocab_size <= len(WORDS):
         raise SystemExit(f"--vocab_size must be in 1..{len(WORDS)}")
-    if args.mean_duration <= 0 or args.num_speakers < 1 or args.chapters_per_speaker < 1:
-        raise SystemExit("--mean_duration, --num_speakers and --chapters_per_speaker must be positive")
-    try:
-        stats = synthesize(args)
-    except ValueError as e:
-        raise SystemExit(str(e)) from e
-    u = stats["utterances"]
-    print(f"[synthesize_librispeech] {sum(u.values())} utterances ("
-          + " / ".join(f"{k} {v}" for k, v in u.items())
-          + f"), {stats['hours']:.2f} h, mean {stats['mean_s']:.2f} s (min {stats['min_s']:.2f}, "
-          f"max {stats['max_s']:.2f}), vocab {stats['vocab_words']} words, {stats['wall_s']:.1f} s wall = "
-          f"{stats['audio_s_per_wall_s']:.0f}x real time -> {Path(args.out) / 'LibriSpeech'}")
-    return stats
+    if args.chapters_per_speaker < 1:
+        raise SystemExit("--chapters_per_speaker must be positive")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return run_cli("synthesize_librispeech", get_parser().parse_args(argv), "LibriSpeech", synthesize, _check)
 
 
 if __name__ == "__main__":

@@ -161,62 +161,22 @@ bench_opts=--no-count_ops
 . "$repo/tools/parse_options.sh" || exit 1
 if [ $# -gt 0 ]; then echo "run.sh: unexpected argument '$1' (see --help)" >&2; exit 1; fi
 
-abspath() { case "$1" in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
-work_dir=$(abspath "$work_dir")
-[ -n "$aishell_dir" ] && aishell_dir=$(abspath "$aishell_dir")
-[ -n "$llm_path" ] && llm_path=$(abspath "$llm_path")
-case "$config" in /*) ;; *) [ -f "$recipe_dir/$config" ] && config=$recipe_dir/$config || config=$(abspath "$config") ;; esac
-. "$recipe_dir/path.sh"
-if [ -z "$python" ]; then
-  if [ -x "$repo/.venv/bin/python" ]; then python=$repo/.venv/bin/python; else python=python3; fi
-fi
-
+. "$repo/tools/recipe_stages.sh"   # the stages and helpers shared with recipes/librispeech
+recipe_paths
+[ -z "$aishell_dir" ] || aishell_dir=$(abspath "$aishell_dir")
 data=$work_dir/data
 exp=$work_dir/exp
 run_dir=$exp/$exp_name
 llm=${llm_path:-$exp/tiny_llm}
 cmvn=$data/train/global_cmvn.json
-mkdir -p "$work_dir"
-. "$repo/tools/recipe_stages.sh"   # log, runs, online and stages 4-9 (shared with recipes/librispeech)
-
-# Which corpus the stages use (decided without the network when a corpus is already there).
-synth_root=$work_dir/corpus/synth
-download_root=$work_dir/corpus/download
-if [ -n "$aishell_dir" ]; then
-  corpus=$aishell_dir
-  synthetic=false
-else
-  if [ "$synthetic" = auto ]; then
-    if [ -f "$synth_root/data_aishell/synthesis.json" ]; then synthetic=true
-    elif [ -d "$download_root/data_aishell" ]; then synthetic=false
-    elif online "$aishell_url"; then synthetic=false
-    else log "offline (no answer from $aishell_url within 3 s): using a synthesized corpus"; synthetic=true
-    fi
-  fi
-  case "$synthetic" in
-    true) corpus=$synth_root/data_aishell ;;
-    false) corpus=$download_root/data_aishell ;;
-    *) echo "run.sh: --synthetic must be auto, true or false" >&2; exit 1 ;;
-  esac
-fi
+pick_corpus "$aishell_dir" data_aishell "$aishell_url"
 
 if runs 0; then
   if [ -n "$aishell_dir" ]; then
     [ -d "$aishell_dir" ] || { echo "run.sh: --aishell_dir $aishell_dir does not exist" >&2; exit 1; }
     log "stage 0: using the corpus in $aishell_dir"
   elif [ "$synthetic" = true ]; then
-    # shellcheck disable=SC2206  # synth_opts is a list of options
-    synth_args=(--out "$synth_root" --num_train "$num_train" --num_dev "$num_dev" --num_test "$num_test"
-                --num_speakers "$num_speakers" --vocab_size "$vocab_size" --seed "$synth_seed"
-                --num_workers "$nj" $synth_opts)
-    same=$("$python" "$repo/tools/synthesize_corpus.py" "${synth_args[@]}" --check 2>/dev/null || true)
-    if [ "$same" = True ]; then
-      log "stage 0: synthesized corpus with these options already in $synth_root/data_aishell"
-    else
-      log "stage 0: synthesizing $num_train/$num_dev/$num_test utterances -> $synth_root"
-      force=; [ -e "$synth_root/data_aishell" ] && force=--force
-      "$python" "$repo/tools/synthesize_corpus.py" "${synth_args[@]}" $force
-    fi
+    stage_synthesize synthesize_corpus.py data_aishell "Mandarin (eSpeak NG)"
   else
     mkdir -p "$download_root"
     if [ ! -d "$download_root/data_aishell/transcript" ]; then

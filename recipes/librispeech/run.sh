@@ -148,16 +148,9 @@ average_mode=best
 . "$repo/tools/parse_options.sh" || exit 1
 if [ $# -gt 0 ]; then echo "run.sh: unexpected argument '$1' (see --help)" >&2; exit 1; fi
 
-abspath() { case "$1" in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
-work_dir=$(abspath "$work_dir")
-[ -n "$data_root" ] && data_root=$(abspath "$data_root")
-[ -n "$llm_path" ] && llm_path=$(abspath "$llm_path")
-case "$config" in /*) ;; *) [ -f "$recipe_dir/$config" ] && config=$recipe_dir/$config || config=$(abspath "$config") ;; esac
-. "$recipe_dir/path.sh"
-if [ -z "$python" ]; then
-  if [ -x "$repo/.venv/bin/python" ]; then python=$repo/.venv/bin/python; else python=python3; fi
-fi
-
+. "$repo/tools/recipe_stages.sh"   # the stages and helpers shared with recipes/aishell
+recipe_paths
+[ -z "$data_root" ] || data_root=$(abspath "$data_root")
 dir_of() { echo "${1//-/_}"; }   # dev-clean -> dev_clean, the data/ folder of a subset
 data=$work_dir/data
 exp=$work_dir/exp
@@ -170,47 +163,14 @@ case "$cmvn" in
   *) echo "run.sh: --cmvn must be true or false" >&2; exit 1 ;;
 esac
 [ -n "$decode_sets" ] || decode_sets=$(for x in $dev_set $test_sets; do dir_of "$x"; done | xargs)
-mkdir -p "$work_dir"
-. "$repo/tools/recipe_stages.sh"   # log, runs, online and stages 4-9 (shared with recipes/aishell)
-
-# Which corpus the stages use (decided without the network when a corpus is already there).
-synth_root=$work_dir/corpus/synth
-download_root=$work_dir/corpus/download
-if [ -n "$data_root" ]; then
-  corpus=$data_root
-  synthetic=false
-else
-  if [ "$synthetic" = auto ]; then
-    if [ -f "$synth_root/LibriSpeech/synthesis.json" ]; then synthetic=true
-    elif [ -d "$download_root/LibriSpeech" ]; then synthetic=false
-    elif online "$librispeech_url/$dev_set.tar.gz"; then synthetic=false
-    else log "offline (no answer from $librispeech_url within 3 s): using a synthesized corpus"; synthetic=true
-    fi
-  fi
-  case "$synthetic" in
-    true) corpus=$synth_root/LibriSpeech ;;
-    false) corpus=$download_root/LibriSpeech ;;
-    *) echo "run.sh: --synthetic must be auto, true or false" >&2; exit 1 ;;
-  esac
-fi
+pick_corpus "$data_root" LibriSpeech "$librispeech_url/$dev_set.tar.gz"
 
 if runs 0; then
   if [ -n "$data_root" ]; then
     [ -d "$data_root" ] || { echo "run.sh: --data_root $data_root does not exist" >&2; exit 1; }
     log "stage 0: corpus: the LibriSpeech folder $data_root (--data_root)"
   elif [ "$synthetic" = true ]; then
-    # shellcheck disable=SC2206  # synth_opts is a list of options
-    synth_args=(--out "$synth_root" --num_train "$num_train" --num_dev "$num_dev" --num_test "$num_test"
-                --num_speakers "$num_speakers" --vocab_size "$vocab_size" --seed "$synth_seed"
-                --num_workers "$nj" $synth_opts)
-    same=$("$python" "$repo/tools/synthesize_librispeech.py" "${synth_args[@]}" --check 2>/dev/null || true)
-    if [ "$same" = True ]; then
-      log "stage 0: corpus: synthesized English (eSpeak NG) with these options, already in $synth_root/LibriSpeech"
-    else
-      log "stage 0: corpus: synthesizing English (eSpeak NG), $num_train/$num_dev/$num_test utterances -> $synth_root"
-      force=; [ -e "$synth_root/LibriSpeech" ] && force=--force
-      "$python" "$repo/tools/synthesize_librispeech.py" "${synth_args[@]}" $force
-    fi
+    stage_synthesize synthesize_librispeech.py LibriSpeech "English (eSpeak NG)"
   else
     mkdir -p "$download_root"
     for x in $train_sets $dev_set $test_sets; do

@@ -124,6 +124,7 @@ class Qwen2_5OmniPackedEncoder(WhisperPackedEncoder):
     in, flat ``(ΣT'', d_model)`` out; every utterance in its own 2 s chunks, as transformers forms them."""
 
     encoder_type = "qwen2_5_omni"
+    title = "Qwen2.5-Omni audio tower"
     frame_stages = QWEN2_AUDIO_STAGES
     geometry = staticmethod(omni_geometry)
     window_mode = False   # no 30 s window: model.encoder.pad_to_30s is refused

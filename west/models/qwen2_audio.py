@@ -86,6 +86,7 @@ class Qwen2AudioPackedEncoder(WhisperPackedEncoder):
         self.path = path
 
     encoder_type = "qwen2_audio"
+    title = "Qwen2-Audio audio tower"
     frame_stages = QWEN2_AUDIO_STAGES
     geometry = staticmethod(qwen2_audio_geometry)
 

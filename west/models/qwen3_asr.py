@@ -30,9 +30,8 @@ import torch.nn.functional as F
 
 from west.batch import to_device
 from west.models.hf_attention import ATTN_NAME, packed_kwargs, register
-from west.models.layout import FlatEncoder, FrameLayout
-from west.models.llm import hf_checkpointing
-from west.models.whisper_encoder import load_hf_part, read_hf_config, read_processor
+from west.models.layout import FrameLayout
+from west.models.whisper_encoder import HFTower, load_hf_part, read_hf_config, read_processor
 from west.schema import ConfigError, require
 from west.shapes import SpeechShape, chunked_frames
 
@@ -82,11 +81,13 @@ def load_hf_qwen3_asr_encoder(path: str, dtype: torch.dtype = torch.float32) -> 
                         key_mapping=_TOWER_KEYS, attn_implementation=register(), dtype=dtype)
 
 
-class Qwen3ASRPackedEncoder(FlatEncoder):
+class Qwen3ASRPackedEncoder(HFTower):
     """log-mel feats -> audio-encoder frames, packed ``(ΣT, n_mels)+cu_seqlens`` or padded ``(N, T,
     n_mels)+lengths`` in, flat ``(ΣT', d_model)`` out in utterance order."""
 
     encoder_type = "qwen3_asr"
+    front = ("conv2d1", "conv2d2", "conv2d3", "conv_out")
+    title = "Qwen3-ASR encoder"
     packs_padded_input = True   # padded feats are packed before the convolutions
 
     def __init__(self, hf_encoder: nn.Module, path: str, backend: str = "auto"):
@@ -159,22 +160,6 @@ class Qwen3ASRPackedEncoder(FlatEncoder):
     @property
     def num_mel_bins(self) -> int:
         return self.hf.config.num_mel_bins
-
-    def freeze_blocks(self, n: int) -> None:
-        """Freeze the convolutions, ``conv_out`` and the first ``n`` layers (positions are fixed sinusoids)."""
-        if n > len(self.hf.layers):
-            raise ValueError(f"model.freeze_encoder_blocks {n} > the Qwen3-ASR encoder's {len(self.hf.layers)} layers")
-        if n > 0:
-            for m in (self.hf.conv2d1, self.hf.conv2d2, self.hf.conv2d3, self.hf.conv_out, *self.hf.layers[:n]):
-                m.requires_grad_(False)
-
-    @property
-    def gradient_checkpointing(self) -> bool:
-        return bool(getattr(self.hf, "gradient_checkpointing", False))
-
-    @gradient_checkpointing.setter
-    def gradient_checkpointing(self, on: bool) -> None:
-        hf_checkpointing(self.hf, on)
 
     # ------------------------------------------------------------------ forward
     def encode(self, feats: torch.Tensor, lens: list[int], packed: bool) -> tuple[torch.Tensor, FrameLayout]:

@@ -156,7 +156,32 @@ def packed_convs(conv1: nn.Conv1d, conv2: nn.Conv1d, mel: torch.Tensor, lens: li
     return h[0].t().index_select(0, out_rows)
 
 
-class WhisperPackedEncoder(FlatEncoder):
+class HFTower(FlatEncoder):
+    """A FlatEncoder around a transformers audio tower ``self.hf`` whose ``layers`` are its blocks:
+    freezing its front (the modules named in ``front``) with the first layers, and transformers' own
+    activation checkpointing (its positions are fixed or never trained here)."""
+
+    front: tuple[str, ...] = ()
+    title = "audio encoder"
+
+    def freeze_blocks(self, n: int) -> None:
+        """Freeze the front and the first ``n`` layers."""
+        if n > len(self.hf.layers):
+            raise ValueError(f"model.freeze_encoder_blocks {n} > the {self.title}'s {len(self.hf.layers)} layers")
+        if n > 0:
+            for m in (*(getattr(self.hf, name) for name in self.front), *self.hf.layers[:n]):
+                m.requires_grad_(False)
+
+    @property
+    def gradient_checkpointing(self) -> bool:
+        return bool(getattr(self.hf, "gradient_checkpointing", False))
+
+    @gradient_checkpointing.setter
+    def gradient_checkpointing(self, on: bool) -> None:
+        hf_checkpointing(self.hf, on)
+
+
+class WhisperPackedEncoder(HFTower):
     """log-mel feats -> encoder frames, packed ``(ΣT, n_mels)+cu_seqlens`` or padded ``(N, T, n_mels)+lengths``.
 
     Output is always flat ``(ΣT', d_model)`` in utterance order (a packed FrameLayout)."""
@@ -192,6 +217,8 @@ class WhisperPackedEncoder(FlatEncoder):
 
     # what a Whisper-like tower's checkpoint and convolutions give (a subclass names its own)
     encoder_type = "whisper"
+    front = ("conv1", "conv2")
+    title = "Whisper encoder"
     frame_stages = WHISPER_STAGES
     geometry = staticmethod(whisper_geometry)   # path -> (num_mel_bins, max mel frames, layers)
 
@@ -220,24 +247,6 @@ class WhisperPackedEncoder(FlatEncoder):
     def max_frames(self) -> int:
         """Mel frames in Whisper's window (3000 = 30 s): longer utterances are refused."""
         return self.hf.config.max_source_positions * self.hf.conv1.stride[0] * self.hf.conv2.stride[0]
-
-    def freeze_blocks(self, n: int) -> None:
-        """Freeze the convolutions and the first ``n`` layers (the positions are always frozen)."""
-        if n > len(self.hf.layers):
-            raise ValueError(f"model.freeze_encoder_blocks {n} > the Whisper encoder's {len(self.hf.layers)} layers")
-        if n > 0:
-            self.hf.conv1.requires_grad_(False)
-            self.hf.conv2.requires_grad_(False)
-            for layer in self.hf.layers[:n]:
-                layer.requires_grad_(False)
-
-    @property
-    def gradient_checkpointing(self) -> bool:
-        return bool(getattr(self.hf, "gradient_checkpointing", False))
-
-    @gradient_checkpointing.setter
-    def gradient_checkpointing(self, on: bool) -> None:
-        hf_checkpointing(self.hf, on)
 
     # ------------------------------------------------------------------ forward
     def encode(self, feats: torch.Tensor, lens: list[int], packed: bool) -> tuple[torch.Tensor, FrameLayout]:
