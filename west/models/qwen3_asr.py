@@ -150,17 +150,6 @@ class Qwen3ASRPackedEncoder(HFTower):
             raise ValueError(f"model.path {self.path!r}: no multi_modal_projector.linear_1 / linear_2 weights found")
         return out
 
-    def fsdp_units(self) -> list[nn.Module]:
-        return list(self.hf.layers)
-
-    @property
-    def output_dim(self) -> int:
-        return self.hf.config.d_model
-
-    @property
-    def num_mel_bins(self) -> int:
-        return self.hf.config.num_mel_bins
-
     # ------------------------------------------------------------------ forward
     def encode(self, feats: torch.Tensor, lens: list[int], packed: bool) -> tuple[torch.Tensor, FrameLayout]:
         """Checked feats (FlatEncoder.forward_flat) -> flat rows ``(ΣT', D)`` and their packed layout."""

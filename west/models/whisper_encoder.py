@@ -157,12 +157,24 @@ def packed_convs(conv1: nn.Conv1d, conv2: nn.Conv1d, mel: torch.Tensor, lens: li
 
 
 class HFTower(FlatEncoder):
-    """A FlatEncoder around a transformers audio tower ``self.hf`` whose ``layers`` are its blocks:
-    freezing its front (the modules named in ``front``) with the first layers, and transformers' own
-    activation checkpointing (its positions are fixed or never trained here)."""
+    """A FlatEncoder around a transformers audio tower ``self.hf`` whose ``layers`` are its blocks (FSDP's
+    units): its widths from its config, freezing its front (the modules named in ``front``) with the
+    first layers, and transformers' own activation checkpointing (its positions are fixed or never
+    trained here)."""
 
     front: tuple[str, ...] = ()
     title = "audio encoder"
+
+    def fsdp_units(self) -> list[nn.Module]:
+        return list(self.hf.layers)
+
+    @property
+    def output_dim(self) -> int:
+        return self.hf.config.d_model
+
+    @property
+    def num_mel_bins(self) -> int:
+        return self.hf.config.num_mel_bins
 
     def freeze_blocks(self, n: int) -> None:
         """Freeze the front and the first ``n`` layers."""
@@ -231,17 +243,6 @@ class WhisperPackedEncoder(HFTower):
     @classmethod
     def num_layers(cls, cfg) -> int:
         return cls.geometry(cfg.path)[2]
-
-    def fsdp_units(self) -> list[nn.Module]:
-        return list(self.hf.layers)
-
-    @property
-    def output_dim(self) -> int:
-        return self.hf.config.d_model
-
-    @property
-    def num_mel_bins(self) -> int:
-        return self.hf.config.num_mel_bins
 
     @property
     def max_frames(self) -> int:
