@@ -43,13 +43,14 @@ EXTRAS = {
     # Packing with TRL's SFTTrainer (west.hf.PackingMixin); also in dev, so its test runs in CI.
     "hf": ["trl>=1.16"],
     # Lhotse CutSets and Shar as training lists (data.data_type lhotse / shar); lhotse 1.33 imports
-    # urllib3 without declaring it. Also in dev, so their tests run in CI.
-    "lhotse": ["lhotse>=1.30", "urllib3>=1.26"],
+    # urllib3 without declaring it; lilcom reads Lhotse's compressed features (Shar's default). Also
+    # in dev, so their tests run in CI.
+    "lhotse": ["lhotse>=1.30", "urllib3>=1.26", "lilcom>=1.7"],
     # Hugging Face datasets (save_to_disk, parquet) as training lists (data.data_type hf); also in dev.
     "datasets": ["datasets>=3.0"],
     "dev": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "hypothesis>=6.100", "peft>=0.21", "ruff>=0.6", "trl>=1.16",
             "whisper-normalizer>=0.1.12", "opencc>=1.1.9",
-            "lhotse>=1.30", "urllib3>=1.26", "datasets>=3.0"],
+            "lhotse>=1.30", "urllib3>=1.26", "lilcom>=1.7", "datasets>=3.0"],
 }
 
 setup(

@@ -221,7 +221,8 @@ def test_bad_cuts_are_counted_naming_their_line(cuts, tokenizer, tmp_path, caplo
 def test_shar_index_is_written_checked_and_counts_a_missing_tar(cuts, tokenizer, tmp_path):
     shar = tmp_path / "shar"
     shutil.copytree(cuts["shar"], shar)
-    Path(index_path(str(shar))).unlink()
+    assert not Path(index_path(str(shar))).exists()          # beside the directory: a copy has none
+    assert sorted(p.name for p in shar.iterdir()) == sorted(p.name for p in cuts["shar"].iterdir())
     with pytest.raises(ValueError, match=r"compute_lengths.py .*shar"):
         run(shar, tokenizer)
     (shar / "recording.000001.tar").unlink()                 # cuts 5..9 lose their audio

@@ -179,7 +179,7 @@ def test_kaldi_features_are_refused_with_whisper(env, list_kinds):
     from west.data.config import DataConfig
     from west.data.dataset import SpeechDataset
 
-    with pytest.raises(ValueError, match="precomputed Kaldi features; data.features whisper"):
+    with pytest.raises(ValueError, match="has precomputed features; data.features whisper"):
         SpeechDataset(str(list_kinds["kaldi"]), AutoTokenizer.from_pretrained(env["llm"]),
                       DataConfig(features="whisper"), model_config(env).speech_shape())
 

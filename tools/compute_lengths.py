@@ -11,11 +11,11 @@
   it (member offsets, transcripts and lengths: west.data.shards); OUT_LIST is
   not used.
 * Kaldi data dir: writes DIR/utt2num_frames from the feature matrices.
-* Lhotse Shar directory: writes DIR/west.idx, where each cut's audio lies in its
-  recording tar (west.data.shar); the lengths are the cuts' durations.
+* Lhotse Shar directory: writes DIR.west.idx beside it, where each cut's audio (or features) lies in its
+  recording (or features) tar (west.data.shar); the lengths are the cuts' durations.
 * Hugging Face dataset (a save_to_disk directory, a parquet file, a directory or a
   list of parquet files) without a duration column: writes the lengths index
-  beside it, DIR/west.idx or FILE.idx (west.data.hf_index), from each row's audio
+  beside it, DIR.west.idx or FILE.idx (west.data.hf_index), from each row's audio
   header; --audio_column / --text_column / --messages_column as data.*_column.
 * Lhotse cuts (and recordings + supervisions): nothing to write, a cut carries
   its duration.

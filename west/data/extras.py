@@ -7,7 +7,7 @@ from types import ModuleType
 
 from west.schema import ConfigError
 
-EXTRAS = {"lhotse": "lhotse", "datasets": "datasets"}   # module -> west's extra (setup.py)
+EXTRAS = {"lhotse": "lhotse", "lilcom": "lhotse", "datasets": "datasets"}   # module -> west's extra (setup.py)
 
 
 def require(module: str, path: str, what: str) -> ModuleType:

@@ -65,7 +65,7 @@ def _segment(spec: AudioSpec, sr: int, n_total: int) -> tuple[int, int]:
     return min(start, n_total), min(stop, n_total)
 
 
-def _read_member(tar: str, offset: int, size: int) -> bytes:
+def read_member(tar: str, offset: int, size: int) -> bytes:
     """The bytes of one tar member, by offset (west.data.shards)."""
     if not os.path.exists(tar):
         raise SkipSample("missing_file", f"shard {tar} does not exist")
@@ -81,7 +81,7 @@ def _open(spec: AudioSpec):
     if spec.data is not None:
         return io.BytesIO(spec.data)
     if spec.tar is not None:
-        return io.BytesIO(_read_member(spec.tar, spec.offset, spec.size))
+        return io.BytesIO(read_member(spec.tar, spec.offset, spec.size))
     path = resolve_path(spec.path, spec.base)
     if not os.path.exists(path):
         raise SkipSample("missing_file", f"audio file {path} does not exist")

@@ -2,7 +2,7 @@
 
 Every epoch is planned from lengths. ``tools/compute_lengths.py PATH``
 (``west.data.hf_lists.write_hf_index``) reads each row's audio header (soundfile, no decoding)
-and writes ``index_path(PATH)`` (``DIR/west.idx`` for a directory, ``FILE.idx`` for a parquet
+and writes ``index_path(PATH)`` (``DIR.west.idx`` beside a directory, ``FILE.idx`` for a parquet
 file or list), JSON lines:
 
     {"parts": [["train", 1048576, 2000]]}                            # each table: name, bytes, rows

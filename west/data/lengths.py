@@ -84,9 +84,14 @@ class LengthTable:
         self._chunk: list[tuple[Record, list[int]]] = []
 
     def add(self, rec: Record) -> None:
-        if not self.kaldi_feats and any(a.ark is not None for a in rec.audio):
-            raise ValueError(f"{rec.src}: {rec.key} has precomputed Kaldi features; data.features "
-                             f"{self.conf.features} computes its features from audio (give a list of wav files)")
+        if not self.kaldi_feats and any(a.ark is not None or a.features is not None for a in rec.audio):
+            raise ValueError(f"{rec.src}: {rec.key} has precomputed features; data.features "
+                             f"{self.conf.features} computes its features from audio (give a list of audio files)")
+        for a in rec.audio:
+            shift = a.cut["features"].get("frame_shift") if a.features is not None else None
+            if shift is not None and abs(1000 * float(shift) - self.conf.frame_shift_ms) > 1e-6:
+                raise ValueError(f"{rec.src}: {rec.key} has Lhotse features with a frame shift of {1000 * shift:g} ms; "
+                                 f"data.frame_shift_ms is {self.conf.frame_shift_ms:g}")
         frames = [estimate_frames(a, self.conf) for a in rec.audio]
         if any(f is None for f in frames):
             raise ValueError(f"{rec.src}: {rec.key} has no duration/num_frames, and every epoch is planned "

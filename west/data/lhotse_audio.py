@@ -1,10 +1,13 @@
 """Cuts that west cannot read as a slice of one file (recording transforms such as speed
 perturbation, mixed or padded cuts, url or command sources) are loaded by lhotse itself, at
-decode time, from the cut's manifest (``AudioSpec.cut``; the ``lhotse`` extra)."""
+decode time, from the cut's manifest (``AudioSpec.cut``; the ``lhotse`` extra); so are the
+precomputed features of a cut without audio (``AudioSpec.features``: in their own storage, or a
+Shar member read by byte offset)."""
 from __future__ import annotations
 
 import copy
 import os
+from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -34,6 +37,36 @@ def load_cut_audio(cut: dict) -> tuple[np.ndarray, int]:
             raise SkipSample("truncated_audio", f"the cut asks for more audio than its recording holds: {e}")
         raise
     return np.ascontiguousarray(np.asarray(audio, np.float32).reshape(-1, audio.shape[-1]).T), obj.sampling_rate
+
+
+def require_lilcom(what: str) -> None:
+    """Lilcom-compressed features need the ``lilcom`` package (in the lhotse extra): said up front."""
+    require("lilcom", what, "lilcom-compressed Lhotse features")
+
+
+def load_cut_features(cut: dict, fmt: str, member: bytes = b"") -> np.ndarray:
+    """(T, F) float32 precomputed features of a cut, read by lhotse: from their own storage
+    (``fmt`` "manifest"), or from ``member``, the bytes of its Shar features member (``fmt``
+    "llc" or "npy", filled in as lhotse's own Shar reader fills its placeholder)."""
+    import_lhotse("a cut's features")
+    from lhotse.serialization import deserialize_item  # optional extra: lhotse
+    from lhotse.shar.utils import fill_shar_placeholder  # optional extra: lhotse
+
+    obj = deserialize_item(copy.deepcopy(cut))
+    if fmt != "manifest":
+        fill_shar_placeholder(obj, member, Path(f"{obj.id}.{fmt}"), field="features")
+    elif not obj.features.storage_type.startswith("memory"):
+        where = Path(obj.features.storage_path)
+        where = where / obj.features.storage_key if obj.features.storage_type.endswith("_files") else where
+        if not where.exists():
+            raise SkipSample("missing_file", f"feature file {where} does not exist")
+    try:
+        mat = obj.load_features()
+    except ImportError as e:   # lilcom: the same extra's package, named
+        raise ValueError(f"cut {obj.id}: its features need a package that is not installed: {e}") from e
+    except Exception as e:   # a truncated or corrupt member is bad input, not a reason to stop the epoch
+        raise SkipSample("corrupt_audio", f"cannot read the features of cut {obj.id}: {type(e).__name__}: {e}")
+    return np.ascontiguousarray(np.asarray(mat, np.float32))
 
 
 def _file_sources(item: object) -> Iterator[str]:

@@ -25,7 +25,7 @@ import pickle
 from typing import Callable, Iterator, Optional
 
 from west.data.features import SEGMENT_END_TOLERANCE_S, resolve_path
-from west.data.lhotse_audio import import_lhotse
+from west.data.lhotse_audio import import_lhotse, require_lilcom
 from west.data.parsing import check_text, is_lhotse_item, parse_messages
 from west.data.records import AudioSpec, Record
 from west.data.stats import DataStats, SkipSample
@@ -80,10 +80,26 @@ def _resolved(item: object, base: str) -> object:
     return item
 
 
+def cut_features(cut, base: str, fmt: str = "manifest") -> AudioSpec:
+    """A cut without audio read by its precomputed features (their own storage, or a Shar member's
+    format ``fmt``); lilcom's package is checked here, before any epoch."""
+    storage = "lilcom" if fmt == "llc" else cut.features.storage_type
+    if "lilcom" in storage:
+        require_lilcom(f"cut {cut.id}")
+    item = _resolved(cut.to_dict(), base)
+    feats = item["features"]
+    if fmt == "manifest" and feats.get("storage_path") and not feats["storage_type"].startswith("memory"):
+        feats["storage_path"] = resolve_path(feats["storage_path"], base)   # as west resolves list paths
+    return AudioSpec(cut=item, features=fmt, duration=float(cut.duration), num_frames=int(cut.num_frames))
+
+
 def cut_audio(cut, base: str) -> AudioSpec:
-    """Where a cut's audio is (raises SkipSample for a cut without audio or past its recording)."""
+    """Where a cut's audio is, else its precomputed features (raises SkipSample for a cut with
+    neither, or past its recording)."""
     if not cut.has_recording:
-        raise SkipSample("missing_file", f"cut {cut.id} has no recording")
+        if cut.has_features:
+            return cut_features(cut, base)
+        raise SkipSample("missing_file", f"cut {cut.id} has no recording and no features")
     rec = getattr(cut, "recording", None)
     if rec is not None and cut.start + cut.duration > rec.duration + SEGMENT_END_TOLERANCE_S:
         raise SkipSample("truncated_audio", f"cut ends at {cut.start + cut.duration:.3f}s, past the end of "

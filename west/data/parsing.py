@@ -128,8 +128,9 @@ INDEX_SUFFIX = ".idx"
 
 
 def index_path(path: str) -> str:
-    """Where west keeps what it needs beside a list: LIST.idx, or DIR/west.idx for a directory."""
-    return os.path.join(path, "west" + INDEX_SUFFIX) if os.path.isdir(path) else path + INDEX_SUFFIX
+    """Where west keeps what it needs beside a list: LIST.idx, or DIR.west.idx beside a directory (never
+    inside it: lhotse reads every file of a Shar directory as one of its fields)."""
+    return os.path.normpath(path) + ".west" + INDEX_SUFFIX if os.path.isdir(path) else path + INDEX_SUFFIX
 
 
 def first_json(path: str) -> object:

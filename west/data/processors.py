@@ -24,12 +24,13 @@ from typing import Callable, Iterable, Iterator, Optional, Union
 import numpy as np
 
 from west.data.config import DataConfig
-from west.data.features import GlobalCMVN, compute_fbank
+from west.data.features import GlobalCMVN, compute_fbank, read_member
 from west.data.features import load_audio as _load_audio
 from west.data.features import spec_augment as _spec_augment
 from west.data.lengths import check_budget
+from west.data.lhotse_audio import load_cut_features
 from west.data.qwen3_asr_features import qwen3_asr_log_mel
-from west.data.records import Record, Sample
+from west.data.records import AudioSpec, Record, Sample
 from west.data.stats import DataStats, SkipSample
 from west.data.tokenize import PromptEncoder
 from west.data.whisper_features import MAX_FRAMES, whisper_log_mel
@@ -67,6 +68,9 @@ def _load(record: Record, sr: int, num_mel_bins: int) -> Sample:
         if spec.ark is not None:
             feats.append(_load_ark(spec.ark, num_mel_bins))
             continue
+        if spec.features is not None:
+            feats.append(_load_cut_features(spec, num_mel_bins))
+            continue
         try:
             waves.append(_load_audio(spec, sr))
         except SkipSample:
@@ -92,8 +96,18 @@ def _load_ark(ark: str, num_mel_bins: int) -> np.ndarray:
     return mat
 
 
+def _load_cut_features(spec: AudioSpec, num_mel_bins: int) -> np.ndarray:
+    member = read_member(spec.tar, spec.offset, spec.size) if spec.tar is not None else b""
+    mat = load_cut_features(spec.cut, spec.features, member)
+    if mat.ndim != 2 or mat.shape[1] != num_mel_bins:
+        raise SkipSample("corrupt_audio", f"Lhotse features of shape {mat.shape}, expected (T, {num_mel_bins})")
+    if mat.shape[0] == 0:
+        raise SkipSample("empty_audio", "feature matrix has zero frames")
+    return mat
+
+
 def load_audio(records: Iterable[Record], ctx: DecodeContext) -> Iterator[Sample]:
-    """Decode every audio part (soundfile + soxr) or read Kaldi features."""
+    """Decode every audio part (soundfile + soxr), or read Kaldi or Lhotse features."""
     return _each(records, ctx.stats, lambda s: _load(s, ctx.conf.sample_rate, ctx.conf.num_mel_bins))
 
 

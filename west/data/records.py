@@ -36,6 +36,8 @@ class AudioSpec:
     num_frames: Optional[int] = None  # fbank frames (tools/compute_lengths.py writes them)
     channels: Optional[tuple[int, ...]] = None  # the file's channels to keep (their mean); None: the first
     cut: Optional[dict] = None      # a Lhotse cut that lhotse itself loads (transforms, mixes; west.data.lhotse_audio)
+    features: Optional[str] = None  # the cut's precomputed Lhotse features instead of audio: "manifest" (their
+    #                                 own storage) or a Shar member's format ("llc", "npy": bytes at tar/offset/size)
 
     def seconds(self) -> Optional[float]:
         """What the list says the part lasts: its duration, else end - start."""

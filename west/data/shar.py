@@ -3,9 +3,10 @@
 A Shar directory holds shards ``cuts.NNNNNN.jsonl.gz`` + ``recording.NNNNNN.tar``: the tar has,
 for each cut of its cuts file and in the same order, the cut's audio (``ID.flac``, ``ID.wav``...)
 followed by its recording manifest (``ID.json``; ``ID.nodata`` + ``ID.nometa`` for a cut without
-audio). To plan epochs every cut's length is needed (its duration, in the cuts file), and so that
+audio). A shard without a recording tar is read from its ``features.NNNNNN.tar`` instead: each cut's
+precomputed features (``ID.llc`` lilcom or ``ID.npy``), decoded by lhotse at load time. To plan epochs every cut's length is needed (its duration, in the cuts file), and so that
 a rank reads only the audio it trains on, where each cut's audio lies in its tar: that is the
-index ``tools/compute_lengths.py SHAR_DIR`` writes once, ``SHAR_DIR/west.idx``, JSON lines:
+index ``tools/compute_lengths.py SHAR_DIR`` writes once, ``SHAR_DIR.west.idx`` beside it, JSON lines:
 
     {"cuts": "cuts.000000.jsonl.gz", "tar": "recording.000000.tar", "bytes": 1048576}   # one per shard
     {"key": "cut-0001", "offset": 1536, "size": 96044}                                  # its cuts, in order
@@ -25,7 +26,7 @@ import tarfile
 from typing import Callable, Optional
 
 from west.data.lhotse_audio import import_lhotse
-from west.data.lhotse_lists import PickledRecords, _as_cut, cut_record, read_manifest
+from west.data.lhotse_lists import PickledRecords, _as_cut, cut_features, cut_record, read_manifest
 from west.data.parsing import index_path, read_lines
 from west.data.records import AudioSpec, Record
 from west.data.stats import DataStats, SkipSample
@@ -34,9 +35,20 @@ SHARD_RE = re.compile(r"^cuts\.(\d+)\.jsonl(\.gz)?$")
 
 
 def shar_shards(path: str) -> list[tuple[str, str]]:
-    """(cuts file, recording tar) names of every shard of a Shar directory, in shard order."""
-    matches = [(SHARD_RE.match(n), n) for n in os.listdir(path)]
-    return sorted((n, f"recording.{m.group(1)}.tar") for m, n in matches if m is not None)
+    """(cuts file, data tar) names of every shard of a Shar directory, in shard order: its recording
+    tar, or where the shard has none, its features tar (precomputed Lhotse features)."""
+    names = set(os.listdir(path))
+    out = []
+    for n in names:
+        m = SHARD_RE.match(n)
+        if m is not None:
+            audio, feats = f"recording.{m.group(1)}.tar", f"features.{m.group(1)}.tar"
+            out.append((n, feats if audio not in names and feats in names else audio))
+    return sorted(out)
+
+
+def is_features_tar(name: str) -> bool:
+    return name.startswith("features.")
 
 
 def _data_members(tar_path: str) -> list[tuple[str, int, int]]:
@@ -52,9 +64,15 @@ def _entry(key: Optional[str], member: Optional[tuple[str, int, int]], tar_name:
     elif member[0].rpartition(".")[0] != key:
         out["skip"] = ["corrupt_audio", f"{tar_name} holds {member[0]} where this cut's audio should be"]
     elif member[0].endswith(".nodata"):
-        out["skip"] = ["missing_file", "the Shar holds no audio for this cut"]
+        what = "features" if is_features_tar(tar_name) else "audio"
+        out["skip"] = ["missing_file", f"the Shar holds no {what} for this cut"]
     else:
         out.update(offset=member[1], size=member[2])
+        if is_features_tar(tar_name):
+            out["format"] = member[0].rpartition(".")[2]
+            if out["format"] not in ("llc", "npy"):
+                out = {"key": key, "skip": ["corrupt_audio", f"{tar_name}: {member[0]} is not lilcom (.llc) or numpy "
+                                                             "(.npy) features"]}
     return out
 
 
@@ -138,10 +156,14 @@ class SharList(PickledRecords):
                         raise ValueError(f"{src}: cut {cut.id}, the index has {entry['key']}: it is stale{stale}")
                     if "skip" in entry:
                         raise SkipSample(*entry["skip"])
-                    n = len(cut.channel) if isinstance(cut.channel, list) else 1
-                    audio = AudioSpec(tar=tar, offset=entry["offset"], size=entry["size"], start=0.0,
-                                      end=float(cut.duration), duration=float(cut.duration),
-                                      channels=tuple(range(n)) if n > 1 else None)
+                    if is_features_tar(header["tar"]):
+                        audio = cut_features(cut, path, entry["format"])
+                        audio.tar, audio.offset, audio.size = tar, entry["offset"], entry["size"]
+                    else:
+                        n = len(cut.channel) if isinstance(cut.channel, list) else 1
+                        audio = AudioSpec(tar=tar, offset=entry["offset"], size=entry["size"], start=0.0,
+                                          end=float(cut.duration), duration=float(cut.duration),
+                                          channels=tuple(range(n)) if n > 1 else None)
                     self.keep(cut_record(cut, src, path, audio), on_record)
                 except SkipSample as e:
                     stats.skip(e.category, src, e.message)
