@@ -20,7 +20,16 @@ from west.models.speech_llm import SpeechLLM
 from west.schema import ConfigError
 from west.shapes import frames_after
 
-from helpers.speech import N_MELS, Sample, assert_same, packed_batch, padded_batch, run, tiny_qwen2_5_omni_dir
+from helpers.speech import (
+    N_MELS,
+    Sample,
+    assert_over_the_window_is_skipped,
+    assert_same,
+    packed_batch,
+    padded_batch,
+    run,
+    tiny_qwen2_5_omni_dir,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 LENS = [37, 100, 64, 9, 20]
@@ -333,19 +342,7 @@ def test_clear_errors(omni, tmp_path):
 
 
 def test_audio_over_the_processor_s_window_is_a_counted_skip(omni, tmp_path):
-    from west.data.config import DataConfig
-    from west.data.dataset import SpeechDataset
-    from west.models.llm import load_tokenizer
-
-    from helpers.corpus import make_wav, transcript, write_jsonl
-
-    rows = [{"key": f"u{i}", "wav": str(make_wav(tmp_path / f"u{i}.wav", s, seed=i)), "txt": transcript(i),
-             "duration": s} for i, s in enumerate([1.0, 300.5, 0.7])]
-    ds = SpeechDataset(str(write_jsonl(tmp_path / "long.list", rows)), load_tokenizer(omni),
-                       DataConfig(features="whisper", batch_type="pack", pack_tokens=512), config(omni).speech_shape(),
-                       training=False)
-    assert ds.list_skips[0][1].as_dict() == {"too_long": 1}
-    assert sorted(k for b, _ in iter(ds) if b is not None for k in b.keys) == ["u0", "u2"]
+    assert_over_the_window_is_skipped(omni, config(omni), tmp_path, 300.5)
 
 
 @pytest.mark.parametrize("source", ["omni", "omni_full"])

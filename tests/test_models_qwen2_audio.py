@@ -18,6 +18,7 @@ from west.schema import ConfigError
 
 from helpers.speech import (
     N_MELS,
+    assert_over_the_window_is_skipped,
     assert_same,
     make_sample,
     packed_batch,
@@ -181,19 +182,7 @@ def test_clear_errors(q2a, tmp_path):
 
 
 def test_audio_over_the_tower_s_window_is_a_counted_skip(q2a, tmp_path):
-    from west.data.config import DataConfig
-    from west.data.dataset import SpeechDataset
-    from west.models.llm import load_tokenizer
-
-    from helpers.corpus import make_wav, transcript, write_jsonl
-
-    rows = [{"key": f"u{i}", "wav": str(make_wav(tmp_path / f"u{i}.wav", s, seed=i)), "txt": transcript(i),
-             "duration": s} for i, s in enumerate([1.0, 30.5, 0.7])]
-    ds = SpeechDataset(str(write_jsonl(tmp_path / "long.list", rows)), load_tokenizer(q2a),
-                       DataConfig(features="whisper", batch_type="pack", pack_tokens=512), config(q2a).speech_shape(),
-                       training=False)
-    assert ds.list_skips[0][1].as_dict() == {"too_long": 1}
-    assert sorted(k for b, _ in iter(ds) if b is not None for k in b.keys) == ["u0", "u2"]
+    assert_over_the_window_is_skipped(q2a, config(q2a), tmp_path, 30.5)
 
 
 def test_export_loads_in_transformers_and_gives_west_s_loss(q2a, tmp_path):

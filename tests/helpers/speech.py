@@ -240,3 +240,21 @@ def tiny_qwen2_5_omni_dir(path, full: bool = False) -> str:
     from west.models.random_qwen2_5_omni import write_random_qwen2_5_omni
 
     return write_random_qwen2_5_omni(path, n_mels=N_MELS, full=full)
+
+
+def assert_over_the_window_is_skipped(path: str, config: SpeechLLMConfig, tmp_path, seconds: float) -> None:
+    """Of three utterances, the one of ``seconds`` (past a released model's audio window) is a counted
+    ``too_long`` skip when the epoch is planned; the other two are batched."""
+    from west.data.config import DataConfig
+    from west.data.dataset import SpeechDataset
+    from west.models.llm import load_tokenizer
+
+    from helpers.corpus import make_wav, transcript, write_jsonl
+
+    rows = [{"key": f"u{i}", "wav": str(make_wav(tmp_path / f"u{i}.wav", s, seed=i)), "txt": transcript(i),
+             "duration": s} for i, s in enumerate([1.0, seconds, 0.7])]
+    ds = SpeechDataset(str(write_jsonl(tmp_path / "long.list", rows)), load_tokenizer(path),
+                       DataConfig(features="whisper", batch_type="pack", pack_tokens=512), config.speech_shape(),
+                       training=False)
+    assert ds.list_skips[0][1].as_dict() == {"too_long": 1}
+    assert sorted(k for b, _ in iter(ds) if b is not None for k in b.keys) == ["u0", "u2"]
