@@ -25,6 +25,7 @@ from torch import nn
 
 from west.models.qwen2_5_omni import load_thinker_part, thinker_config
 from west.models.speech_llm import SpeechLLM
+from west.models.whisper_encoder import hf_part
 
 # what the released directory holds besides config and weights: tokenizer, processor, templates
 _CARRIED = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
@@ -38,9 +39,9 @@ def export_qwen2_audio(model: SpeechLLM, out_dir: str | Path, tokenizer=None) ->
     from transformers import Qwen2AudioForConditionalGeneration  # heavy
 
     def copy(hf: nn.Module, llm: nn.Module) -> None:
-        hf.model.audio_tower.load_state_dict(model.encoder.hf.state_dict())
+        hf_part(hf).load_state_dict(model.encoder.hf.state_dict())
         hf.model.multi_modal_projector.linear.load_state_dict(model.projector.net.state_dict())
-        hf.model.language_model.load_state_dict(llm.model.state_dict())
+        _text_model(hf).load_state_dict(llm.model.state_dict())
         hf.lm_head.load_state_dict(llm.lm_head.state_dict())
 
     return _export(model, out_dir, tokenizer, Qwen2AudioForConditionalGeneration, copy)
@@ -52,11 +53,11 @@ def export_qwen3_asr(model: SpeechLLM, out_dir: str | Path, tokenizer=None) -> P
     from transformers import Qwen3ASRForConditionalGeneration  # heavy
 
     def copy(hf: nn.Module, llm: nn.Module) -> None:
-        hf.model.audio_tower.load_state_dict(model.encoder.hf.state_dict())
+        hf_part(hf).load_state_dict(model.encoder.hf.state_dict())
         net = model.projector.net
         hf.model.multi_modal_projector.linear_1.load_state_dict(net[0].state_dict())
         hf.model.multi_modal_projector.linear_2.load_state_dict(net[3].state_dict())
-        hf.model.language_model.load_state_dict(llm.model.state_dict())
+        _text_model(hf).load_state_dict(llm.model.state_dict())
         hf.lm_head.load_state_dict(llm.lm_head.state_dict())   # the same table when the release ties them
 
     return _export(model, out_dir, tokenizer, Qwen3ASRForConditionalGeneration, copy)
@@ -73,13 +74,19 @@ def export_qwen2_5_omni(model: SpeechLLM, out_dir: str | Path, tokenizer=None) -
 
     def copy(hf: nn.Module, llm: nn.Module) -> None:
         proj = model.projector.net
-        hf.model.audio_tower.load_state_dict({**model.encoder.hf.state_dict(), "proj.weight": proj.weight,
-                                              "proj.bias": proj.bias})
-        hf.model.visual.load_state_dict(load_thinker_part(model.encoder.path, "visual").state_dict())
-        hf.model.language_model.load_state_dict(llm.model.state_dict())
+        hf_part(hf).load_state_dict({**model.encoder.hf.state_dict(), "proj.weight": proj.weight,
+                                     "proj.bias": proj.bias})
+        hf_part(hf, "visual").load_state_dict(load_thinker_part(model.encoder.path, "visual").state_dict())
+        _text_model(hf).load_state_dict(llm.model.state_dict())
         hf.lm_head.load_state_dict(llm.lm_head.state_dict())
 
     return _export(model, out_dir, tokenizer, build, copy)
+
+
+def _text_model(hf: nn.Module) -> nn.Module:
+    """The released model's decoder stack: ``model.language_model``, or (a Qwen2.5-Omni thinker in
+    transformers 5.17, the GPU machines' version) ``model`` itself."""
+    return getattr(hf.model, "language_model", hf.model)
 
 
 def _export(model: SpeechLLM, out_dir: str | Path, tokenizer, cls: type,

@@ -87,7 +87,14 @@ class Qwen2_5OmniTextForCausalLM(PreTrainedModel, GenerationMixin):
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=out.cache, hidden_states=out.hidden_states)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=out.hidden_states, **_cache(out))
+
+
+def _cache(out) -> dict:
+    """The key cache of a model output, under the name this transformers gives it (``cache`` since 5.2x,
+    ``past_key_values`` in the 5.17 the GPU machines run)."""
+    name = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+    return {name: getattr(out, name, None)}
 
 
 def load_omni_llm(path: Optional[str], hf_config=None, **kw) -> nn.Module:

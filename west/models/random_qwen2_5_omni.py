@@ -20,6 +20,7 @@ from typing import Iterable
 import torch
 
 from west.models.tiny_llm import build_tokenizer
+from west.models.whisper_encoder import hf_part
 from west.shapes import AUDIO_TOKENS
 
 DEFAULT_TEXTS = ("hello world", "speech data", "Transcribe the speech.")
@@ -155,10 +156,10 @@ def write_random_qwen2_5_omni(path: str | Path, texts: Iterable[str] = DEFAULT_T
         with torch.device(device):
             if full:
                 model = Qwen2_5OmniForConditionalGeneration(full_config(conf, len(tok))).to(dtype)
-                tower = model.thinker.model.audio_tower
+                tower = hf_part(model.thinker)
             else:
                 model = Qwen2_5OmniThinkerForConditionalGeneration(conf).to(dtype)
-                tower = model.model.audio_tower
+                tower = hf_part(model)
         with torch.no_grad():
             for p in tower.parameters():
                 p.normal_(0.0, tower_std)

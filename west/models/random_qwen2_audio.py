@@ -12,6 +12,7 @@ from typing import Iterable
 import torch
 
 from west.models.tiny_llm import build_tokenizer
+from west.models.whisper_encoder import hf_part
 from west.shapes import AUDIO_PLACEHOLDER, AUDIO_TOKENS
 
 DEFAULT_TEXTS = ("hello world", "speech data", "Transcribe the speech.")
@@ -67,7 +68,7 @@ def write_random_qwen2_audio(path: str | Path, texts: Iterable[str] = DEFAULT_TE
     with torch.device(device):
         model = Qwen2AudioForConditionalGeneration(conf).to(dtype)
     with torch.no_grad():
-        for p in model.model.audio_tower.parameters():
+        for p in hf_part(model).parameters():
             p.normal_(0.0, tower_std)
     model.save_pretrained(path)
     return path

@@ -16,6 +16,7 @@ import torch
 
 from west.models.qwen3_asr import encoder_frames
 from west.models.tiny_llm import build_tokenizer
+from west.models.whisper_encoder import hf_part
 
 DEFAULT_TEXTS = ("hello world", "speech data", "Transcribe the speech.")
 # Qwen3-ASR-1.7B's published shape (its config.json): a 24-layer audio encoder and a Qwen3-1.7B; the
@@ -98,7 +99,7 @@ def write_random_qwen3_asr(path: str | Path, texts: Iterable[str] = DEFAULT_TEXT
     with torch.device(device):
         model = Qwen3ASRForConditionalGeneration(conf).to(dtype)
     with torch.no_grad():
-        for name, p in model.model.audio_tower.named_parameters():
+        for name, p in hf_part(model).named_parameters():
             if "positional_embedding" not in name:
                 p.normal_(0.0, tower_std)
     model.generation_config.eos_token_id, model.generation_config.pad_token_id = conf.eos_token_id, conf.pad_token_id

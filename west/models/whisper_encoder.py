@@ -102,6 +102,13 @@ def whisper_geometry(path: str) -> tuple[int, int, int]:
     return int(conf.num_mel_bins), whisper_max_frames(conf), int(conf.encoder_layers)
 
 
+def hf_part(hf_model: nn.Module, name: str = "audio_tower") -> nn.Module:
+    """A part (``audio_tower``, ``visual``) of a released speech LLM's transformers model or thinker:
+    ``model.NAME`` since transformers 5.2x, ``NAME`` on the model itself in the 5.17 the GPU machines run."""
+    inner = getattr(hf_model, "model", None)
+    return getattr(inner, name) if inner is not None and hasattr(inner, name) else getattr(hf_model, name)
+
+
 def load_hf_part(cls, path: str, what: str, key: str = "model.path", **kw) -> nn.Module:
     """``cls.from_pretrained(path, **kw)`` for one part of a released directory: the rows of its
     other parts are "unexpected" by design (not logged); a row of this part missing is an error
