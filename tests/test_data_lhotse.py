@@ -218,7 +218,7 @@ def test_bad_cuts_are_counted_naming_their_line(cuts, tokenizer, tmp_path, caplo
         assert f"{path}:{lineno}" in caplog.text, lineno
 
 
-def test_shar_index_is_written_checked_and_counts_a_missing_tar(cuts, tokenizer, tmp_path):
+def test_shar_index_is_written_checked_and_counts_a_missing_tar(cuts, tokenizer, tmp_path, capsys):
     shar = tmp_path / "shar"
     shutil.copytree(cuts["shar"], shar)
     assert not Path(index_path(str(shar))).exists()          # beside the directory: a copy has none
@@ -226,7 +226,10 @@ def test_shar_index_is_written_checked_and_counts_a_missing_tar(cuts, tokenizer,
     with pytest.raises(ValueError, match=r"compute_lengths.py .*shar"):
         run(shar, tokenizer)
     (shar / "recording.000001.tar").unlink()                 # cuts 5..9 lose their audio
+    (shar / "west.idx").write_text("{}\n")                    # where an earlier west kept its index: named
     assert compute_lengths.main([str(shar)]) == 0
+    assert f"{shar / 'west.idx'} is an index an earlier west wrote inside the directory" in capsys.readouterr().err
+    (shar / "west.idx").unlink()
     got, ds = run(shar, tokenizer, batch_type="pack")
     lost = cuts["keys"][5:10]
     assert sorted(keys(got)) == sorted(k for k in cuts["keys"] if k not in lost)

@@ -131,6 +131,10 @@ def main(argv: list[str] | None = None) -> int:
             p.error("a jsonl list needs OUT_LIST")
         n, problems = add_lengths(a.in_list, a.out_list, conf, a.drop_bad)
         target = a.out_list
+    stale = os.path.join(a.in_list, "west.idx")   # where west kept a directory's index before it moved beside it
+    if kind in ("shar", "hf") and os.path.isfile(stale):
+        problems.insert(0, f"{stale} is an index an earlier west wrote inside the directory, now unused: delete it "
+                           "(lhotse's own CutSet.from_shar reads every file there as a field)")
     for msg in problems[:20]:
         print(f"warning: {msg}", file=sys.stderr)
     print(f"wrote {n} entries to {target}; {len(problems)} problem(s)", file=sys.stderr)
