@@ -3,9 +3,10 @@
 A Shar directory holds shards ``cuts.NNNNNN.jsonl.gz`` + ``recording.NNNNNN.tar``: the tar has,
 for each cut of its cuts file and in the same order, the cut's audio (``ID.flac``, ``ID.wav``...)
 followed by its recording manifest (``ID.json``; ``ID.nodata`` + ``ID.nometa`` for a cut without
-audio). A shard without a recording tar is read from its ``features.NNNNNN.tar`` instead: each cut's
-precomputed features (``ID.llc`` lilcom or ``ID.npy``), decoded by lhotse at load time. To plan epochs every cut's length is needed (its duration, in the cuts file), and so that
-a rank reads only the audio it trains on, where each cut's audio lies in its tar: that is the
+audio). A shard without a recording tar is read from its ``features.NNNNNN.tar`` instead: each
+cut's precomputed features (``ID.llc`` lilcom or ``ID.npy``), decoded by lhotse at load time. To
+plan epochs every cut's length is needed (its duration, in the cuts file), and so that a rank reads
+only the audio it trains on, where each cut's audio lies in its tar: that is the
 index ``tools/compute_lengths.py SHAR_DIR`` writes once, ``SHAR_DIR.west.idx`` beside it, JSON lines:
 
     {"cuts": "cuts.000000.jsonl.gz", "tar": "recording.000000.tar", "bytes": 1048576}   # one per shard
@@ -48,6 +49,7 @@ def shar_shards(path: str) -> list[tuple[str, str]]:
 
 
 def is_features_tar(name: str) -> bool:
+    """The shard's data tar holds precomputed features, not audio."""
     return name.startswith("features.")
 
 
