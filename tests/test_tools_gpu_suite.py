@@ -20,7 +20,7 @@ def test_every_part_runs_on_the_cpu_with_toy_sizes(tmp_path):
     assert "time on training 10,000 utts (extrapolated from" in suite   # bench: the seed's table
     for run in ("train_configured", "train_configured_again", "train_encoder_eager", "train_readback",
                 "train_scope_layer", "train_stock_norm", "train_nodrop_eager", "train_nodrop_graphs", "train_lora",
-                "train_prompt_whole", "train_prompt_shared", "train_op_times", "train_op_times_preloaded"):
+                "train_prompt_whole", "train_prompt_shared", "train_op_times", "train_op_times_preloaded", "train_op_times_switch"):
         assert f"| {run} |" in suite, run
     assert "#### with the loader" in suite and "#### the loop alone" in suite and "**projector**" in suite  # host_wait
     assert "x the benchmark's" in suite and "- benchmark, pack token 1024, encoder packed" in suite   # configured

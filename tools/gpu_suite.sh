@@ -53,7 +53,7 @@ case $parts in seed) parts=$seed_parts ;; all) parts=$all_parts ;; esac
 declare -A estimate=([build]=50 [bench]=200 [attention]=90 [train]=40 [train_again]=40 [configured]=80
                      [encoder_graphs]=45 [encoder_graphs_exact]=65 [late_readback]=65 [ckpt]=45 [norm]=45
                      [compile]=120 [lora]=45 [prefix]=90 [best]=45 [big]=300 [big_bench]=200
-                     [host_wait]=150 [qwen2_audio]=240 [qwen3_asr]=150 [qwen2_5_omni]=300)
+                     [host_wait]=190 [qwen2_audio]=240 [qwen3_asr]=150 [qwen2_5_omni]=300)
 failed=(); skipped=(); fallback=
 if $plan; then   # what a call would run by the estimates, as --budget decides it; nothing is run
   t=0
