@@ -118,3 +118,9 @@ def test_settings_that_cannot_match_are_refused_up_front(feats, tokenizer, tmp_p
     monkeypatch.setitem(sys.modules, "lilcom", None)
     with pytest.raises(ConfigError, match=r"lilcom.*pip install -e '\.\[lhotse\]'"):
         open_list(str(feats["shar_lilcom"]), DataStats())
+    monkeypatch.setitem(sys.modules, "h5py", None)             # HDF5 storage: its package named, not a worker's crash
+    first = json.loads(next(gzip.open(feats["cuts"], "rt")))
+    hdf5 = tmp_path / "hdf5_cuts.jsonl"
+    hdf5.write_text(json.dumps(dict(first, features=dict(first["features"], storage_type="numpy_hdf5"))) + "\n")
+    with pytest.raises(ConfigError, match=r"HDF5 files; .*h5py.*: pip install h5py"):
+        open_list(str(hdf5), DataStats())

@@ -7,7 +7,8 @@ from types import ModuleType
 
 from west.schema import ConfigError
 
-EXTRAS = {"lhotse": "lhotse", "lilcom": "lhotse", "datasets": "datasets"}   # module -> west's extra (setup.py)
+# module -> west's extra (setup.py); None: in no extra (a rarely used storage backend), installed by name
+EXTRAS = {"lhotse": "lhotse", "lilcom": "lhotse", "datasets": "datasets", "h5py": None}
 
 
 def require(module: str, path: str, what: str) -> ModuleType:
@@ -16,6 +17,7 @@ def require(module: str, path: str, what: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError as e:
         extra = EXTRAS[module]
+        how = (f"pip install -e '.[{extra}]' in west's checkout (or tools/setup_env.sh {extra})" if extra
+               else f"pip install {module}")
         raise ConfigError(f"data.data_type: {path} is {what}; reading it needs the optional package {module} "
-                          f"({e}): pip install -e '.[{extra}]' in west's checkout "
-                          f"(or tools/setup_env.sh {extra})") from None
+                          f"({e}): {how}") from None

@@ -39,9 +39,13 @@ def load_cut_audio(cut: dict) -> tuple[np.ndarray, int]:
     return np.ascontiguousarray(np.asarray(audio, np.float32).reshape(-1, audio.shape[-1]).T), obj.sampling_rate
 
 
-def require_lilcom(what: str) -> None:
-    """Lilcom-compressed features need the ``lilcom`` package (in the lhotse extra): said up front."""
-    require("lilcom", what, "lilcom-compressed Lhotse features")
+def require_storage(storage: str, what: str) -> None:
+    """The package a Lhotse feature storage needs beyond lhotse (``lilcom`` for its compression, in the
+    lhotse extra; ``h5py`` for HDF5 files), said up front rather than by a worker mid-epoch."""
+    if "lilcom" in storage:
+        require("lilcom", what, "lilcom-compressed Lhotse features")
+    if "hdf5" in storage:
+        require("h5py", what, "Lhotse features in HDF5 files")
 
 
 def load_cut_features(cut: dict, fmt: str, member: bytes = b"") -> np.ndarray:
@@ -62,8 +66,6 @@ def load_cut_features(cut: dict, fmt: str, member: bytes = b"") -> np.ndarray:
             raise SkipSample("missing_file", f"feature file {where} does not exist")
     try:
         mat = obj.load_features()
-    except ImportError as e:   # lilcom: the same extra's package, named
-        raise ValueError(f"cut {obj.id}: its features need a package that is not installed: {e}") from e
     except Exception as e:   # a truncated or corrupt member is bad input, not a reason to stop the epoch
         raise SkipSample("corrupt_audio", f"cannot read the features of cut {obj.id}: {type(e).__name__}: {e}")
     return np.ascontiguousarray(np.asarray(mat, np.float32))

@@ -25,7 +25,7 @@ import pickle
 from typing import Callable, Iterator, Optional
 
 from west.data.features import SEGMENT_END_TOLERANCE_S, resolve_path
-from west.data.lhotse_audio import import_lhotse, require_lilcom
+from west.data.lhotse_audio import import_lhotse, require_storage
 from west.data.parsing import check_text, is_lhotse_item, parse_messages
 from west.data.records import AudioSpec, Record
 from west.data.stats import DataStats, SkipSample
@@ -82,10 +82,8 @@ def _resolved(item: object, base: str) -> object:
 
 def cut_features(cut, base: str, fmt: str = "manifest") -> AudioSpec:
     """A cut without audio read by its precomputed features (their own storage, or a Shar member's
-    format ``fmt``); lilcom's package is checked here, before any epoch."""
-    storage = "lilcom" if fmt == "llc" else cut.features.storage_type
-    if "lilcom" in storage:
-        require_lilcom(f"cut {cut.id}")
+    format ``fmt``); the package its storage needs is checked here, before any epoch."""
+    require_storage("lilcom" if fmt == "llc" else cut.features.storage_type, f"cut {cut.id}")
     item = _resolved(cut.to_dict(), base)
     feats = item["features"]
     if fmt == "manifest" and feats.get("storage_path") and not feats["storage_type"].startswith("memory"):
